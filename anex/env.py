@@ -1,0 +1,187 @@
+"""Strict readers for configuration from the environment.
+
+Every reader fails with ImproperlyConfigured naming the variable and what was wrong, so a
+bad deployment stops at start instead of misbehaving later.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from django.core.exceptions import ImproperlyConfigured
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+class Env:
+    """Reads typed values from a mapping (os.environ by default)."""
+
+    def __init__(self, source: Mapping[str, str] | None = None) -> None:
+        self.source = os.environ if source is None else source
+
+    def _raw(self, name: str) -> str | None:
+        value = self.source.get(name)
+        return None if value is None else value.strip()
+
+    def string(self, name: str, default: str | None = None, *, required: bool = False) -> str:
+        value = self._raw(name)
+        if value:
+            return value
+        if required or default is None:
+            raise ImproperlyConfigured(f"{name} is required but not set.")
+        return default
+
+    def optional_str(self, name: str) -> str | None:
+        return self._raw(name) or None
+
+    def boolean(self, name: str, default: bool) -> bool:
+        value = self._raw(name)
+        if value is None:
+            return default
+        lowered = value.lower()
+        if lowered in _TRUE:
+            return True
+        if lowered in _FALSE:
+            return False
+        raise ImproperlyConfigured(
+            f"{name}={value!r} is not a boolean: use one of 1/0, true/false, yes/no, on/off."
+        )
+
+    def integer(self, name: str, default: int, *, minimum: int | None = None,
+            maximum: int | None = None) -> int:
+        value = self._raw(name)
+        if not value:
+            return default
+        try:
+            number = int(value)
+        except ValueError:
+            raise ImproperlyConfigured(f"{name}={value!r} is not a whole number.") from None
+        if minimum is not None and number < minimum:
+            raise ImproperlyConfigured(f"{name}={number} is below the minimum of {minimum}.")
+        if maximum is not None and number > maximum:
+            raise ImproperlyConfigured(f"{name}={number} is above the maximum of {maximum}.")
+        return number
+
+    def csv_list(self, name: str, default: list[str]) -> list[str]:
+        value = self._raw(name)
+        if value is None:
+            return list(default)
+        return [item.strip() for item in value.split(",") if item.strip()]
+
+    def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
+        value = self._raw(name) or default
+        if value not in choices:
+            raise ImproperlyConfigured(
+                f"{name}={value!r} is not one of: {', '.join(choices)}."
+            )
+        return value
+
+    def secret(self, name: str, *, min_length: int) -> str:
+        value = self.string(name, required=True)
+        if len(value) < min_length:
+            # Never echo a secret, not even a short one.
+            raise ImproperlyConfigured(
+                f"{name} is too short: use at least {min_length} random characters."
+            )
+        return value
+
+    def prefixed_secret(self, name: str, prefixes: tuple[str, ...]) -> str | None:
+        value = self.optional_str(name)
+        if value is not None and not value.startswith(prefixes):
+            raise ImproperlyConfigured(
+                f"{name} does not look right: it should start with {' or '.join(prefixes)}."
+            )
+        return value
+
+    def origin(self, name: str, default: str) -> str:
+        """An http(s) origin: scheme and host (and port), no path, query or fragment."""
+        value = self._raw(name) or default
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ImproperlyConfigured(
+                f"{name}={value!r} is not an origin such as https://api.example.com."
+            )
+        if parts.path not in ("", "/") or parts.query or parts.fragment:
+            raise ImproperlyConfigured(
+                f"{name}={value!r} must be an origin only, with no path or query."
+            )
+        _port_of(name, value)
+        return f"{parts.scheme}://{parts.netloc}"
+
+    def database(self, name: str = "DATABASE_URL") -> dict[str, Any]:
+        return parse_database_url(name, self.string(name, required=True))
+
+    def redis_url(self, name: str = "REDIS_URL") -> str:
+        value = self.string(name, required=True)
+        parts = urlsplit(value)
+        if parts.scheme in ("redis", "rediss"):
+            if not parts.hostname:
+                raise ImproperlyConfigured(f"{name}={_redact(value)!r} names no host.")
+            _port_of(name, value)
+            db = parts.path.lstrip("/")
+            if db and not db.isdigit():
+                raise ImproperlyConfigured(
+                    f"{name}={_redact(value)!r}: the database after the host must be a number."
+                )
+        elif parts.scheme == "unix":
+            if not parts.path:
+                raise ImproperlyConfigured(f"{name}={_redact(value)!r} names no socket path.")
+        else:
+            raise ImproperlyConfigured(
+                f"{name}={_redact(value)!r} must start with redis://, rediss:// or unix://."
+            )
+        return value
+
+
+def parse_database_url(name: str, value: str) -> dict[str, Any]:
+    """Turn a PostgreSQL URL into Django's DATABASES entry.
+
+    Accepts postgres:// and postgresql://, with a host, or with `?host=/socket/dir` as libpq
+    does for a Unix socket. Other query parameters become connection options.
+    """
+    parts = urlsplit(value)
+    if parts.scheme not in ("postgres", "postgresql"):
+        raise ImproperlyConfigured(
+            f"{name}={_redact(value)!r} must be a PostgreSQL URL (postgresql://…); "
+            "anex runs on PostgreSQL only."
+        )
+    database = unquote(parts.path.lstrip("/"))
+    if not database:
+        raise ImproperlyConfigured(f"{name}={_redact(value)!r} names no database.")
+    options = dict(parse_qsl(parts.query))
+    host = options.pop("host", None) or parts.hostname or ""
+    if not host:
+        raise ImproperlyConfigured(
+            f"{name}={_redact(value)!r} names no host (nor ?host=/socket/dir)."
+        )
+    port = _port_of(name, value)
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": database,
+        "USER": unquote(parts.username or ""),
+        "PASSWORD": unquote(parts.password or ""),
+        "HOST": host,
+        "PORT": str(port) if port else "",
+        "OPTIONS": options,
+    }
+
+
+def _port_of(name: str, value: str) -> int | None:
+    try:
+        return urlsplit(value).port
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={_redact(value)!r} has a port that is not a number.") \
+            from None
+
+
+def _redact(url: str) -> str:
+    """The URL with any password replaced, so errors never print a credential."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return parts._replace(netloc=netloc).geturl()

@@ -1,0 +1,210 @@
+"""Django settings, read strictly from the environment (README, "Configuration").
+
+`make run` and `make test` set DATABASE_URL, REDIS_URL and SECRET_KEY themselves when they
+start the embedded services; a deployment sets them explicitly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from django.core.exceptions import ImproperlyConfigured
+
+from anex.env import Env
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+env = Env()
+
+SECRET_KEY = env.secret("SECRET_KEY", min_length=32)
+DEBUG = env.boolean("DEBUG", False)
+
+# Region API origins (DECISIONS.md, "Data residency"): one deployment answers both hosts,
+# and the host a request reached decides which region's data it may read or store.
+ANEX_API_ORIGIN = env.origin("ANEX_API_ORIGIN", "https://api.anex.sh")
+ANEX_EU_API_ORIGIN = env.origin("ANEX_EU_API_ORIGIN", "https://api-eu.anex.sh")
+if urlsplit(ANEX_API_ORIGIN).hostname == urlsplit(ANEX_EU_API_ORIGIN).hostname:
+    raise ImproperlyConfigured(
+        "ANEX_API_ORIGIN and ANEX_EU_API_ORIGIN must name different hosts: the host is how "
+        "a request's region is told apart."
+    )
+
+ALLOWED_HOSTS = sorted(
+    {
+        *env.csv_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"]),
+        urlsplit(ANEX_API_ORIGIN).hostname or "",
+        urlsplit(ANEX_EU_API_ORIGIN).hostname or "",
+    }
+    - {""}
+)
+CSRF_TRUSTED_ORIGINS = env.csv_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    # First, so the Dramatiq broker is set before any app declares an actor.
+    "anex.apps.AnexConfig",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.postgres",
+    "rest_framework",
+    "drf_spectacular",
+    "allauth",
+    "allauth.account",
+    "console.apps.ConsoleConfig",
+    "billing.apps.BillingConfig",
+    "jobs.apps.JobsConfig",
+    "inference.apps.InferenceConfig",
+]
+
+MIDDLEWARE = [
+    "anex.requestid.RequestIdMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "allauth.account.middleware.AccountMiddleware",
+]
+
+ROOT_URLCONF = "anex.urls"
+WSGI_APPLICATION = "anex.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {"default": env.database("DATABASE_URL")}
+DATABASES["default"]["CONN_MAX_AGE"] = env.integer("DATABASE_CONN_MAX_AGE", 60, minimum=0)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = env.redis_url("REDIS_URL")
+
+AUTHENTICATION_BACKENDS = [
+    "django.contrib.auth.backends.ModelBackend",
+    "allauth.account.auth_backends.AuthenticationBackend",
+]
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+ACCOUNT_LOGIN_METHODS = {"email"}
+ACCOUNT_SIGNUP_FIELDS = ["email*", "password1*", "password2*"]
+ACCOUNT_EMAIL_VERIFICATION = env.choice(
+    "ACCOUNT_EMAIL_VERIFICATION", "optional", ("none", "optional", "mandatory")
+)
+LOGIN_REDIRECT_URL = "/"
+EMAIL_BACKEND = env.string("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+DEFAULT_FROM_EMAIL = env.string("DEFAULT_FROM_EMAIL", "anex <no-reply@anex.sh>")
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = Path(env.string("STATIC_ROOT", str(BASE_DIR / ".run" / "static")))
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+# Serve static files straight from the finders when they were not collected (tests, a
+# first `make run`), so the admin and the docs are styled either way.
+WHITENOISE_USE_FINDERS = True
+
+# Object storage for inputs and results (DECISIONS.md, "Inputs and results"): "local" is
+# the embedded default's signed-link backend, "s3" the production one, one bucket a region.
+ANEX_STORAGE_BACKEND = env.choice("ANEX_STORAGE_BACKEND", "local", ("local", "s3"))
+ANEX_STORAGE_ROOT = Path(env.string("ANEX_STORAGE_ROOT", str(BASE_DIR / ".run" / "storage")))
+if ANEX_STORAGE_BACKEND == "s3":
+    ANEX_S3_BUCKETS = {
+        "world": env.string("ANEX_S3_BUCKET", required=True),
+        "eu": env.string("ANEX_S3_EU_BUCKET", required=True),
+    }
+    ANEX_S3_ENDPOINT_URL = env.optional_str("ANEX_S3_ENDPOINT_URL")
+    if ANEX_S3_ENDPOINT_URL is not None:
+        env.origin("ANEX_S3_ENDPOINT_URL", ANEX_S3_ENDPOINT_URL)
+
+# Stripe top-ups are optional: without keys the console says top-up is unavailable.
+STRIPE_SECRET_KEY = env.prefixed_secret("STRIPE_SECRET_KEY", ("sk_", "rk_"))
+STRIPE_WEBHOOK_SECRET = env.prefixed_secret("STRIPE_WEBHOOK_SECRET", ("whsec_",))
+
+# The per-key request rate when a key sets none (DECISIONS.md, "From the peer reference").
+ANEX_DEFAULT_RATE_LIMIT_PER_MINUTE = env.integer(
+    "ANEX_DEFAULT_RATE_LIMIT_PER_MINUTE", 600, minimum=1
+)
+# Seconds a client is told to wait on a 503 (Retry-After).
+ANEX_RETRY_AFTER_SECONDS = env.integer("ANEX_RETRY_AFTER_SECONDS", 5, minimum=1)
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["anex.api.authentication.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["anex.api.permissions.HasApiKey"],
+    "DEFAULT_THROTTLE_CLASSES": ["anex.api.throttling.ApiKeyRateThrottle"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "anex.api.errors.exception_handler",
+    "UNAUTHENTICATED_USER": None,
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "anex batch API",
+    "DESCRIPTION": (
+        "Batch inference: upload a file of requests, approve the estimate, download the "
+        "result row for row. Human-readable docs at /docs/."
+    ),
+    "VERSION": "1.0.0",
+    "OAS_VERSION": "3.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_AUTHENTICATION": [],
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    "SERVERS": [
+        {"url": ANEX_API_ORIGIN, "description": "world region"},
+        {"url": ANEX_EU_API_ORIGIN, "description": "EU region (EEA data routing)"},
+    ],
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+LOG_LEVEL = env.choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "filters": {"request_id": {"()": "anex.requestid.RequestIdLogFilter"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"},
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain",
+            "filters": ["request_id"],
+        },
+    },
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {"django.db.backends": {"level": "INFO"}},
+}
+
+if not DEBUG:
+    SESSION_COOKIE_HTTPONLY = True
+    SECURE_CONTENT_TYPE_NOSNIFF = True
+    X_FRAME_OPTIONS = "DENY"

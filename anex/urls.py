@@ -1,0 +1,31 @@
+from django.contrib import admin
+from django.urls import include, path, re_path
+from django.views.generic import TemplateView
+from drf_spectacular.views import SpectacularJSONAPIView, SpectacularYAMLAPIView
+
+from anex.docs import docs_page
+from anex.health import healthz
+
+batch_api = [path("batch/v1/", include("jobs.urls"))]
+realtime_api = [path("realtime/v1/", include("inference.urls"))]
+
+handler404 = "anex.api.errors.handler404"
+handler500 = "anex.api.errors.handler500"
+
+urlpatterns = [
+    *batch_api,
+    *realtime_api,
+    # The whole API (batch and realtime) at the root; the batch API alone under its base.
+    path("openapi.json", SpectacularJSONAPIView.as_view(), name="openapi-json"),
+    path("openapi.yaml", SpectacularYAMLAPIView.as_view(), name="openapi-yaml"),
+    path("batch/v1/openapi.json", SpectacularJSONAPIView.as_view(patterns=batch_api),
+         name="batch-openapi-json"),
+    path("batch/v1/openapi.yaml", SpectacularYAMLAPIView.as_view(patterns=batch_api),
+         name="batch-openapi-yaml"),
+    path("healthz", healthz, name="healthz"),
+    path("docs/", docs_page, name="docs-index"),
+    re_path(r"^docs/(?P<slug>[a-z0-9-]+)(?P<suffix>\.md)?$", docs_page, name="docs-page"),
+    path("accounts/", include("allauth.urls")),
+    path("admin/", admin.site.urls),
+    path("", TemplateView.as_view(template_name="home.html"), name="home"),
+]

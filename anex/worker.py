@@ -1,0 +1,13 @@
+"""Entry module for `dramatiq anex.worker`: sets Django up, then loads every app's actors."""
+
+import os
+
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "anex.settings")
+django.setup()
+
+from django.utils.module_loading import autodiscover_modules  # noqa: E402
+
+# Each app keeps its actors in tasks.py (STYLE.md); importing them declares them.
+autodiscover_modules("tasks")

@@ -1,0 +1,1 @@
+"""Credits: the append-only ledger, holds and charges, pricing from the catalog, Stripe."""

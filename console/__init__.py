@@ -1,0 +1,1 @@
+"""Organizations, members, API keys, organization settings, the audit log and the console."""

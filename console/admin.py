@@ -1,0 +1,147 @@
+"""The Django admin for support staff. Writes go through console.services, so every change
+made here lands in the audit log under the staff user's name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db import models
+from django.db.models import QuerySet
+from django.forms import ModelForm
+from django.http import HttpRequest
+
+from console.actors import Actor
+from console.models import ApiKey, AuditEvent, Membership, Organization
+from console.services import (
+    ORGANIZATION_SETTINGS,
+    api_key_revoke,
+    organization_create,
+    organization_update,
+)
+
+
+class ReadOnlyInline(admin.TabularInline):
+    extra = 0
+    can_delete = False
+    show_change_link = True
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class MembershipInline(ReadOnlyInline):
+    model = Membership
+    fields = readonly_fields = ("user", "role", "created_at")
+
+
+class ApiKeyInline(ReadOnlyInline):
+    model = ApiKey
+    fields = readonly_fields = ("display", "name", "created_at", "last_used_at", "revoked_at",
+                                "expires_at")
+
+
+@admin.register(Organization)
+class OrganizationAdmin(admin.ModelAdmin):
+    list_display = ["name", "id", "eu_data_routing", "auto_approve", "created_at"]
+    list_filter = ["eu_data_routing", "auto_approve"]
+    search_fields = ["name", "id"]
+    fields = ["id", "name", "webhook_url", "auto_approve", "eu_data_routing", "created_at"]
+    readonly_fields = ["id", "created_at"]
+    inlines = [MembershipInline, ApiKeyInline]
+    # A webhook URL typed without a scheme is https: deliveries are https-only.
+    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
+
+    def save_model(self, request: HttpRequest, obj: Organization, form: ModelForm,
+                   change: bool) -> None:
+        actor = Actor(user=request.user)  # type: ignore[arg-type]
+        if change:
+            organization_update(
+                organization=obj, actor=actor,
+                **{name: form.cleaned_data[name] for name in ORGANIZATION_SETTINGS},
+            )
+        else:
+            created = organization_create(
+                name=form.cleaned_data["name"], actor=actor,
+                eu_data_routing=form.cleaned_data["eu_data_routing"],
+                auto_approve=form.cleaned_data["auto_approve"],
+            )
+            if form.cleaned_data["webhook_url"]:
+                organization_update(organization=created, actor=actor,
+                                    webhook_url=form.cleaned_data["webhook_url"])
+            obj.pk = created.pk
+            obj._state.adding = False
+            obj._state.db = created._state.db
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Membership)
+class MembershipAdmin(admin.ModelAdmin):
+    # Read-only here: members are added and changed through the console's services.
+    list_display = ["user", "organization", "role", "created_at"]
+    list_filter = ["role"]
+    search_fields = ["user__email", "user__username", "organization__name"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return ["user", "organization", "role", "created_at"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    # The secret is never stored; its digest is not shown either.
+    list_display = ["display", "name", "organization", "created_by", "created_at",
+                    "last_used_at", "revoked_at", "expires_at"]
+    list_filter = ["revoked_at"]
+    search_fields = ["prefix", "name", "organization__name"]
+    fields = readonly_fields = ("display", "organization", "name", "created_by", "created_at",
+                                "last_used_at", "revoked_at", "expires_at", "model_scopes",
+                                "spend_budget_cents", "rate_limit_per_minute")
+    actions = ["revoke"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.action(description="Revoke selected API keys")
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
+        actor = Actor(user=request.user)  # type: ignore[arg-type]
+        for key in queryset.select_related("organization"):
+            api_key_revoke(key=key, actor=actor)
+        self.message_user(request, f"Revoked {queryset.count()} key(s).", messages.SUCCESS)
+
+
+@admin.register(AuditEvent)
+class AuditEventAdmin(admin.ModelAdmin):
+    list_display = ["created_at", "organization", "action", "actor_label", "target_type",
+                    "target_id", "request_id"]
+    list_filter = ["action"]
+    search_fields = ["organization__name", "actor_label", "target_id", "request_id"]
+    date_hierarchy = "created_at"
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [field.name for field in AuditEvent._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

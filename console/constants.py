@@ -1,0 +1,21 @@
+from django.db import models
+
+
+class Role(models.TextChoices):
+    OWNER = "owner", "Owner"
+    MEMBER = "member", "Member"
+
+
+class Region(models.TextChoices):
+    """Where an object's data is stored and processed (DECISIONS.md, "Data residency")."""
+
+    WORLD = "world", "World"
+    EU = "eu", "EU (EEA)"
+
+
+class AuditAction(models.TextChoices):
+    ORGANIZATION_CREATED = "organization.created"
+    ORGANIZATION_UPDATED = "organization.updated"
+    MEMBER_ADDED = "member.added"
+    API_KEY_CREATED = "api_key.created"
+    API_KEY_REVOKED = "api_key.revoked"

@@ -1,0 +1,38 @@
+"""Create an organization and one API key; print {"organization_id", "api_key"} as JSON."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import transaction
+
+from console.actors import Actor
+from console.services import api_key_create, organization_create
+
+
+class Command(BaseCommand):
+    help = __doc__
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--name", required=True, help="The organization's name.")
+        parser.add_argument("--eu", action="store_true", help="Turn on EU data routing.")
+        parser.add_argument("--auto-approve", action="store_true",
+                            help="Approve every estimate at cost_ready.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        name = options["name"].strip()
+        if not name:
+            raise CommandError("--name must not be empty.")
+        actor = Actor(system="createorg")
+        with transaction.atomic():
+            organization = organization_create(
+                name=name, actor=actor, eu_data_routing=options["eu"],
+                auto_approve=options["auto_approve"],
+            )
+            _key, plaintext = api_key_create(organization=organization, actor=actor,
+                                             name="created by createorg")
+        self.stdout.write(json.dumps(
+            {"organization_id": str(organization.pk), "api_key": plaintext}
+        ))

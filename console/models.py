@@ -1,0 +1,130 @@
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
+from django.db import models
+
+from anex.tenancy import OrgScopedQuerySet
+from console.constants import AuditAction, Role
+from console.keys import key_display
+
+
+class Organization(models.Model):
+    """The tenant: owns keys, jobs, inputs, credits and these settings."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=200)
+    created_at = models.DateTimeField(auto_now_add=True)
+    webhook_url = models.URLField(max_length=2000, blank=True, default="")
+    auto_approve = models.BooleanField(
+        default=False,
+        help_text="Approve every estimate at cost_ready as if the API call were made.",
+    )
+    eu_data_routing = models.BooleanField(
+        default=False, help_text="Keep this organization's data in the EEA (turned on by staff)."
+    )
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Membership(models.Model):
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    organization = models.ForeignKey(
+        Organization, on_delete=models.CASCADE, related_name="memberships"
+    )
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = OrgScopedQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "organization"], name="membership_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.organization} ({self.role})"
+
+
+class ApiKey(models.Model):
+    """An organization's API key. The secret is never stored, only its digest."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(
+        Organization, on_delete=models.PROTECT, related_name="api_keys"
+    )
+    name = models.CharField(max_length=200, blank=True, default="")
+    prefix = models.CharField(max_length=16, unique=True)
+    secret_hash = models.CharField(max_length=64)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    # Empty means every model; otherwise the catalog ids this key may list and use.
+    model_scopes = ArrayField(models.CharField(max_length=100), default=list, blank=True)
+    spend_budget_cents = models.PositiveBigIntegerField(null=True, blank=True)
+    rate_limit_per_minute = models.PositiveIntegerField(null=True, blank=True)
+
+    objects = OrgScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        return f"{self.display} ({self.name})" if self.name else self.display
+
+    @property
+    def display(self) -> str:
+        return key_display(self.prefix)
+
+
+class AuditEvent(models.Model):
+    """One action and who performed it. Append-only: the database refuses UPDATE/DELETE."""
+
+    id = models.BigAutoField(primary_key=True)
+    organization = models.ForeignKey(
+        Organization, on_delete=models.PROTECT, related_name="audit_events"
+    )
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    action = models.CharField(max_length=64, choices=AuditAction.choices)
+    actor_key = models.ForeignKey(
+        ApiKey, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    actor_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT,
+        related_name="+",
+    )
+    # A readable snapshot of who it was ("key sk-…", "user a@b.c", "system: createorg"),
+    # so the record reads the same whatever later happens to the key or user.
+    actor_label = models.CharField(max_length=255)
+    target_type = models.CharField(max_length=64)
+    target_id = models.CharField(max_length=64)
+    data = models.JSONField(default=dict, blank=True)
+    request_id = models.CharField(max_length=64, blank=True, default="")
+
+    objects = OrgScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=~(models.Q(actor_key__isnull=False) & models.Q(actor_user__isnull=False)),
+                name="audit_one_actor",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.action} by {self.actor_label}"

@@ -1,0 +1,44 @@
+"""Every scoped read of organizations, members and keys (STYLE.md rule 2)."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.contrib.auth.models import User
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from anex.tenancy import scoped_get
+from console.keys import key_parse, secret_matches
+from console.models import ApiKey, AuditEvent, Organization
+
+
+def api_key_for_plaintext(raw: str) -> ApiKey | None:
+    """The active key this plaintext is, or None (unknown, wrong secret, revoked, expired)."""
+    parts = key_parse(raw)
+    if parts is None:
+        return None
+    key = ApiKey.objects.select_related("organization").filter(prefix=parts.prefix).first()
+    if key is None or not secret_matches(parts.secret, key.secret_hash):
+        return None
+    if key.revoked_at is not None:
+        return None
+    if key.expires_at is not None and key.expires_at <= timezone.now():
+        return None
+    return key
+
+
+def api_key_get(*, organization: Organization, id: uuid.UUID | str) -> ApiKey:
+    return scoped_get(ApiKey.objects.all(), organization=organization, id=id, noun="API key")
+
+
+def api_key_list(*, organization: Organization) -> QuerySet[ApiKey]:
+    return ApiKey.objects.for_org(organization)
+
+
+def audit_event_list(*, organization: Organization) -> QuerySet[AuditEvent]:
+    return AuditEvent.objects.for_org(organization).select_related("actor_key", "actor_user")
+
+
+def organization_list_for_user(*, user: User) -> QuerySet[Organization]:
+    return Organization.objects.filter(memberships__user=user).distinct()

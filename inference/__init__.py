@@ -1,0 +1,1 @@
+"""The model catalog, vLLM engines, the Dramatiq actors that run jobs, and realtime."""

@@ -1,0 +1,72 @@
+"""`manage.py createorg` prints one JSON object with a working key."""
+
+from __future__ import annotations
+
+import io
+import json
+import uuid
+
+import pytest
+from django.core.management import CommandError, call_command
+from rest_framework.test import APIClient
+
+from console.models import AuditEvent, Organization
+from console.selectors import api_key_for_plaintext
+
+pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.urls")]
+
+
+def createorg(*args: str) -> dict[str, str]:
+    out = io.StringIO()
+    call_command("createorg", *args, stdout=out)
+    lines = out.getvalue().strip().splitlines()
+    assert len(lines) == 1
+    return json.loads(lines[0])
+
+
+def test_it_prints_the_organization_and_a_working_key() -> None:
+    created = createorg("--name", "Acme")
+    assert set(created) == {"organization_id", "api_key"}
+    organization = Organization.objects.get(pk=uuid.UUID(created["organization_id"]))
+    assert (organization.name, organization.eu_data_routing, organization.auto_approve) == (
+        "Acme", False, False)
+    key = api_key_for_plaintext(created["api_key"])
+    assert key is not None and key.organization == organization
+    client = APIClient(HTTP_AUTHORIZATION=f"Bearer {created['api_key']}")
+    assert client.get(f"/batch/v1/_probe/keys/{key.pk}").status_code == 200
+
+
+def test_flags_set_eu_routing_and_auto_approve() -> None:
+    created = createorg("--name", "Euro", "--eu", "--auto-approve")
+    organization = Organization.objects.get(pk=created["organization_id"])
+    assert organization.eu_data_routing and organization.auto_approve
+
+
+def test_it_records_who_did_it() -> None:
+    created = createorg("--name", "Audited")
+    actions = set(AuditEvent.objects.filter(organization_id=created["organization_id"])
+                  .values_list("action", "actor_label"))
+    assert actions == {("organization.created", "system: createorg"),
+                       ("api_key.created", "system: createorg")}
+
+
+def test_a_blank_name_is_refused() -> None:
+    with pytest.raises(CommandError, match="must not be empty"):
+        createorg("--name", "  ")
+
+
+def test_demoorg_creates_once_and_reprints_the_same_key(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    state = tmp_path / "demo.json"
+
+    def demoorg() -> dict[str, str]:
+        out = io.StringIO()
+        call_command("demoorg", "--state", str(state), stdout=out)
+        return json.loads(out.getvalue())
+
+    first = demoorg()
+    assert demoorg() == first
+    assert Organization.objects.filter(name="demo").count() == 1
+    assert oct(state.stat().st_mode & 0o777) == "0o600"
+    state.write_text(json.dumps({"organization_id": first["organization_id"],
+                                 "api_key": "sk-stale"}))
+    assert demoorg()["api_key"] != "sk-stale"
