@@ -80,15 +80,11 @@ class OrganizationAdmin(admin.ModelAdmin):
         return False
 
 
-@admin.register(Membership)
-class MembershipAdmin(admin.ModelAdmin):
-    # Read-only here: members are added and changed through the console's services.
-    list_display = ["user", "organization", "role", "created_at"]
-    list_filter = ["role"]
-    search_fields = ["user__email", "user__username", "organization__name"]
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Viewable, never written here: the rows are written by services (or never)."""
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return ["user", "organization", "role", "created_at"]
+        return [field.name for field in self.model._meta.fields]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -98,6 +94,14 @@ class MembershipAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+@admin.register(Membership)
+class MembershipAdmin(ReadOnlyAdmin):
+    # Members are added and changed through the console's services.
+    list_display = ["user", "organization", "role", "created_at"]
+    list_filter = ["role"]
+    search_fields = ["user__email", "user__username", "organization__name"]
 
 
 @admin.register(ApiKey)
@@ -127,21 +131,9 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
 
 @admin.register(AuditEvent)
-class AuditEventAdmin(admin.ModelAdmin):
+class AuditEventAdmin(ReadOnlyAdmin):
     list_display = ["created_at", "organization", "action", "actor_label", "target_type",
                     "target_id", "request_id"]
     list_filter = ["action"]
     search_fields = ["organization__name", "actor_label", "target_id", "request_id"]
     date_hierarchy = "created_at"
-
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return [field.name for field in AuditEvent._meta.fields]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
