@@ -16,6 +16,7 @@ import markdown
 from django.conf import settings
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
+from django.utils.module_loading import import_string
 from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_GET
 from django.views.decorators.vary import vary_on_headers
@@ -43,16 +44,31 @@ def _title_of(source: str, slug: str) -> str:
 @lru_cache(maxsize=128)
 def _render(path: Path, mtime_ns: int) -> DocPage:
     # Keyed by mtime so an edited page is re-rendered without a restart.
-    source = path.read_text(encoding="utf-8")
+    return _page(path.stem, path.read_text(encoding="utf-8"))
+
+
+# Pages generated from data rather than written: slug -> a function returning Markdown.
+GENERATED_PAGES = {"pricing": "billing.pricing.pricing_markdown"}
+
+
+@lru_cache(maxsize=16)
+def _generated(slug: str) -> DocPage:
+    source = import_string(GENERATED_PAGES[slug])()
+    return _page(slug, source)
+
+
+def _page(slug: str, source: str) -> DocPage:
     html = markdown.markdown(source, extensions=["tables", "fenced_code", "toc"])
-    # The Markdown is ours, from the repository, never a customer's: safe to mark.
-    return DocPage(slug=path.stem, title=_title_of(source, path.stem), source=source,
+    # The Markdown is ours (the repository's files, the catalog), never a customer's.
+    return DocPage(slug=slug, title=_title_of(source, slug), source=source,
                    html=mark_safe(html))  # noqa: S308
 
 
 def doc_page(slug: str) -> DocPage:
     if not _SLUG.match(slug):
         raise Http404("No such docs page.")
+    if slug in GENERATED_PAGES:
+        return _generated(slug)
     path = DOCS_DIR / f"{slug}.md"
     if not path.is_file():
         raise Http404("No such docs page.")
@@ -60,7 +76,8 @@ def doc_page(slug: str) -> DocPage:
 
 
 def doc_pages() -> list[DocPage]:
-    pages = [doc_page(path.stem) for path in sorted(DOCS_DIR.glob("*.md"))]
+    slugs = [path.stem for path in DOCS_DIR.glob("*.md")] + list(GENERATED_PAGES)
+    pages = [doc_page(slug) for slug in slugs]
     return sorted(pages, key=lambda page: (page.slug != "index", page.slug))
 
 

@@ -148,6 +148,13 @@ if ANEX_STORAGE_BACKEND == "s3":
 # Stripe top-ups are optional: without keys the console says top-up is unavailable.
 STRIPE_SECRET_KEY = env.prefixed_secret("STRIPE_SECRET_KEY", ("sk_", "rk_"))
 STRIPE_WEBHOOK_SECRET = env.prefixed_secret("STRIPE_WEBHOOK_SECRET", ("whsec_",))
+# Another Stripe API origin (stripe-mock, a test server); unset means Stripe itself.
+STRIPE_API_BASE = env.optional_str("STRIPE_API_BASE")
+if STRIPE_API_BASE is not None:
+    env.origin("STRIPE_API_BASE", STRIPE_API_BASE)
+
+# Credits every new organization is granted (DECISIONS.md, "Credits and billing").
+ANEX_FREE_GRANT_CENTS = env.integer("ANEX_FREE_GRANT_CENTS", 100, minimum=0)
 
 # The per-key request rate when a key sets none (DECISIONS.md, "From the peer reference").
 ANEX_DEFAULT_RATE_LIMIT_PER_MINUTE = env.integer(

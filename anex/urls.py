@@ -25,6 +25,8 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("docs/", docs_page, name="docs-index"),
     re_path(r"^docs/(?P<slug>[a-z0-9-]+)(?P<suffix>\.md)?$", docs_page, name="docs-page"),
+    path("billing/", include("billing.urls")),
+    path("console/", include("console.urls")),
     path("accounts/", include("allauth.urls")),
     path("admin/", admin.site.urls),
     path("", TemplateView.as_view(template_name="home.html"), name="home"),

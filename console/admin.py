@@ -5,12 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.db import models
 from django.db.models import QuerySet
 from django.forms import ModelForm
 from django.http import HttpRequest
+from django.template.response import TemplateResponse
 
+from billing.services import credits_grant, credits_summary
 from console.actors import Actor
 from console.models import ApiKey, AuditEvent, Membership, Organization
 from console.services import (
@@ -49,9 +53,11 @@ class OrganizationAdmin(admin.ModelAdmin):
     list_display = ["name", "id", "eu_data_routing", "auto_approve", "created_at"]
     list_filter = ["eu_data_routing", "auto_approve"]
     search_fields = ["name", "id"]
-    fields = ["id", "name", "webhook_url", "auto_approve", "eu_data_routing", "created_at"]
-    readonly_fields = ["id", "created_at"]
+    fields = ["id", "name", "webhook_url", "auto_approve", "eu_data_routing", "created_at",
+              "credits"]
+    readonly_fields = ["id", "created_at", "credits"]
     inlines = [MembershipInline, ApiKeyInline]
+    actions = ["grant_credits"]
     # A webhook URL typed without a scheme is https: deliveries are https-only.
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
 
@@ -78,6 +84,40 @@ class OrganizationAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    @admin.display(description="Credits (balance / held / available)")
+    def credits(self, obj: Organization) -> str:
+        if obj.pk is None:
+            return "-"
+        credits = credits_summary(organization=obj)
+        return f"{credits.balance} / {credits.held} / {credits.available}"
+
+    @admin.action(description="Grant credits to the selected organizations")
+    def grant_credits(self, request: HttpRequest,
+                      queryset: QuerySet[Organization]) -> TemplateResponse | None:
+        form = GrantCreditsForm(request.POST if "apply" in request.POST else None)
+        if form.is_valid():
+            actor = Actor(user=request.user)  # type: ignore[arg-type]
+            for organization in queryset:
+                credits_grant(organization=organization, cents=form.cleaned_data["cents"],
+                              reason=form.cleaned_data["reason"], actor=actor)
+            self.message_user(
+                request, f"Granted {form.cleaned_data['cents']} credits to "
+                         f"{queryset.count()} organization(s).", messages.SUCCESS)
+            return None
+        return TemplateResponse(request, "admin/console/organization/grant_credits.html", {
+            **self.admin_site.each_context(request),
+            "title": "Grant credits",
+            "form": form,
+            "organizations": queryset,
+            "opts": self.model._meta,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        })
+
+
+class GrantCreditsForm(forms.Form):
+    cents = forms.IntegerField(label="Credits (cents)", min_value=1, max_value=10_000_000)
+    reason = forms.CharField(max_length=500, help_text="Recorded in the ledger and audit log.")
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):

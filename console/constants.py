@@ -19,3 +19,6 @@ class AuditAction(models.TextChoices):
     MEMBER_ADDED = "member.added"
     API_KEY_CREATED = "api_key.created"
     API_KEY_REVOKED = "api_key.revoked"
+    CREDITS_GRANTED = "credits.granted"
+    CREDITS_TOPPED_UP = "credits.topped_up"
+    JOB_APPROVED = "job.approved"

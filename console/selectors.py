@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from anex.tenancy import scoped_get
 from console.keys import key_parse, secret_matches
-from console.models import ApiKey, AuditEvent, Organization
+from console.models import ApiKey, AuditEvent, Membership, Organization
 
 
 def api_key_for_plaintext(raw: str) -> ApiKey | None:
@@ -38,6 +38,12 @@ def api_key_list(*, organization: Organization) -> QuerySet[ApiKey]:
 
 def audit_event_list(*, organization: Organization) -> QuerySet[AuditEvent]:
     return AuditEvent.objects.for_org(organization).select_related("actor_key", "actor_user")
+
+
+def membership_current(*, user: User) -> Membership | None:
+    """The membership the console acts in: the user's first organization."""
+    return (Membership.objects.filter(user=user).select_related("organization")
+            .order_by("created_at").first())
 
 
 def organization_list_for_user(*, user: User) -> QuerySet[Organization]:

@@ -6,35 +6,21 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import models, transaction
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from anex.requestid import current_request_id
+from billing.services import credits_grant
 from console.actors import Actor
+from console.audit import audit_record
 from console.constants import AuditAction, Role
 from console.keys import key_generate, secret_hash
-from console.models import ApiKey, AuditEvent, Membership, Organization
+from console.models import ApiKey, Membership, Organization
 
 # last_used_at is advisory: writing it on every request would turn each read into a write.
 LAST_USED_RESOLUTION = timedelta(minutes=1)
-
-
-def audit_record(*, organization: Organization, actor: Actor, action: AuditAction,
-                 target: models.Model, data: dict[str, Any] | None = None) -> AuditEvent:
-    request_id = current_request_id.get()
-    return AuditEvent.objects.create(
-        organization=organization,
-        action=action,
-        actor_key=actor.key,
-        actor_user=actor.user,
-        actor_label=actor.label[:255],
-        target_type=target._meta.label_lower,
-        target_id=str(target.pk),
-        data=data or {},
-        request_id="" if request_id == "-" else request_id,
-    )
 
 
 @transaction.atomic
@@ -48,6 +34,10 @@ def organization_create(*, name: str, actor: Actor, eu_data_routing: bool = Fals
         target=organization,
         data={"name": name, "eu_data_routing": eu_data_routing, "auto_approve": auto_approve},
     )
+    if settings.ANEX_FREE_GRANT_CENTS > 0:
+        credits_grant(organization=organization, cents=settings.ANEX_FREE_GRANT_CENTS,
+                      reason="free grant for a new organization", actor=actor,
+                      idempotency_key=f"grant:new-organization:{organization.pk}")
     return organization
 
 

@@ -12,6 +12,8 @@ from console.actors import Actor
 from console.constants import Role
 from console.models import ApiKey, Organization
 from console.services import api_key_create, membership_add, organization_create
+from jobs.constants import JobStatus
+from jobs.models import Job
 
 _counter = itertools.count(1)
 SYSTEM = Actor(system="tests")
@@ -36,3 +38,11 @@ def user_make(organization: Organization | None = None, role: Role = Role.OWNER,
     if organization is not None:
         membership_add(organization=organization, user=user, role=role, actor=SYSTEM)
     return user
+
+
+def job_make(organization: Organization | None = None, *, status: JobStatus = JobStatus.COST_READY,
+             est_cost_cents: int | None = 50, model: str = "qwen3-embedding-8b") -> Job:
+    """A job as the estimator leaves it (the submit and estimate services are the jobs
+    issue's); its lifecycle from here on goes through jobs.services."""
+    return Job.objects.create(organization=organization or organization_make(), model=model,
+                              status=status, est_cost_cents=est_cost_cents)

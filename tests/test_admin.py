@@ -6,6 +6,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
+from billing.models import LedgerEntry
+from billing.services import credits_summary
 from console.keys import key_parse
 from console.models import ApiKey, AuditEvent, Organization
 from tests.factories import api_key_make, user_make
@@ -89,3 +91,29 @@ def test_revoke_action(staff: Client, organization: Organization) -> None:
     assert ApiKey.objects.get(pk=key.pk).revoked_at is not None
     assert AuditEvent.objects.get(action="api_key.revoked",
                                   target_id=str(key.pk)).actor_label == "user staff"
+
+
+def test_staff_grant_credits_with_a_reason(staff: Client, organization: Organization) -> None:
+    before = credits_summary(organization=organization).balance
+    form = staff.post("/admin/console/organization/", {
+        "action": "grant_credits", "_selected_action": [str(organization.pk)]})
+    assert form.status_code == 200 and "Grant credits" in form.content.decode()
+    response = staff.post("/admin/console/organization/", {
+        "action": "grant_credits", "_selected_action": [str(organization.pk)],
+        "apply": "Grant", "cents": "300", "reason": "outage make-good"})
+    assert response.status_code == 302
+    assert credits_summary(organization=organization).balance == before + 300
+    entry = LedgerEntry.objects.get(organization=organization, reason="outage make-good")
+    assert entry.staff_user is not None and entry.staff_user.username == "staff"
+    page = staff.get(f"/admin/console/organization/{organization.pk}/change/").content.decode()
+    assert f"{before + 300} / 0 / {before + 300}" in page
+
+
+def test_the_ledger_admin_is_read_only(staff: Client, organization: Organization) -> None:
+    entry = LedgerEntry.objects.for_org(organization).first()
+    assert entry is not None
+    assert staff.get("/admin/billing/ledgerentry/").status_code == 200
+    assert staff.get(f"/admin/billing/ledgerentry/{entry.pk}/change/").status_code == 200
+    assert staff.get("/admin/billing/ledgerentry/add/").status_code == 403
+    assert staff.post(f"/admin/billing/ledgerentry/{entry.pk}/delete/",
+                      {"post": "yes"}).status_code == 403

@@ -10,6 +10,8 @@ import pytest
 from django.core.management import CommandError, call_command
 from rest_framework.test import APIClient
 
+from billing.models import LedgerEntry
+from billing.services import credits_summary
 from console.models import AuditEvent, Organization
 from console.selectors import api_key_for_plaintext
 
@@ -47,7 +49,23 @@ def test_it_records_who_did_it() -> None:
     actions = set(AuditEvent.objects.filter(organization_id=created["organization_id"])
                   .values_list("action", "actor_label"))
     assert actions == {("organization.created", "system: createorg"),
-                       ("api_key.created", "system: createorg")}
+                       ("api_key.created", "system: createorg"),
+                       ("credits.granted", "system: createorg")}
+
+
+def test_credits_cents_grants_at_creation(settings) -> None:  # type: ignore[no-untyped-def]
+    settings.ANEX_FREE_GRANT_CENTS = 100
+    created = createorg("--name", "Funded", "--credits-cents", "5000")
+    organization = Organization.objects.get(pk=created["organization_id"])
+    assert credits_summary(organization=organization).balance == 5100
+    reasons = set(LedgerEntry.objects.filter(organization=organization)
+                  .values_list("reason", flat=True))
+    assert reasons == {"free grant for a new organization", "createorg --credits-cents"}
+
+
+def test_negative_credits_are_refused() -> None:
+    with pytest.raises(CommandError, match="must not be negative"):
+        createorg("--name", "Broke", "--credits-cents", "-1")
 
 
 def test_a_blank_name_is_refused() -> None:

@@ -72,7 +72,7 @@ class Migration(migrations.Migration):
             fields=[
                 ('id', models.BigAutoField(primary_key=True, serialize=False)),
                 ('created_at', models.DateTimeField(auto_now_add=True, db_index=True)),
-                ('action', models.CharField(choices=[('organization.created', 'Organization Created'), ('organization.updated', 'Organization Updated'), ('member.added', 'Member Added'), ('api_key.created', 'Api Key Created'), ('api_key.revoked', 'Api Key Revoked')], max_length=64)),
+                ('action', models.CharField(db_index=True, max_length=64)),
                 ('actor_label', models.CharField(max_length=255)),
                 ('target_type', models.CharField(max_length=64)),
                 ('target_id', models.CharField(max_length=64)),

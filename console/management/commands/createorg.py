@@ -8,6 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
+from billing.services import credits_grant
 from console.actors import Actor
 from console.services import api_key_create, organization_create
 
@@ -20,11 +21,15 @@ class Command(BaseCommand):
         parser.add_argument("--eu", action="store_true", help="Turn on EU data routing.")
         parser.add_argument("--auto-approve", action="store_true",
                             help="Approve every estimate at cost_ready.")
+        parser.add_argument("--credits-cents", type=int, default=0, metavar="N",
+                            help="Grant N credits (cents) at creation, beside the free grant.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         name = options["name"].strip()
         if not name:
             raise CommandError("--name must not be empty.")
+        if options["credits_cents"] < 0:
+            raise CommandError("--credits-cents must not be negative.")
         actor = Actor(system="createorg")
         with transaction.atomic():
             organization = organization_create(
@@ -33,6 +38,9 @@ class Command(BaseCommand):
             )
             _key, plaintext = api_key_create(organization=organization, actor=actor,
                                              name="created by createorg")
+            if options["credits_cents"]:
+                credits_grant(organization=organization, cents=options["credits_cents"],
+                              reason="createorg --credits-cents", actor=actor)
         self.stdout.write(json.dumps(
             {"organization_id": str(organization.pk), "api_key": plaintext}
         ))

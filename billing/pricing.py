@@ -1,0 +1,208 @@
+"""Pricing: one function turns a model and its usage into a charge.
+
+The estimate (est_cost_cents) and the final charge both come from `price`, so they can
+never disagree about a rate. The rules (DECISIONS.md, "Credits and billing"): 1 credit is
+1 US cent; a job's charge is its exact cost rounded up to a whole credit, at least 1 credit
+when it did any work, and at least the model's minimum job price; a job that did no work
+is not charged.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from decimal import Decimal
+
+from inference.catalog import CatalogModel
+
+MILLION = Decimal(1_000_000)
+CENTS_PER_USD = Decimal(100)
+SECONDS_PER_MINUTE = Decimal(60)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What a job (or an estimate of it) consumes.
+
+    input_tokens    text input tokens; on an embedding model, those of text-only rows
+    media_tokens    tokens that images, audio and video frames encode to (chat models)
+    output_tokens   generated tokens, thinking included
+    image_row_tokens, video_row_tokens
+                    embedding models: all input tokens of rows carrying images (and no
+                    video), and of rows carrying video; those rows have their own rates
+    images, clips   counts, for the flat per-item charges (clips: audio and video)
+    media_seconds   the audio and video duration billed by the per-minute surcharge
+    """
+
+    input_tokens: int = 0
+    media_tokens: int = 0
+    output_tokens: int = 0
+    image_row_tokens: int = 0
+    video_row_tokens: int = 0
+    images: int = 0
+    clips: int = 0
+    media_seconds: Decimal = Decimal(0)
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(**{f.name: getattr(self, f.name) + getattr(other, f.name)
+                        for f in fields(self)})
+
+    @property
+    def is_empty(self) -> bool:
+        return not any(getattr(self, f.name) for f in fields(self))
+
+
+@dataclass(frozen=True)
+class Price:
+    exact_usd: Decimal
+    cents: int
+
+
+def usage_cost_usd(model: CatalogModel, usage: Usage) -> Decimal:
+    """The exact cost in dollars, before any rounding, floor or minimum."""
+    rates = model.price
+    per_token = (
+        usage.input_tokens * rates.input_per_mtok
+        + usage.media_tokens * rates.media_input_rate
+        + usage.output_tokens * rates.output_per_mtok
+        + usage.image_row_tokens * rates.image_row_rate
+        + usage.video_row_tokens * rates.video_row_rate
+    ) / MILLION
+    per_item = usage.images * rates.per_image + usage.clips * rates.per_clip
+    # Pro rata by the second (multiplied before dividing, to keep the most precision).
+    per_minute = usage.media_seconds * rates.per_media_minute / SECONDS_PER_MINUTE
+    return per_token + per_item + per_minute
+
+
+def minimum_job_cents(model: CatalogModel) -> int:
+    return math.ceil(model.price.minimum_job * CENTS_PER_USD)
+
+
+def price(model: CatalogModel, usage: Usage) -> Price:
+    exact = usage_cost_usd(model, usage)
+    if usage.is_empty:
+        return Price(exact_usd=exact, cents=0)
+    rounded = math.ceil(exact * CENTS_PER_USD)
+    return Price(exact_usd=exact, cents=max(rounded, 1, minimum_job_cents(model)))
+
+
+def clip_seconds_billed(model: CatalogModel, modality: str, *,
+                        declared: Decimal | None = None,
+                        measured: Decimal | None = None) -> Decimal:
+    """The duration a clip is checked and billed at (the reference's duration_seconds):
+    the declared length as stated; else the length read from the clip or estimated from
+    its bytes; else, for a clip that cannot be sized, the model's full duration ceiling."""
+    if declared is not None:
+        return declared
+    if measured is not None:
+        return measured
+    ceiling = model.clip_ceiling_seconds(modality)
+    if ceiling is None:
+        raise ValueError(f"{model.id} has no {modality} duration ceiling")
+    return Decimal(ceiling)
+
+
+def _usd(amount: Decimal | None) -> str:
+    if amount is None:
+        return "-"
+    text = format(amount.normalize(), "f")
+    whole, _, fraction = text.partition(".")
+    return f"${whole}.{fraction.ljust(2, '0')}"
+
+
+def _per_million(amount: Decimal) -> str:
+    return _usd(amount * MILLION) if amount else "-"
+
+
+def pricing_markdown() -> str:
+    """The /docs/pricing page, generated from the catalog so it can never drift from it."""
+    from inference.catalog import catalog
+
+    models = list(catalog().values())
+    lines = [
+        "# Pricing",
+        "",
+        "Prices are in US dollars. 1 credit = 1 US cent. Per-token prices are exact decimals;",
+        "a job's charge is its exact cost rounded up to a whole credit, at least 1 credit when",
+        "it did any work, and at least the model's minimum job price (the cost of the machine",
+        "start a small job forces - never added on top of a job whose token price clears it).",
+        "A job that consumed nothing is not charged. Approval holds the estimate",
+        "(`est_cost_cents`); the final charge settles against that hold and never exceeds it,",
+        "and the rest is released - on done, failed and cancelled jobs alike.",
+        "",
+        "## Chat models",
+        "",
+        "| Model | Input (per 1M tokens) | Media input (per 1M tokens) | Output (per 1M tokens) "
+        "| Per audio/video clip | Audio/video surcharge (per minute) | Minimum job |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for m in models:
+        if m.task != "chat":
+            continue
+        p = m.price
+        lines.append(
+            f"| `{m.id}` | {_usd(p.input_per_mtok)} | {_usd(p.media_input_rate)} "
+            f"| {_usd(p.output_per_mtok)} | {_usd(p.per_clip)} | {_usd(p.per_media_minute)} "
+            f"| {_usd(p.minimum_job)} |"
+        )
+    lines += [
+        "",
+        "Images, audio and video become input tokens at the media input rate (a clip costs",
+        "tokens per frame x (seconds x rate, rounded up, + 1)); each clip adds the flat",
+        "per-clip charge and the per-minute surcharge on its duration.",
+        "",
+        "## Embedding models",
+        "",
+        "Input tokens only; a row's rate follows what it carries.",
+        "",
+        "| Model | Text-only rows (per 1M tokens) | Rows with images | Rows with video "
+        "| Per 1M images | Per 1M video clips | Realtime (per 1M tokens) | Minimum job |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for m in models:
+        if m.task != "embed":
+            continue
+        p = m.price
+        media = "image" in m.modalities or "video" in m.modalities
+        lines.append(
+            f"| `{m.id}` | {_usd(p.input_per_mtok)} "
+            f"| {_usd(p.image_row_rate) if media else '-'} "
+            f"| {_usd(p.video_row_rate) if media else '-'} | {_per_million(p.per_image)} "
+            f"| {_per_million(p.per_clip)} | {_usd(p.realtime_input_per_mtok)} "
+            f"| {_usd(p.minimum_job) if p.minimum_job else '-'} |"
+        )
+    lines += [
+        "",
+        "## Decision model",
+        "",
+        "Input tokens only: the text is counted once per question, plus each question's own",
+        "words. `est_output_tok` is always 0.",
+        "",
+        "| Model | Input (per 1M tokens) | Realtime (per 1M tokens) | Minimum job |",
+        "| --- | --- | --- | --- |",
+    ]
+    for m in models:
+        if m.task == "decide":
+            p = m.price
+            lines.append(f"| `{m.id}` | {_usd(p.input_per_mtok)} "
+                         f"| {_usd(p.realtime_input_per_mtok)} | {_usd(p.minimum_job)} |")
+    ceilings = [
+        f"{_duration(m.media.audio_max_seconds)} of audio on `{m.id}`"
+        for m in models if m.media.audio_max_seconds
+    ]
+    lines += [
+        "",
+        "## Audio and video durations",
+        "",
+        "Declare `duration_seconds` on a clip and it is checked and billed at exactly that",
+        "length. Undeclared, a clip whose container states its length is read exactly, one we",
+        "can size is estimated from its bytes at a conservative bitrate, and a hosted clip we",
+        "cannot size is billed at the model's full duration ceiling: "
+        + ", ".join(ceilings) + ".",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _duration(seconds: int) -> str:
+    return f"{seconds // 60} minutes" if seconds >= 60 and seconds % 60 == 0 else f"{seconds} s"

@@ -1,0 +1,206 @@
+"""Every write to the credit ledger, shared by the API, the console, the admin and the
+workers (STYLE.md rules 1, 4 and 5).
+
+Locking: every function that reads a balance to decide a write locks the organization row
+first (`organization_lock`), and callers that also lock a job lock the organization before
+the job, always in that order. Each entry also carries a unique idempotency key, so even a
+path that raced past the lock could not write the same movement twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+
+from django.db import IntegrityError, transaction
+from django.db.models import F, Sum
+from django.db.models.functions import Coalesce
+
+from anex.api.errors import ApiError
+from billing.constants import EntryKind
+from billing.models import LedgerEntry
+from console.actors import Actor
+from console.audit import audit_record
+from console.constants import AuditAction
+from console.models import ApiKey, Organization
+from jobs.models import Job
+
+logger = logging.getLogger(__name__)
+
+NO_CREDITS_DETAIL = (
+    "The organization's credit balance is zero or below: add credits (a top-up on the "
+    "console's Billing page) before uploading or submitting."
+)
+
+
+@dataclass(frozen=True)
+class Credits:
+    balance: int
+    held: int
+
+    @property
+    def available(self) -> int:
+        return self.balance - self.held
+
+
+def organization_lock(organization_id: uuid.UUID) -> Organization:
+    """Lock the organization row for the rest of the transaction: the first lock taken by
+    every path that moves its credits."""
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("organization_lock needs a transaction")
+    return Organization.objects.select_for_update().get(pk=organization_id)
+
+
+def credits_summary(*, organization: Organization) -> Credits:
+    totals = LedgerEntry.objects.for_org(organization).aggregate(
+        balance=Coalesce(Sum("balance_delta"), 0), held=Coalesce(Sum("held_delta"), 0)
+    )
+    return Credits(balance=totals["balance"], held=totals["held"])
+
+
+def credits_available(*, organization: Organization) -> int:
+    return credits_summary(organization=organization).available
+
+
+def credits_require_positive(*, organization: Organization) -> None:
+    """The coarse check before uploads and submits: any balance at all (402 otherwise)."""
+    if credits_summary(organization=organization).balance <= 0:
+        raise ApiError(402, NO_CREDITS_DETAIL)
+
+
+def _entry_write(**values: object) -> tuple[LedgerEntry, bool]:
+    """Insert an entry, or return the one already written under its idempotency key."""
+    key = values["idempotency_key"]
+    existing = LedgerEntry.objects.filter(idempotency_key=key).first()
+    if existing is not None:
+        return existing, False
+    try:
+        with transaction.atomic():
+            return LedgerEntry.objects.create(**values), True
+    except IntegrityError:
+        existing = LedgerEntry.objects.filter(idempotency_key=key).first()
+        if existing is None:
+            raise  # a constraint other than the key: a bug, not a repeat
+        return existing, False
+
+
+@transaction.atomic
+def credits_grant(*, organization: Organization, cents: int, reason: str, actor: Actor,
+                  idempotency_key: str | None = None) -> LedgerEntry:
+    """Free credits: the new-organization grant, a CLI grant, a staff grant."""
+    if cents <= 0:
+        raise ValueError("a grant must be a positive number of credits")
+    organization_lock(organization.pk)
+    entry, created = _entry_write(
+        organization=organization, kind=EntryKind.GRANT, balance_delta=cents,
+        idempotency_key=idempotency_key or f"grant:{uuid.uuid4()}",
+        staff_user=actor.user, reason=reason[:500],
+    )
+    if created:
+        audit_record(organization=organization, actor=actor,
+                     action=AuditAction.CREDITS_GRANTED, target=entry,
+                     data={"cents": cents, "reason": reason})
+    return entry
+
+
+@transaction.atomic
+def topup_record(*, organization_id: uuid.UUID, cents: int, checkout_session_id: str,
+                 stripe_event_id: str) -> tuple[LedgerEntry, bool]:
+    """Credit a paid Stripe Checkout Session, once however often Stripe redelivers (keyed
+    by the session, so its completed and async_payment_succeeded events credit once)."""
+    if cents <= 0:
+        raise ValueError("a top-up must be a positive number of credits")
+    organization = organization_lock(organization_id)
+    entry, created = _entry_write(
+        organization=organization, kind=EntryKind.TOPUP, balance_delta=cents,
+        idempotency_key=f"stripe:checkout:{checkout_session_id}",
+        stripe_event_id=stripe_event_id, reason=f"Stripe Checkout {checkout_session_id}",
+    )
+    if created:
+        audit_record(organization=organization, actor=Actor(system="stripe"),
+                     action=AuditAction.CREDITS_TOPPED_UP, target=entry,
+                     data={"cents": cents, "checkout_session": checkout_session_id,
+                           "event": stripe_event_id})
+    return entry, created
+
+
+def key_spend_cents(*, api_key: ApiKey) -> int:
+    """What a key's approvals have consumed: open holds plus settled charges."""
+    spent = LedgerEntry.objects.filter(
+        api_key=api_key, kind__in=[EntryKind.HOLD, EntryKind.RELEASE, EntryKind.CHARGE]
+    ).aggregate(spent=Coalesce(Sum(F("held_delta") - F("balance_delta")), 0))["spent"]
+    return int(spent)
+
+
+def hold_place(*, job: Job) -> LedgerEntry | None:
+    """Hold the job's estimate, inside the caller's transaction (job_approve's, which
+    moves the job to in_progress in the same commit). 402 when it is not covered."""
+    organization = organization_lock(job.organization_id)
+    existing = LedgerEntry.objects.filter(idempotency_key=f"job:{job.pk}:hold").first()
+    if existing is not None:
+        return existing
+    estimate = job.est_cost_cents
+    if estimate is None:
+        raise ValueError("a job is approved on its estimate; this one has none")
+    available = credits_available(organization=organization)
+    if estimate > available:
+        raise ApiError(
+            402,
+            f"The balance does not cover the estimate: approving this job holds {estimate} "
+            f"credits and {max(available, 0)} are available. Top up and approve again.",
+        )
+    key = job.approved_by_key
+    if key is not None and key.spend_budget_cents is not None:
+        left = key.spend_budget_cents - key_spend_cents(api_key=key)
+        if estimate > left:
+            raise ApiError(
+                402,
+                f"This API key's spend budget does not cover the estimate: approving this "
+                f"job holds {estimate} credits and {max(left, 0)} are left of its "
+                f"{key.spend_budget_cents}-credit budget.",
+            )
+    if estimate == 0:
+        return None
+    entry, _ = _entry_write(
+        organization=organization, kind=EntryKind.HOLD, held_delta=estimate, job=job,
+        api_key=key, idempotency_key=f"job:{job.pk}:hold",
+    )
+    return entry
+
+
+def hold_open_cents(*, job: Job) -> int:
+    total = LedgerEntry.objects.filter(job=job).aggregate(held=Coalesce(Sum("held_delta"), 0))
+    return int(total["held"])
+
+
+@transaction.atomic
+def hold_settle(*, job: Job, cost_cents: int) -> int:
+    """Charge the job's cost against its hold and release the rest; returns the charge.
+
+    Runs on done, failed and cancelled alike. Settling twice changes nothing: the first
+    settlement's charge is returned. A job never charges more than its hold.
+    """
+    if cost_cents < 0:
+        raise ValueError("a cost is never negative")
+    organization = organization_lock(job.organization_id)
+    settled = LedgerEntry.objects.filter(
+        job=job, kind__in=[EntryKind.CHARGE, EntryKind.RELEASE]
+    ).exists()
+    if settled:
+        return -int(LedgerEntry.objects.filter(job=job, kind=EntryKind.CHARGE)
+                    .aggregate(c=Coalesce(Sum("balance_delta"), 0))["c"])
+    held = hold_open_cents(job=job)
+    charge = min(cost_cents, held)
+    if cost_cents > held:
+        logger.error("job %s cost %s exceeds its hold %s; charging the hold",
+                     job.pk, cost_cents, held)
+    key = job.approved_by_key
+    if charge > 0:
+        _entry_write(organization=organization, kind=EntryKind.CHARGE, job=job, api_key=key,
+                     balance_delta=-charge, held_delta=-charge,
+                     idempotency_key=f"job:{job.pk}:charge")
+    if held - charge > 0:
+        _entry_write(organization=organization, kind=EntryKind.RELEASE, job=job, api_key=key,
+                     held_delta=-(held - charge), idempotency_key=f"job:{job.pk}:release")
+    return charge

@@ -1,0 +1,145 @@
+"""The model catalog, loaded once from catalog.toml and checked as it loads."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields
+from decimal import Decimal, InvalidOperation
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+CATALOG_PATH = Path(__file__).with_name("catalog.toml")
+TASKS = ("chat", "embed", "decide")
+MODALITIES = ("text", "image", "audio", "video")
+ZERO = Decimal(0)
+
+
+class CatalogError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class ModelPrice:
+    input_per_mtok: Decimal = ZERO
+    media_input_per_mtok: Decimal | None = None  # None: media tokens at the input rate
+    output_per_mtok: Decimal = ZERO
+    image_row_per_mtok: Decimal | None = None  # None: such rows at the input rate
+    video_row_per_mtok: Decimal | None = None
+    per_image: Decimal = ZERO
+    per_clip: Decimal = ZERO
+    per_media_minute: Decimal = ZERO
+    minimum_job: Decimal = ZERO
+    realtime_input_per_mtok: Decimal | None = None
+
+    # The rates in force, an unset one falling back to the plain input rate.
+    @property
+    def media_input_rate(self) -> Decimal:
+        return self.input_per_mtok if self.media_input_per_mtok is None \
+            else self.media_input_per_mtok
+
+    @property
+    def image_row_rate(self) -> Decimal:
+        return self.input_per_mtok if self.image_row_per_mtok is None \
+            else self.image_row_per_mtok
+
+    @property
+    def video_row_rate(self) -> Decimal:
+        return self.input_per_mtok if self.video_row_per_mtok is None \
+            else self.video_row_per_mtok
+
+
+@dataclass(frozen=True)
+class ModelMedia:
+    image_tokens: int | None = None
+    audio_tokens_per_second: Decimal | None = None
+    audio_max_seconds: int | None = None
+    video_frame_tokens: int | None = None
+    video_fps_default: int | None = None
+    video_fps_max: int | None = None  # None: the job cannot set video_fps
+    video_max_seconds: int | None = None
+
+
+@dataclass(frozen=True)
+class CatalogModel:
+    id: str
+    task: str
+    modalities: tuple[str, ...]
+    context_tokens: int
+    weights: str
+    price: ModelPrice
+    media: ModelMedia = field(default_factory=ModelMedia)
+    media_context_tokens: int | None = None
+    max_output_tokens: int | None = None
+    reasoning: bool = False
+    effort_levels: tuple[str, ...] = ()
+    default_effort: str | None = None
+    dimensions_native: int | None = None
+    dimensions_min: int | None = None
+    max_questions: int | None = None
+    max_state_chars: int | None = None
+    option_budget_tokens: int | None = None
+
+    def clip_ceiling_seconds(self, modality: str) -> int | None:
+        """The longest clip of this modality the model takes: also what a clip whose
+        length cannot be worked out is assumed to run (the reference's duration_seconds)."""
+        if modality == "audio":
+            return self.media.audio_max_seconds
+        if modality == "video":
+            return self.media.video_max_seconds
+        raise CatalogError(f"{modality} has no duration")
+
+
+def _decimal(model_id: str, name: str, value: Any) -> Decimal:
+    if not isinstance(value, str):
+        raise CatalogError(f"{model_id}: {name} must be a decimal string, not {value!r}")
+    try:
+        number = Decimal(value)
+    except InvalidOperation:
+        raise CatalogError(f"{model_id}: {name}={value!r} is not a decimal") from None
+    if number < 0:
+        raise CatalogError(f"{model_id}: {name} must not be negative")
+    return number
+
+
+def _section(model_id: str, cls: type, raw: dict[str, Any], decimals: set[str]) -> Any:
+    known = {f.name for f in fields(cls)}
+    unknown = set(raw) - known
+    if unknown:
+        raise CatalogError(f"{model_id}: unknown {cls.__name__} fields {sorted(unknown)}")
+    values = {k: _decimal(model_id, k, v) if k in decimals else v for k, v in raw.items()}
+    return cls(**values)
+
+
+def _model(model_id: str, raw: dict[str, Any]) -> CatalogModel:
+    raw = dict(raw)
+    price = _section(model_id, ModelPrice, raw.pop("price", {}),
+                     {f.name for f in fields(ModelPrice)})
+    media = _section(model_id, ModelMedia, raw.pop("media", {}), {"audio_tokens_per_second"})
+    known = {f.name for f in fields(CatalogModel)} - {"id", "price", "media"}
+    unknown = set(raw) - known
+    if unknown:
+        raise CatalogError(f"{model_id}: unknown fields {sorted(unknown)}")
+    if raw.get("task") not in TASKS:
+        raise CatalogError(f"{model_id}: task must be one of {TASKS}")
+    modalities = tuple(raw.pop("modalities", ()))
+    if "text" not in modalities or not set(modalities) <= set(MODALITIES):
+        raise CatalogError(f"{model_id}: modalities must include text, within {MODALITIES}")
+    effort_levels = tuple(raw.pop("effort_levels", ()))
+    return CatalogModel(id=model_id, price=price, media=media, modalities=modalities,
+                        effort_levels=effort_levels, **raw)
+
+
+def catalog_load(path: Path = CATALOG_PATH) -> dict[str, CatalogModel]:
+    with path.open("rb") as handle:
+        document = tomllib.load(handle)
+    return {model_id: _model(model_id, raw) for model_id, raw in document["models"].items()}
+
+
+@cache
+def catalog() -> dict[str, CatalogModel]:
+    return catalog_load()
+
+
+def model_get(model_id: str) -> CatalogModel | None:
+    return catalog().get(model_id)

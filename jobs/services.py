@@ -1,0 +1,69 @@
+"""Every job state change (STYLE.md rules 1 and 3): guarded transitions, one per change,
+called alike by the API, the console and the workers."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from anex.api.errors import ApiError
+from billing.services import hold_place, hold_settle, organization_lock
+from console.actors import Actor
+from console.audit import audit_record
+from console.constants import AuditAction
+from jobs.constants import TERMINAL_STATUSES, FailureCode, JobStatus
+from jobs.models import Job
+
+
+def _job_lock(job: Job) -> Job:
+    # Fixed order: the organization row first, then the job (billing.services).
+    organization_lock(job.organization_id)
+    return Job.objects.select_for_update().get(pk=job.pk)
+
+
+@transaction.atomic
+def job_approve(*, job: Job, actor: Actor) -> Job:
+    """cost_ready -> in_progress, holding est_cost_cents in the same commit.
+
+    409 from any other state (a retried approval included: it holds nothing twice), 402
+    when the balance or the approving key's budget does not cover the estimate.
+    """
+    locked = _job_lock(job)
+    if locked.status != JobStatus.COST_READY:
+        raise ApiError(
+            409, f"This job is {locked.status}: only a job in cost_ready can be approved."
+        )
+    locked.approved_by_key = actor.key
+    locked.approved_by_user = actor.user
+    hold_place(job=locked)
+    updated = Job.objects.filter(pk=locked.pk, status=JobStatus.COST_READY).update(
+        status=JobStatus.IN_PROGRESS, approved_at=timezone.now(),
+        approved_by_key=actor.key, approved_by_user=actor.user,
+    )
+    assert updated == 1, "the job row is locked; its status cannot have moved"
+    locked.refresh_from_db()
+    audit_record(organization=locked.organization, actor=actor,
+                 action=AuditAction.JOB_APPROVED, target=locked,
+                 data={"est_cost_cents": locked.est_cost_cents})
+    return locked
+
+
+@transaction.atomic
+def job_finish(*, job: Job, status: JobStatus, cost_cents: int = 0,
+               failure_code: FailureCode | str = "", failure_reason: str = "") -> Job:
+    """Move a job to a terminal state and settle its hold in the same commit.
+
+    A job already terminal is returned unchanged: finishing twice settles once.
+    """
+    if status not in TERMINAL_STATUSES:
+        raise ValueError(f"{status} is not a terminal status")
+    locked = _job_lock(job)
+    if locked.status in TERMINAL_STATUSES:
+        return locked
+    charged = hold_settle(job=locked, cost_cents=cost_cents)
+    Job.objects.filter(pk=locked.pk).update(
+        status=status, finished_at=timezone.now(), cost_cents=charged,
+        failure_code=failure_code, failure_reason=failure_reason,
+    )
+    locked.refresh_from_db()
+    return locked
