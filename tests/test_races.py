@@ -18,7 +18,7 @@ from billing.constants import EntryKind
 from billing.models import LedgerEntry
 from billing.services import credits_grant, credits_summary
 from jobs.constants import JobStatus
-from jobs.services import job_approve
+from jobs.services import job_approve, job_finish
 from tests.factories import SYSTEM, job_make, organization_make
 from tests.stripe_helpers import WEBHOOK_SECRET, checkout_completed_event, signed_headers
 
@@ -87,3 +87,19 @@ def test_twenty_redeliveries_of_one_stripe_event_credit_once(settings: SettingsW
     assert credits_summary(organization=organization).balance == 2500
     assert LedgerEntry.objects.filter(organization=organization,
                                       kind=EntryKind.TOPUP).count() == 1
+
+
+def test_twenty_concurrent_settlements_charge_and_release_once(settings: SettingsWrapper) -> None:
+    settings.ANEX_FREE_GRANT_CENTS = 0
+    organization = organization_make()
+    credits_grant(organization=organization, cents=1000, reason="race", actor=SYSTEM)
+    job = job_approve(job=job_make(organization, est_cost_cents=600), actor=SYSTEM)
+
+    results = race(lambda: job_finish(job=job, status=JobStatus.DONE, cost_cents=250))
+
+    assert not [r for r in results if isinstance(r, Exception)], results
+    assert {r.cost_cents for r in results} == {250}
+    kinds = sorted(LedgerEntry.objects.filter(job=job).values_list("kind", flat=True))
+    assert kinds == ["charge", "hold", "release"]
+    assert credits_summary(organization=organization).balance == 750
+    assert credits_summary(organization=organization).held == 0
