@@ -156,6 +156,11 @@ if STRIPE_API_BASE is not None:
 # Credits every new organization is granted (DECISIONS.md, "Credits and billing").
 ANEX_FREE_GRANT_CENTS = env.integer("ANEX_FREE_GRANT_CENTS", 100, minimum=0)
 
+# The SSRF-safe fetcher (anex/net.py). Loopback is for tests only; a CA bundle path lets
+# tests trust their own certificate authority. Both default off.
+ANEX_FETCH_ALLOW_LOOPBACK = env.boolean("ANEX_FETCH_ALLOW_LOOPBACK", False)
+ANEX_FETCH_CA_BUNDLE = env.optional_str("ANEX_FETCH_CA_BUNDLE")
+
 # The per-key request rate when a key sets none (DECISIONS.md, "From the peer reference").
 ANEX_DEFAULT_RATE_LIMIT_PER_MINUTE = env.integer(
     "ANEX_DEFAULT_RATE_LIMIT_PER_MINUTE", 600, minimum=1
