@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dramatiq
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import close_old_connections, connections
 from dramatiq.broker import MessageProxy
 from dramatiq.brokers.redis import RedisBroker
 
@@ -25,6 +25,10 @@ class DbConnectionsMiddleware(dramatiq.Middleware):
 
     def after_skip_message(self, broker: dramatiq.Broker, message: MessageProxy) -> None:
         close_old_connections()
+
+    def before_worker_thread_shutdown(self, broker: dramatiq.Broker, thread: object) -> None:
+        # Runs in the stopping thread: close its connections rather than leak them.
+        connections.close_all()
 
 
 def broker_setup() -> dramatiq.Broker:

@@ -193,8 +193,11 @@ def cmd_run(services: Services, stopper: Stopper) -> int:
         ),
         "dramatiq": subprocess.Popen(
             [sys.executable, "-m", "dramatiq", "anex.worker", "--processes", "1",
-             "--threads", "2"],
+             "--threads", "4"],
             env=env, cwd=BASE_DIR,
+        ),
+        "runperiodic": subprocess.Popen(
+            [sys.executable, str(BASE_DIR / "manage.py"), "runperiodic"], env=env, cwd=BASE_DIR,
         ),
     }
     origin = env["ANEX_API_ORIGIN"]
@@ -214,7 +217,7 @@ def cmd_run(services: Services, stopper: Stopper) -> int:
             time.sleep(0.5)
         return 0
     finally:
-        say("stopping the web server and the worker")
+        say("stopping the web server, the worker and the clock")
         terminate(list(children.values()))
 
 

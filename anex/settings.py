@@ -17,6 +17,11 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 env = Env()
 
 SECRET_KEY = env.secret("SECRET_KEY", min_length=32)
+# Encrypts the secrets we must read back (webhook signing secrets); derived from
+# SECRET_KEY when unset. Set it explicitly in a deployment and never rotate it casually.
+ANEX_ENCRYPTION_KEY = env.optional_str("ANEX_ENCRYPTION_KEY")
+if ANEX_ENCRYPTION_KEY is not None:
+    env.secret("ANEX_ENCRYPTION_KEY", min_length=32)
 DEBUG = env.boolean("DEBUG", False)
 
 # Region API origins (DECISIONS.md, "Data residency"): one deployment answers both hosts,
@@ -136,14 +141,28 @@ WHITENOISE_USE_FINDERS = True
 # the embedded default's signed-link backend, "s3" the production one, one bucket a region.
 ANEX_STORAGE_BACKEND = env.choice("ANEX_STORAGE_BACKEND", "local", ("local", "s3"))
 ANEX_STORAGE_ROOT = Path(env.string("ANEX_STORAGE_ROOT", str(BASE_DIR / ".run" / "storage")))
+ANEX_S3_BUCKETS: dict[str, str] = {}
+ANEX_S3_REGIONS: dict[str, str | None] = {}
+ANEX_S3_ENDPOINT_URL = env.optional_str("ANEX_S3_ENDPOINT_URL")
 if ANEX_STORAGE_BACKEND == "s3":
     ANEX_S3_BUCKETS = {
         "world": env.string("ANEX_S3_BUCKET", required=True),
         "eu": env.string("ANEX_S3_EU_BUCKET", required=True),
     }
-    ANEX_S3_ENDPOINT_URL = env.optional_str("ANEX_S3_ENDPOINT_URL")
+    # The AWS region of each bucket (the EU one must be in the EEA); credentials come
+    # from the standard AWS environment variables or the instance role.
+    ANEX_S3_REGIONS = {
+        "world": env.optional_str("ANEX_S3_REGION"),
+        "eu": env.optional_str("ANEX_S3_EU_REGION"),
+    }
     if ANEX_S3_ENDPOINT_URL is not None:
         env.origin("ANEX_S3_ENDPOINT_URL", ANEX_S3_ENDPOINT_URL)
+
+# Inputs (the reference's "POST /inputs"): the size cap, the upload window, and how long
+# an input is kept after it lands.
+ANEX_INPUT_MAX_BYTES = env.integer("ANEX_INPUT_MAX_BYTES", 2 * 1024**3, minimum=1)
+ANEX_UPLOAD_WINDOW_SECONDS = env.integer("ANEX_UPLOAD_WINDOW_SECONDS", 3600, minimum=60)
+ANEX_INPUT_RETENTION_DAYS = env.integer("ANEX_INPUT_RETENTION_DAYS", 7, minimum=1)
 
 # Stripe top-ups are optional: without keys the console says top-up is unavailable.
 STRIPE_SECRET_KEY = env.prefixed_secret("STRIPE_SECRET_KEY", ("sk_", "rk_"))

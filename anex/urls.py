@@ -26,6 +26,7 @@ urlpatterns = [
     path("docs/", docs_page, name="docs-index"),
     re_path(r"^docs/(?P<slug>[a-z0-9-]+)(?P<suffix>\.md)?$", docs_page, name="docs-page"),
     path("billing/", include("billing.urls")),
+    path("storage/", include("jobs.storage_urls")),
     path("console/", include("console.urls")),
     path("accounts/", include("allauth.urls")),
     path("admin/", admin.site.urls),

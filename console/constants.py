@@ -22,3 +22,4 @@ class AuditAction(models.TextChoices):
     CREDITS_GRANTED = "credits.granted"
     CREDITS_TOPPED_UP = "credits.topped_up"
     JOB_APPROVED = "job.approved"
+    INPUT_CREATED = "input.created"

@@ -21,3 +21,30 @@ TERMINAL_STATUSES = frozenset({JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCE
 class FailureCode(models.TextChoices):
     INVALID_INPUT = "invalid_input"
     INTERNAL_ERROR = "internal_error"
+
+
+class InputStatus(models.TextChoices):
+    """An input's life (the reference's POST /inputs and GET /inputs/{id})."""
+
+    AWAITING_UPLOAD = "awaiting_upload"
+    PENDING = "pending"
+    COPYING = "copying"
+    READY = "ready"
+    FAILED = "failed"
+    EXPIRED = "expired"
+
+
+class InputFormat(models.TextChoices):
+    JSONL = "jsonl"
+    PARQUET = "parquet"
+
+
+class DeliveryStatus(models.TextChoices):
+    PENDING = "pending"
+    DELIVERED = "delivered"
+    GAVE_UP = "gave_up"
+
+
+# Seconds between webhook delivery attempts: widening, about a day in all (the reference:
+# "retried on a widening backoff for about a day, then given up").
+DELIVERY_BACKOFF_SECONDS = (5, 60, 300, 1800, 7200, 18000, 36000, 21600)

@@ -6,7 +6,8 @@ from django.conf import settings
 from django.db import models
 
 from anex.tenancy import OrgScopedQuerySet
-from jobs.constants import FailureCode, JobStatus
+from console.constants import Region
+from jobs.constants import DeliveryStatus, FailureCode, InputFormat, InputStatus, JobStatus
 
 
 class Job(models.Model):
@@ -45,3 +46,75 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"{self.model} job {self.pk} ({self.status})"
+
+
+class Input(models.Model):
+    """An input file: uploaded straight to storage, or copied in from a customer URL."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(
+        "console.Organization", on_delete=models.PROTECT, related_name="inputs"
+    )
+    status = models.CharField(max_length=16, choices=InputStatus.choices, db_index=True)
+    format = models.CharField(max_length=8, choices=InputFormat.choices)
+    data_residency = models.CharField(max_length=8, choices=Region.choices)
+    object_key = models.CharField(max_length=500)
+    input_s3_uri = models.CharField(max_length=600, unique=True)
+    # Ingest mode only. The source URL may carry the customer's presigned credentials, so
+    # it is kept only until the copy settles, and never logged.
+    source_url = models.TextField(blank=True, default="")
+    callback_url = models.URLField(max_length=2000, blank=True, default="")
+    callback_secret_encrypted = models.TextField(blank=True, default="")
+    error = models.TextField(blank=True, default="")
+    size_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    created_by_key = models.ForeignKey(
+        "console.ApiKey", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    upload_expires_at = models.DateTimeField(null=True, blank=True)
+    copy_started_at = models.DateTimeField(null=True, blank=True)
+    ready_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    deleted_at = models.DateTimeField(null=True, blank=True)
+
+    objects = OrgScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"input {self.pk} ({self.status})"
+
+
+class WebhookDelivery(models.Model):
+    """One signed POST to deliver, kept until delivered or given up: the outbox that makes
+    a lost queue message harmless (a sweeper re-sends what is due)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(
+        "console.Organization", on_delete=models.PROTECT, related_name="webhook_deliveries"
+    )
+    # The ingest this callback reports on; its own callback secret signs it.
+    input = models.ForeignKey(Input, null=True, blank=True, on_delete=models.CASCADE,
+                              related_name="callbacks")
+    url = models.URLField(max_length=2000)
+    event_type = models.CharField(max_length=64)
+    payload = models.JSONField()
+    status = models.CharField(max_length=16, choices=DeliveryStatus.choices,
+                              default=DeliveryStatus.PENDING, db_index=True)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(db_index=True)
+    leased_until = models.DateTimeField(null=True, blank=True)
+    last_status_code = models.PositiveIntegerField(null=True, blank=True)
+    last_error = models.CharField(max_length=500, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    objects = OrgScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name_plural = "webhook deliveries"
+
+    def __str__(self) -> str:
+        return f"{self.event_type} to {self.url} ({self.status})"

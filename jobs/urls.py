@@ -1,5 +1,10 @@
-"""The batch API, mounted at /batch/v1/ (the reference's eight endpoints land here)."""
+"""The batch API, mounted at /batch/v1/."""
 
-from django.urls import URLPattern
+from django.urls import path
 
-urlpatterns: list[URLPattern] = []
+from jobs.api import InputsView, InputView
+
+urlpatterns = [
+    path("inputs", InputsView.as_view(), name="inputs"),
+    path("inputs/<str:input_id>", InputView.as_view(), name="input"),
+]

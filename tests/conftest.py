@@ -1,12 +1,17 @@
 from __future__ import annotations
 
-from collections.abc import Callable
+import ssl
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+import trustme
+from pytest_django import Settings
 from rest_framework.test import APIClient
 
 from console.models import ApiKey, Organization
 from tests.factories import api_key_make, organization_make
+from tests.servers import LocalServer
 
 
 @pytest.fixture
@@ -37,3 +42,42 @@ def client_for() -> Callable[[str], APIClient]:
 @pytest.fixture
 def api(key_pair: tuple[ApiKey, str], client_for: Callable[[str], APIClient]) -> APIClient:
     return client_for(key_pair[1])
+
+
+@pytest.fixture
+def loopback(settings: Settings) -> None:
+    """Let the SSRF-safe fetcher reach this machine's test servers (off everywhere else)."""
+    settings.ANEX_FETCH_ALLOW_LOOPBACK = True
+
+
+@pytest.fixture
+def make_server() -> Iterator[Callable[..., LocalServer]]:
+    servers: list[LocalServer] = []
+
+    def make(host: str = "127.0.0.1", tls: ssl.SSLContext | None = None) -> LocalServer:
+        server = LocalServer(host, tls)
+        server.start()
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def server(make_server: Callable[..., LocalServer]) -> LocalServer:
+    return make_server()
+
+
+@pytest.fixture(scope="session")
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+@pytest.fixture
+def trust_ca(ca: trustme.CA, tmp_path: Path, settings: Settings) -> None:
+    """Make the fetcher trust the test CA (tls_context issues server certificates)."""
+    bundle = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(bundle))
+    settings.ANEX_FETCH_CA_BUNDLE = str(bundle)

@@ -61,6 +61,7 @@ def test_run_brings_everything_up_and_ctrl_c_takes_it_down(tmp_path: Path) -> No
         children = psutil.Process(launcher.pid).children(recursive=True)
         assert any("gunicorn" in " ".join(c.cmdline()) for c in children)
         assert any("dramatiq" in " ".join(c.cmdline()) for c in children)
+        assert any("runperiodic" in " ".join(c.cmdline()) for c in children)
     finally:
         launcher.send_signal(signal.SIGINT)
         try:

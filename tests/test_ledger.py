@@ -21,7 +21,7 @@ from billing.services import (
 from console.actors import Actor
 from console.models import AuditEvent, Organization
 from jobs.constants import JobStatus
-from jobs.services import job_approve, job_finish
+from jobs.services.lifecycle import job_approve, job_finish
 from tests.factories import SYSTEM, api_key_make, job_make, organization_make
 
 pytestmark = pytest.mark.django_db

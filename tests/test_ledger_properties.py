@@ -18,7 +18,7 @@ from billing.models import LedgerEntry
 from billing.services import credits_grant, credits_summary, hold_open_cents
 from jobs.constants import TERMINAL_STATUSES, JobStatus
 from jobs.models import Job
-from jobs.services import job_approve, job_finish
+from jobs.services.lifecycle import job_approve, job_finish
 from tests.factories import SYSTEM, job_make, organization_make
 
 JOBS = 4

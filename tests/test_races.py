@@ -18,7 +18,7 @@ from billing.constants import EntryKind
 from billing.models import LedgerEntry
 from billing.services import credits_grant, credits_summary
 from jobs.constants import JobStatus
-from jobs.services import job_approve, job_finish
+from jobs.services.lifecycle import job_approve, job_finish
 from tests.factories import SYSTEM, job_make, organization_make
 from tests.stripe_helpers import WEBHOOK_SECRET, checkout_completed_event, signed_headers
 

@@ -1,0 +1,97 @@
+"""The batch API's views (/batch/v1): thin, one per operation (STYLE.md rule 7)."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from anex.api.authentication import request_actor, request_organization
+from anex.api.errors import ApiError
+from anex.regions import region_require, residency_resolve
+from billing.services import credits_require_positive
+from jobs.constants import InputFormat
+from jobs.selectors import input_get
+from jobs.serializers import (
+    INPUT_INGEST_SCHEMA,
+    INPUT_UPLOAD_SCHEMA,
+    InputCreateIn,
+    InputOut,
+    utc_iso,
+)
+from jobs.services.inputs import input_ingest_create, input_refresh, input_upload_create
+
+ERRORS = {status: OpenApiResponse(description=text) for status, text in {
+    400: "Validation failed", 401: "Invalid or inactive key", 402: "No credits",
+    403: "EU data routing not enabled", 404: "Unknown id", 413: "Source over the cap",
+    421: "Data kept in the other region", 422: "Malformed request", 429: "Rate limited",
+    503: "A dependency could not be checked"}.items()}
+
+
+def _https(name: str, url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme != "https" or not parts.hostname:
+        raise ApiError(400, f"{name} must be an https:// URL.")
+    return url
+
+
+class InputsView(APIView):
+    @extend_schema(
+        operation_id="createInput", request=InputCreateIn,
+        responses={200: {"oneOf": [INPUT_UPLOAD_SCHEMA, INPUT_INGEST_SCHEMA]}, **ERRORS},
+        summary="Ingest an input from a URL, or get a presigned target to upload one",
+    )
+    def post(self, request: Request) -> Response:
+        body = InputCreateIn(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        source_url, callback_url = data.get("source_url"), data.get("callback_url")
+        raw_format = data.get("format")
+        if raw_format is not None and raw_format not in InputFormat.values:
+            raise ApiError(400, "format must be jsonl or parquet.")
+        fmt = InputFormat(raw_format) if raw_format else None
+        if source_url is None:
+            if fmt is None:
+                raise ApiError(400, "format is required for a direct upload (jsonl or "
+                                    "parquet); to ingest from a URL, give source_url.")
+            if callback_url is not None:
+                raise ApiError(400, "callback_url is not available for a direct upload: "
+                                    "there is no server-side copy to report on.")
+        else:
+            _https("source_url", source_url)
+            if callback_url is not None:
+                _https("callback_url", callback_url)
+        organization = request_organization(request)
+        residency = residency_resolve(organization=organization,
+                                      requested=data.get("data_residency"))
+        region_require(request, residency=residency, noun="input")
+        # Before an upload target is minted or a source URL is contacted.
+        credits_require_positive(organization=organization)
+        actor = request_actor(request)
+        if source_url is None:
+            assert fmt is not None
+            item, target = input_upload_create(organization=organization, actor=actor,
+                                               fmt=fmt, residency=residency)
+            return Response({
+                "id": str(item.pk), "status": item.status, **target,
+                "expires_at": utc_iso(item.upload_expires_at), "input_s3_uri": item.input_s3_uri,
+            })
+        item, secret = input_ingest_create(organization=organization, actor=actor,
+                                           source_url=source_url, fmt=fmt,
+                                           callback_url=callback_url, residency=residency)
+        out = {"id": str(item.pk), "status": item.status, "input_s3_uri": item.input_s3_uri}
+        if secret is not None:
+            out["callback_secret"] = secret
+        return Response(out)
+
+
+class InputView(APIView):
+    @extend_schema(operation_id="getInput", responses={200: InputOut, **ERRORS},
+                   summary="Check an input's status until it is ready")
+    def get(self, request: Request, input_id: str) -> Response:
+        item = input_get(organization=request_organization(request), id=input_id)
+        region_require(request, residency=item.data_residency, noun="input")
+        return Response(InputOut(input_refresh(item=item)).data)

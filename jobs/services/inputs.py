@@ -1,0 +1,268 @@
+"""Inputs: direct uploads and URL ingests (the reference's "POST /inputs" sections).
+
+An upload is minted an upload target and settles to ready once its object lands (checked
+lazily on GET and on submit). An ingest is copied in by the input_ingest actor, streamed
+from the customer's URL through the SSRF-safe fetcher into storage, never whole in memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import PurePosixPath
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from anex.api.errors import ApiError
+from anex.crypto import secret_encrypt
+from anex.net import FetchError, TooLarge, UnsafeURL, fetch
+from console.actors import Actor
+from console.audit import audit_record
+from console.constants import AuditAction, Region
+from console.models import Organization
+from jobs.constants import InputFormat, InputStatus
+from jobs.models import Input
+from jobs.services.webhooks import delivery_enqueue, webhook_secret_new
+from jobs.storage import StorageTooLarge, storage_for
+
+logger = logging.getLogger(__name__)
+
+# How long one copy may take before the sweeper calls its worker dead and starts again.
+COPY_TIME_LIMIT = timedelta(minutes=60)
+# The slowest source we wait for: a copy whose source stalls this long fails.
+COPY_READ_TIMEOUT_SECONDS = 60
+SNIFF_BYTES = 512
+
+
+def _object_key(organization: Organization, input_id: uuid.UUID, fmt: str) -> str:
+    return f"inputs/{organization.pk}/{input_id}.{fmt}"
+
+
+def format_problem(head: bytes, fmt: str) -> str | None:
+    """Why the first bytes cannot be a file of this format, or None."""
+    if fmt == InputFormat.PARQUET:
+        return None if head.startswith(b"PAR1") else \
+            "The file is not parquet: it does not start with the PAR1 magic bytes."
+    text = head.removeprefix(b"\xef\xbb\xbf").lstrip()
+    if not text:
+        return "The file is empty."
+    if not text.startswith(b"{"):
+        return "The file is not JSONL: its first line is not a JSON object."
+    return None
+
+
+def input_upload_create(*, organization: Organization, actor: Actor, fmt: InputFormat,
+                        residency: Region) -> tuple[Input, dict[str, object]]:
+    input_id = uuid.uuid4()
+    key = _object_key(organization, input_id, fmt)
+    storage = storage_for(residency)
+    target = storage.upload_target(key=key, max_bytes=settings.ANEX_INPUT_MAX_BYTES,
+                                   expires_in=settings.ANEX_UPLOAD_WINDOW_SECONDS)
+    with transaction.atomic():
+        item = Input.objects.create(
+            id=input_id, organization=organization, status=InputStatus.AWAITING_UPLOAD,
+            format=fmt, data_residency=residency, object_key=key,
+            input_s3_uri=storage.uri(key), created_by_key=actor.key,
+            upload_expires_at=target.expires_at,
+        )
+        audit_record(organization=organization, actor=actor, action=AuditAction.INPUT_CREATED,
+                     target=item, data={"mode": "upload", "format": fmt,
+                                        "data_residency": residency})
+    return item, {"upload_url": target.url, "fields": target.fields}
+
+
+def _advertised_size(source_url: str) -> int | None:
+    """The size the source advertises, read from a GET's headers without reading its
+    body (a presigned GET URL refuses HEAD). None when it does not say or cannot be asked;
+    refused addresses raise UnsafeURL."""
+    try:
+        with fetch("GET", source_url, connect_timeout=3, read_timeout=5,
+                   max_bytes=settings.ANEX_INPUT_MAX_BYTES) as response:
+            return response.content_length if 200 <= response.status < 300 else None
+    except UnsafeURL:
+        raise
+    except FetchError:
+        return None
+
+
+def input_ingest_create(*, organization: Organization, actor: Actor, source_url: str,
+                        fmt: InputFormat | None, callback_url: str | None,
+                        residency: Region) -> tuple[Input, str | None]:
+    """Accept an ingest; returns it and the callback secret, shown this once."""
+    try:
+        size = _advertised_size(source_url)
+    except UnsafeURL as exc:
+        raise ApiError(400, f"source_url cannot be fetched: {exc}") from None
+    cap = settings.ANEX_INPUT_MAX_BYTES
+    if size is not None and size > cap:
+        raise ApiError(413, f"The source advertises {size:,} bytes, over the input cap of "
+                            f"{cap:,} bytes.")
+    if fmt is None:
+        suffix = PurePosixPath(urlsplit(source_url).path).suffix.lower()
+        fmt = InputFormat.PARQUET if suffix == ".parquet" else InputFormat.JSONL
+    input_id = uuid.uuid4()
+    key = _object_key(organization, input_id, fmt)
+    secret = webhook_secret_new() if callback_url else None
+    with transaction.atomic():
+        item = Input.objects.create(
+            id=input_id, organization=organization, status=InputStatus.PENDING, format=fmt,
+            data_residency=residency, object_key=key,
+            input_s3_uri=storage_for(residency).uri(key), source_url=source_url,
+            callback_url=callback_url or "",
+            callback_secret_encrypted=secret_encrypt(secret) if secret else "",
+            created_by_key=actor.key,
+        )
+        audit_record(organization=organization, actor=actor, action=AuditAction.INPUT_CREATED,
+                     target=item, data={"mode": "ingest", "format": fmt,
+                                        "data_residency": residency,
+                                        "callback": bool(callback_url)})
+        _ingest_send_after_commit(item.pk)
+    return item, secret
+
+
+def _ingest_send_after_commit(input_id: uuid.UUID) -> None:
+    from jobs.tasks import input_ingest
+
+    transaction.on_commit(lambda: input_ingest.send(str(input_id)))
+
+
+def _ready_fields(size: int) -> dict[str, object]:
+    now = timezone.now()
+    return {"status": InputStatus.READY, "size_bytes": size, "ready_at": now,
+            "expires_at": now + timedelta(days=settings.ANEX_INPUT_RETENTION_DAYS),
+            "error": ""}
+
+
+def input_refresh(*, item: Input) -> Input:
+    """Settle what time and the upload have decided: an upload that landed is ready (or
+    failed, when it is not the format it claims); a lapsed window or retention expires."""
+    now = timezone.now()
+    if item.status == InputStatus.AWAITING_UPLOAD:
+        storage = storage_for(item.data_residency)
+        if storage.exists(item.object_key):
+            problem = format_problem(storage.read_head(item.object_key, SNIFF_BYTES),
+                                     item.format)
+            fields = {"status": InputStatus.FAILED, "error": problem} if problem \
+                else _ready_fields(storage.size(item.object_key))
+            Input.objects.filter(pk=item.pk, status=InputStatus.AWAITING_UPLOAD).update(**fields)
+        elif item.upload_expires_at is not None and item.upload_expires_at <= now:
+            Input.objects.filter(pk=item.pk, status=InputStatus.AWAITING_UPLOAD).update(
+                status=InputStatus.EXPIRED,
+                error="The upload window closed before a file arrived. Create a new input.")
+    elif item.status == InputStatus.READY and item.expires_at and item.expires_at <= now:
+        Input.objects.filter(pk=item.pk, status=InputStatus.READY).update(
+            status=InputStatus.EXPIRED)
+    item.refresh_from_db()
+    return item
+
+
+def _stream(response_chunks: Iterator[bytes], fmt: str, started: float) -> Iterator[bytes]:
+    """The source's bytes, checked: the format on the first chunk, and an overall pace
+    (a source trickling bytes forever is as bad as one that never answers)."""
+    first = True
+    for chunk in response_chunks:
+        if first and chunk:
+            problem = format_problem(chunk[:SNIFF_BYTES], fmt)
+            if problem:
+                raise _CopyFailed(problem)
+            first = False
+        if time.monotonic() - started > COPY_TIME_LIMIT.total_seconds() * 0.9:
+            raise _CopyFailed("The source was too slow: the copy did not finish in time.")
+        yield chunk
+    if first:
+        raise _CopyFailed("The file is empty.")
+
+
+class _CopyFailed(Exception):
+    pass
+
+
+def input_copy(*, input_id: uuid.UUID | str) -> InputStatus | None:
+    """Copy an ingest's source into storage (the input_ingest actor). Runs once per input:
+    a redelivered message finds it no longer pending and does nothing."""
+    now = timezone.now()
+    claimed = Input.objects.filter(pk=input_id, status=InputStatus.PENDING).update(
+        status=InputStatus.COPYING, copy_started_at=now)
+    if claimed != 1:
+        return None
+    item = Input.objects.select_related("organization").get(pk=input_id)
+    storage = storage_for(item.data_residency)
+    cap = settings.ANEX_INPUT_MAX_BYTES
+    error = ""
+    size = 0
+    try:
+        with fetch("GET", item.source_url, max_bytes=cap,
+                   read_timeout=COPY_READ_TIMEOUT_SECONDS) as response:
+            if not 200 <= response.status < 300:
+                raise _CopyFailed(f"The source answered HTTP {response.status}.")
+            size = storage.write_stream(
+                item.object_key, _stream(response.iter_chunks(), item.format, time.monotonic()),
+                max_bytes=cap)
+    except (TooLarge, StorageTooLarge):
+        error = f"The source is larger than the input cap of {cap:,} bytes."
+    except (FetchError, _CopyFailed) as exc:
+        error = str(exc)
+    with transaction.atomic():
+        fields = _ready_fields(size) if not error else {"status": InputStatus.FAILED,
+                                                         "error": error}
+        # The source URL may carry the customer's credentials: keep it no longer than needed.
+        updated = Input.objects.filter(pk=item.pk, status=InputStatus.COPYING).update(
+            source_url="", **fields)
+        if updated and item.callback_url:
+            item.refresh_from_db()
+            delivery_enqueue(
+                organization=item.organization, url=item.callback_url, input=item,
+                event_type="input.ready" if not error else "input.failed",
+                data={"input_id": str(item.pk), "status": item.status,
+                      "input_s3_uri": item.input_s3_uri, "error": item.error or None},
+            )
+    if error:
+        logger.info("ingest %s failed: %s", item.pk, error)
+    return InputStatus.FAILED if error else InputStatus.READY
+
+
+def inputs_sweep() -> int:
+    """Recover ingests whose queue message was lost (still pending a while after commit)
+    or whose worker died mid-copy (copying past the time limit): they are queued again."""
+    now = timezone.now()
+    stuck = Input.objects.filter(status=InputStatus.COPYING,
+                                 copy_started_at__lt=now - COPY_TIME_LIMIT)
+    stuck.update(status=InputStatus.PENDING)
+    waiting = Input.objects.filter(status=InputStatus.PENDING,
+                                   created_at__lt=now - timedelta(seconds=30))
+    from jobs.tasks import input_ingest
+
+    count = 0
+    for input_id in waiting.values_list("pk", flat=True)[:500]:
+        input_ingest.send(str(input_id))
+        count += 1
+    return count
+
+
+def inputs_expire() -> int:
+    """Delete the objects of inputs past their 7 days (or past an unused upload window)."""
+    now = timezone.now()
+    # An upload may land just as its window closes: settle it before judging it.
+    for item in Input.objects.filter(status=InputStatus.AWAITING_UPLOAD,
+                                     upload_expires_at__lte=now).iterator():
+        input_refresh(item=item)
+    due = Input.objects.filter(deleted_at__isnull=True).filter(
+        Q(expires_at__lte=now)
+        | Q(status=InputStatus.EXPIRED)
+        | Q(status=InputStatus.FAILED, created_at__lte=now - timedelta(
+            days=settings.ANEX_INPUT_RETENTION_DAYS)))
+    count = 0
+    for item in due.iterator():
+        storage_for(item.data_residency).delete(item.object_key)
+        Input.objects.filter(pk=item.pk).update(
+            status=InputStatus.EXPIRED if item.status == InputStatus.READY else item.status,
+            deleted_at=now)
+        count += 1
+    return count

@@ -1,0 +1,40 @@
+"""The jobs app's Dramatiq actors. Each takes ids, is sent after commit, and is safe to
+run twice (STYLE.md rule 6): the service it calls claims its work with a guarded update."""
+
+from __future__ import annotations
+
+import dramatiq
+
+from jobs.services.inputs import input_copy, inputs_expire, inputs_sweep
+from jobs.services.webhooks import deliveries_sweep, delivery_attempt
+
+# Time limits are explicit: a copy streams up to the input cap from a slow source.
+INGEST_TIME_LIMIT_MS = 65 * 60 * 1000
+DELIVERY_TIME_LIMIT_MS = 60 * 1000
+SWEEP_TIME_LIMIT_MS = 5 * 60 * 1000
+
+
+@dramatiq.actor(queue_name="ingest", max_retries=0, time_limit=INGEST_TIME_LIMIT_MS)
+def input_ingest(input_id: str) -> None:
+    input_copy(input_id=input_id)
+
+
+@dramatiq.actor(queue_name="webhooks", max_retries=0, time_limit=DELIVERY_TIME_LIMIT_MS)
+def webhook_deliver(delivery_id: str) -> None:
+    # Retries are the delivery's own schedule (about a day), not Dramatiq's.
+    delivery_attempt(delivery_id=delivery_id)
+
+
+@dramatiq.actor(queue_name="periodic", max_retries=0, time_limit=SWEEP_TIME_LIMIT_MS)
+def inputs_recover() -> None:
+    inputs_sweep()
+
+
+@dramatiq.actor(queue_name="periodic", max_retries=0, time_limit=SWEEP_TIME_LIMIT_MS)
+def inputs_purge() -> None:
+    inputs_expire()
+
+
+@dramatiq.actor(queue_name="periodic", max_retries=0, time_limit=SWEEP_TIME_LIMIT_MS)
+def webhooks_recover() -> None:
+    deliveries_sweep()
