@@ -52,6 +52,8 @@ class Services:
         env = dict(os.environ)
         env.setdefault("DJANGO_SETTINGS_MODULE", "anex.settings")
         env["ANEX_RUN_DIR"] = str(self.root)
+        env.setdefault("ANEX_STORAGE_ROOT", str(self.root / "storage"))
+        env.setdefault("STATIC_ROOT", str(self.root / "static"))
         if not env.get("SECRET_KEY"):
             env["SECRET_KEY"] = self._secret_key()
         if not env.get("DATABASE_URL"):
