@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import requests
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,6 +59,18 @@ def test_run_brings_everything_up_and_ctrl_c_takes_it_down(tmp_path: Path) -> No
         assert status == 200 and b'"database": "ok"' in body
         status, body = get(f"http://localhost:{port}/openapi.json")
         assert status == 200 and b'"openapi": "3.1' in body
+        # The demo key works end to end: an upload target, the form POST, a ready input.
+        key = re.search(r"demo API key\s+(sk-\S+)", output).group(1)  # type: ignore[union-attr]
+        auth = {"Authorization": f"Bearer {key}"}
+        created = requests.post(f"http://localhost:{port}/batch/v1/inputs", json={
+            "format": "jsonl"}, headers=auth, timeout=30).json()
+        assert created["upload_url"] == f"http://localhost:{port}/storage/world/upload"
+        uploaded = requests.post(created["upload_url"], data=created["fields"], timeout=30,
+                                 files={"file": ("in.jsonl", b'{"custom_id":"a"}\n')})
+        assert uploaded.status_code == 204, uploaded.text
+        polled = requests.get(f"http://localhost:{port}/batch/v1/inputs/{created['id']}",
+                              headers=auth, timeout=30).json()
+        assert polled["status"] == "ready"
         children = psutil.Process(launcher.pid).children(recursive=True)
         assert any("gunicorn" in " ".join(c.cmdline()) for c in children)
         assert any("dramatiq" in " ".join(c.cmdline()) for c in children)
