@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -111,6 +112,22 @@ class Env:
             )
         _port_of(name, value)
         return f"{parts.scheme}://{parts.netloc}"
+
+    def path_mapping(self, name: str) -> dict[str, Path]:
+        """`key=/path;key=/path`, every path an existing directory."""
+        value = self._raw(name)
+        mapping: dict[str, Path] = {}
+        for item in (value or "").split(";"):
+            if not item.strip():
+                continue
+            key, sep, path = item.partition("=")
+            if not sep or not key.strip() or not path.strip():
+                raise ImproperlyConfigured(f"{name}: {item.strip()!r} is not key=/path.")
+            directory = Path(path.strip())
+            if not directory.is_dir():
+                raise ImproperlyConfigured(f"{name}: {directory} is not a directory.")
+            mapping[key.strip()] = directory
+        return mapping
 
     def database(self, name: str = "DATABASE_URL") -> dict[str, Any]:
         return parse_database_url(name, self.string(name, required=True))

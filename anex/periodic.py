@@ -30,6 +30,7 @@ SCHEDULE = (
     Periodic("jobs.tasks.inputs_recover", 30),
     Periodic("jobs.tasks.webhooks_recover", 30),
     Periodic("jobs.tasks.inputs_purge", 600),
+    Periodic("jobs.tasks.jobs_recover", 60),
 )
 
 

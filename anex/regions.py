@@ -47,7 +47,11 @@ def residency_resolve(*, organization: Organization, requested: str | None) -> R
 
 def region_require(request: HttpRequest, *, residency: Region | str, noun: str) -> None:
     """Refuse with 421 when `residency` data is asked of the other region's host."""
-    if request_region(request) == residency:
+    region_check(host_region=request_region(request), residency=residency, noun=noun)
+
+
+def region_check(*, host_region: Region, residency: Region | str, noun: str) -> None:
+    if host_region == residency:
         return
     region = Region(residency)
     origin = region_origin(region)

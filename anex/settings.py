@@ -158,6 +158,11 @@ if ANEX_STORAGE_BACKEND == "s3":
     if ANEX_S3_ENDPOINT_URL is not None:
         env.origin("ANEX_S3_ENDPOINT_URL", ANEX_S3_ENDPOINT_URL)
 
+# Which checkpoint serves which model id (DECISIONS.md: deployment configuration):
+# "model-id=/path/to/checkpoint;…". A checkpoint directory holds the model's tokenizer.json,
+# which the estimator counts input tokens with.
+ANEX_CHECKPOINTS = env.path_mapping("ANEX_CHECKPOINTS")
+
 # Inputs (the reference's "POST /inputs"): the size cap, the upload window, and how long
 # an input is kept after it lands.
 ANEX_INPUT_MAX_BYTES = env.integer("ANEX_INPUT_MAX_BYTES", 2 * 1024**3, minimum=1)

@@ -23,3 +23,5 @@ class AuditAction(models.TextChoices):
     CREDITS_TOPPED_UP = "credits.topped_up"
     JOB_APPROVED = "job.approved"
     INPUT_CREATED = "input.created"
+    JOB_SUBMITTED = "job.submitted"
+    JOB_CANCELLED = "job.cancelled"

@@ -13,6 +13,7 @@ CATALOG_PATH = Path(__file__).with_name("catalog.toml")
 TASKS = ("chat", "embed", "decide")
 MODALITIES = ("text", "image", "audio", "video")
 ZERO = Decimal(0)
+MEGABYTE = 1024 * 1024  # the catalog's MB, for the inline media caps
 
 
 class CatalogError(ValueError):
@@ -128,6 +129,43 @@ def _model(model_id: str, raw: dict[str, Any]) -> CatalogModel:
     effort_levels = tuple(raw.pop("effort_levels", ()))
     return CatalogModel(id=model_id, price=price, media=media, modalities=modalities,
                         effort_levels=effort_levels, **raw)
+
+
+@dataclass(frozen=True)
+class CatalogLimits:
+    """The catalog's [limits]: what holds on every model rather than per model."""
+
+    inline_max_mb: dict[str, int]  # by modality: image, audio, video
+    estimate_kbps: dict[str, Decimal]  # by format: the floor bitrate an unread clip is sized at
+
+    def inline_max_bytes(self, modality: str) -> int:
+        return self.inline_max_mb[modality] * MEGABYTE
+
+
+def _limits(raw: dict[str, Any]) -> CatalogLimits:
+    unknown = set(raw) - {f.name for f in fields(CatalogLimits)}
+    if unknown:
+        raise CatalogError(f"limits: unknown fields {sorted(unknown)}")
+    caps = raw.get("inline_max_mb", {})
+    media = set(MODALITIES) - {"text"}
+    if set(caps) != media or not all(isinstance(v, int) and v > 0 for v in caps.values()):
+        raise CatalogError(f"limits.inline_max_mb must give a positive size for each of "
+                           f"{sorted(media)}")
+    kbps = {name: _decimal("limits", f"estimate_kbps.{name}", value)
+            for name, value in raw.get("estimate_kbps", {}).items()}
+    if not all(kbps.values()):
+        raise CatalogError("limits.estimate_kbps must be above 0")
+    return CatalogLimits(inline_max_mb=dict(caps), estimate_kbps=kbps)
+
+
+def catalog_limits_load(path: Path = CATALOG_PATH) -> CatalogLimits:
+    with path.open("rb") as handle:
+        return _limits(tomllib.load(handle).get("limits", {}))
+
+
+@cache
+def catalog_limits() -> CatalogLimits:
+    return catalog_limits_load()
 
 
 def catalog_load(path: Path = CATALOG_PATH) -> dict[str, CatalogModel]:

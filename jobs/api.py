@@ -11,18 +11,23 @@ from rest_framework.views import APIView
 
 from anex.api.authentication import request_actor, request_organization
 from anex.api.errors import ApiError
-from anex.regions import region_require, residency_resolve
+from anex.regions import region_require, request_region, residency_resolve
 from billing.services import credits_require_positive
 from jobs.constants import InputFormat
-from jobs.selectors import input_get
+from jobs.selectors import input_get, job_get
 from jobs.serializers import (
     INPUT_INGEST_SCHEMA,
     INPUT_UPLOAD_SCHEMA,
+    JOB_STATE_SCHEMA,
     InputCreateIn,
     InputOut,
+    JobCreateIn,
+    JobOut,
     utc_iso,
 )
 from jobs.services.inputs import input_ingest_create, input_refresh, input_upload_create
+from jobs.services.lifecycle import job_approve, job_cancel
+from jobs.services.submission import JobRequest, job_submit
 
 ERRORS = {status: OpenApiResponse(description=text) for status, text in {
     400: "Validation failed", 401: "Invalid or inactive key", 402: "No credits",
@@ -95,3 +100,61 @@ class InputView(APIView):
         item = input_get(organization=request_organization(request), id=input_id)
         region_require(request, residency=item.data_residency, noun="input")
         return Response(InputOut(input_refresh(item=item)).data)
+
+
+class JobsView(APIView):
+    @extend_schema(operation_id="submitJob", request=JobCreateIn,
+                   responses={200: JOB_STATE_SCHEMA, 409: OpenApiResponse(
+                       description="Input not ready"), **ERRORS},
+                   summary="Submit a job: an input plus a model")
+    def post(self, request: Request) -> Response:
+        body = JobCreateIn(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        job = job_submit(
+            organization=request_organization(request), actor=request_actor(request),
+            host_region=request_region(request),
+            request=JobRequest(
+                model=data["model"], input_id=data.get("input_id"),
+                input_s3_uri=data.get("input_s3_uri"),
+                max_output_tokens=data.get("max_output_tokens") or data.get("max_tokens"),
+                max_tokens_alias=data.get("max_output_tokens") is None
+                and data.get("max_tokens") is not None,
+                reasoning=data.get("reasoning"), reasoning_budget=data.get("reasoning_budget"),
+                reasoning_effort=data.get("reasoning_effort"), video_fps=data.get("video_fps"),
+                response_format=data.get("response_format"), dimensions=data.get("dimensions"),
+                data_residency=data.get("data_residency"),
+            ),
+        )
+        return Response({"id": str(job.pk), "status": job.status})
+
+
+class JobView(APIView):
+    @extend_schema(operation_id="getJob", responses={200: JobOut, **ERRORS},
+                   summary="Poll a job for its status, estimate, and row counts")
+    def get(self, request: Request, job_id: str) -> Response:
+        # Either region's API answers this poll (the reference).
+        job = job_get(organization=request_organization(request), id=job_id)
+        return Response(JobOut(job).data)
+
+
+class JobApproveView(APIView):
+    @extend_schema(operation_id="approveJob", request=None,
+                   responses={200: JOB_STATE_SCHEMA, 409: OpenApiResponse(
+                       description="Not awaiting approval"), **ERRORS},
+                   summary="Approve the estimate: holds est_cost_cents and starts the job")
+    def post(self, request: Request, job_id: str) -> Response:
+        job = job_get(organization=request_organization(request), id=job_id)
+        job = job_approve(job=job, actor=request_actor(request))
+        return Response({"id": str(job.pk), "status": job.status})
+
+
+class JobCancelView(APIView):
+    @extend_schema(operation_id="cancelJob", request=None,
+                   responses={200: JOB_STATE_SCHEMA, 409: OpenApiResponse(
+                       description="Too late to cancel, or still estimating"), **ERRORS},
+                   summary="Cancel a job")
+    def post(self, request: Request, job_id: str) -> Response:
+        job = job_get(organization=request_organization(request), id=job_id)
+        job = job_cancel(job=job, actor=request_actor(request))
+        return Response({"id": str(job.pk), "status": job.status})

@@ -18,6 +18,18 @@ class JobStatus(models.TextChoices):
 TERMINAL_STATUSES = frozenset({JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCELLED})
 
 
+class TaskType(models.TextChoices):
+    CHAT = "chat"
+    EMBED = "embed"
+    DECIDE = "decide"
+
+
+# Jobs that count against the organization's approval queue (the reference: "at most 10
+# jobs awaiting approval").
+AWAITING_APPROVAL_STATUSES = frozenset({JobStatus.SUBMITTED, JobStatus.ESTIMATING,
+                                        JobStatus.COST_READY})
+
+
 class FailureCode(models.TextChoices):
     INVALID_INPUT = "invalid_input"
     INTERNAL_ERROR = "internal_error"

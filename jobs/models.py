@@ -7,7 +7,14 @@ from django.db import models
 
 from anex.tenancy import OrgScopedQuerySet
 from console.constants import Region
-from jobs.constants import DeliveryStatus, FailureCode, InputFormat, InputStatus, JobStatus
+from jobs.constants import (
+    DeliveryStatus,
+    FailureCode,
+    InputFormat,
+    InputStatus,
+    JobStatus,
+    TaskType,
+)
 
 
 class Job(models.Model):
@@ -18,12 +25,52 @@ class Job(models.Model):
     organization = models.ForeignKey(
         "console.Organization", on_delete=models.PROTECT, related_name="jobs"
     )
+    input = models.ForeignKey("jobs.Input", null=True, blank=True, on_delete=models.PROTECT,
+                              related_name="jobs")
     model = models.CharField(max_length=100)
+    task_type = models.CharField(max_length=8, choices=TaskType.choices, default=TaskType.CHAT)
+    format = models.CharField(max_length=8, choices=InputFormat.choices,
+                              default=InputFormat.JSONL)
+    data_residency = models.CharField(max_length=8, choices=Region.choices,
+                                      default=Region.WORLD)
     status = models.CharField(max_length=16, choices=JobStatus.choices,
                               default=JobStatus.SUBMITTED, db_index=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    created_by_key = models.ForeignKey(
+        "console.ApiKey", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    estimating_at = models.DateTimeField(null=True, blank=True)
+    estimate_attempts = models.PositiveSmallIntegerField(default=0)
+    cost_ready_at = models.DateTimeField(null=True, blank=True)
     approved_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+
+    # The submit's fields as given (the *_requested ones) and as in force: an estimate
+    # fills max_output_tokens / reasoning_budget when the caller left them out.
+    max_output_tokens_requested = models.PositiveIntegerField(null=True, blank=True)
+    max_output_tokens = models.PositiveIntegerField(null=True, blank=True)
+    max_tokens_alias = models.BooleanField(
+        default=False, help_text="Submitted as max_tokens, the former name; echoed back.")
+    reasoning = models.BooleanField(null=True, blank=True)
+    reasoning_budget_requested = models.PositiveIntegerField(null=True, blank=True)
+    reasoning_budget = models.PositiveIntegerField(null=True, blank=True)
+    reasoning_effort = models.CharField(max_length=16, blank=True, default="")
+    response_format = models.JSONField(null=True, blank=True)
+    dimensions = models.PositiveIntegerField(null=True, blank=True)
+    video_fps = models.FloatField(null=True, blank=True)
+
+    est_input_tok = models.PositiveBigIntegerField(null=True, blank=True)
+    est_output_tok = models.PositiveBigIntegerField(null=True, blank=True)
+    est_processing_seconds = models.PositiveIntegerField(null=True, blank=True)
+    row_count = models.PositiveIntegerField(null=True, blank=True)
+    success_rows = models.PositiveIntegerField(null=True, blank=True)
+    error_rows = models.PositiveIntegerField(null=True, blank=True)
+    format_error_rows = models.PositiveIntegerField(null=True, blank=True)
+    truncated_rows = models.PositiveIntegerField(null=True, blank=True)
+    pending_rows = models.PositiveIntegerField(null=True, blank=True)
+    partial = models.BooleanField(null=True, blank=True)
+    data_expires_at = models.DateTimeField(null=True, blank=True)
+    data_deleted_at = models.DateTimeField(null=True, blank=True)
     # Who approved it: the key (or console user) whose spend this job is.
     approved_by_key = models.ForeignKey(
         "console.ApiKey", null=True, blank=True, on_delete=models.PROTECT, related_name="+"

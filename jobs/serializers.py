@@ -4,12 +4,14 @@ typed field is 422); the reference's 400 rules are the services' and views' to r
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from rest_framework import serializers
 
 from console.constants import Region
-from jobs.constants import InputStatus
-from jobs.models import Input
+from inference.catalog import model_get
+from jobs.constants import InputStatus, JobStatus
+from jobs.models import Input, Job
 
 
 def utc_iso(moment: datetime | None) -> str | None:
@@ -71,3 +73,128 @@ class InputOut(serializers.ModelSerializer[Input]):
         if item.status == InputStatus.READY:
             return utc_iso(item.expires_at)
         return None
+
+
+def utc_offset_iso(moment: datetime | None) -> str | None:
+    """The reference's job timestamps: 2026-07-24T10:30:00+00:00."""
+    return moment.astimezone(UTC).isoformat(timespec="seconds") if moment else None
+
+
+class StrictIntegerField(serializers.IntegerField):
+    """A JSON integer: not a string of digits, not a boolean, not 1.0."""
+
+    def to_internal_value(self, data: object) -> int:
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return super().to_internal_value(data)  # type: ignore[no-any-return]
+
+
+class StrictBooleanField(serializers.BooleanField):
+    """A JSON boolean: true or false, nothing that merely looks like one."""
+
+    def to_internal_value(self, data: object) -> bool:
+        if not isinstance(data, bool):
+            self.fail("invalid", input=data)
+        return data
+
+
+class StrictNumberField(serializers.FloatField):
+    def to_internal_value(self, data: object) -> float:
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            self.fail("invalid")
+        return float(data)  # type: ignore[arg-type]
+
+
+class JobCreateIn(serializers.Serializer):
+    input_id = serializers.CharField(required=False, allow_null=True, max_length=100)
+    input_s3_uri = serializers.CharField(required=False, allow_null=True, max_length=600)
+    model = serializers.CharField(max_length=100)
+    max_output_tokens = StrictIntegerField(required=False, allow_null=True, min_value=1,
+                                           max_value=32_768)
+    max_tokens = StrictIntegerField(required=False, allow_null=True, min_value=1,
+                                    max_value=32_768,
+                                    help_text="The former name of max_output_tokens.")
+    reasoning = StrictBooleanField(required=False, allow_null=True)
+    reasoning_budget = StrictIntegerField(required=False, allow_null=True, min_value=0,
+                                          max_value=32_768)
+    reasoning_effort = serializers.CharField(required=False, allow_null=True, max_length=32)
+    video_fps = StrictNumberField(required=False, allow_null=True)
+    response_format = serializers.JSONField(required=False, allow_null=True)
+    dimensions = StrictIntegerField(required=False, allow_null=True, min_value=1)
+    data_residency = serializers.ChoiceField(choices=Region.values, required=False,
+                                             allow_null=True)
+
+    def validate_video_fps(self, value: float | None) -> float | None:
+        if value is not None and value <= 0:
+            raise serializers.ValidationError("video_fps must be a number above 0.")
+        return value
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if (attrs.get("input_id") is None) == (attrs.get("input_s3_uri") is None):
+            raise serializers.ValidationError("Give exactly one of input_id / input_s3_uri.")
+        new, old = attrs.get("max_output_tokens"), attrs.get("max_tokens")
+        if new is not None and old is not None and new != old:
+            raise serializers.ValidationError(
+                "max_tokens is the former name of max_output_tokens: give one of them.")
+        return attrs
+
+
+class JobOut(serializers.ModelSerializer[Job]):
+    est_cost_cents = serializers.IntegerField(allow_null=True)
+    reasoning_budget = serializers.SerializerMethodField()
+    reasoning_effort = serializers.SerializerMethodField()
+    failure_code = serializers.SerializerMethodField()
+    failure_reason = serializers.SerializerMethodField()
+    created_at = serializers.SerializerMethodField()
+    approved_at = serializers.SerializerMethodField()
+    data_expires_at = serializers.SerializerMethodField()
+    data_deleted_at = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Job
+        fields = ["id", "status", "est_input_tok", "est_output_tok", "est_cost_cents",
+                  "est_processing_seconds", "max_output_tokens", "reasoning_budget",
+                  "success_rows", "error_rows", "format_error_rows", "truncated_rows",
+                  "pending_rows", "created_at", "approved_at", "data_expires_at", "partial",
+                  "failure_code", "failure_reason", "model", "reasoning", "reasoning_effort",
+                  "task_type", "format", "response_format", "dimensions", "video_fps",
+                  "data_residency", "data_deleted_at"]
+
+    def to_representation(self, job: Job) -> dict[str, Any]:
+        data: dict[str, Any] = super().to_representation(job)
+        if job.max_tokens_alias:
+            data["max_tokens"] = job.max_output_tokens_requested  # echoed under its old name
+        return data
+
+    def get_reasoning_budget(self, job: Job) -> int | None:
+        model = model_get(job.model)
+        return job.reasoning_budget if model is not None and model.reasoning else None
+
+    def get_reasoning_effort(self, job: Job) -> str | None:
+        return job.reasoning_effort or None
+
+    def get_failure_code(self, job: Job) -> str | None:
+        return job.failure_code or None
+
+    def get_failure_reason(self, job: Job) -> str | None:
+        return job.failure_reason or None
+
+    def get_created_at(self, job: Job) -> str | None:
+        return utc_offset_iso(job.created_at)
+
+    def get_approved_at(self, job: Job) -> str | None:
+        return utc_offset_iso(job.approved_at)
+
+    def get_data_expires_at(self, job: Job) -> str | None:
+        return utc_offset_iso(job.data_expires_at)
+
+    def get_data_deleted_at(self, job: Job) -> str | None:
+        return utc_offset_iso(job.data_deleted_at)
+
+
+JOB_STATE_SCHEMA = {
+    "type": "object",
+    "required": ["id", "status"],
+    "properties": {"id": {"type": "string", "format": "uuid"},
+                   "status": {"type": "string", "enum": list(JobStatus.values)}},
+}

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import dramatiq
 
+from jobs.services.estimation import job_estimate_run, jobs_estimate_recover
 from jobs.services.inputs import input_copy, inputs_expire, inputs_sweep
+from jobs.services.lifecycle import jobs_expire_unapproved
 from jobs.services.webhooks import deliveries_sweep, delivery_attempt
 
 # Time limits are explicit: a copy streams up to the input cap from a slow source.
 INGEST_TIME_LIMIT_MS = 65 * 60 * 1000
 DELIVERY_TIME_LIMIT_MS = 60 * 1000
 SWEEP_TIME_LIMIT_MS = 5 * 60 * 1000
+ESTIMATE_TIME_LIMIT_MS = 30 * 60 * 1000
 
 
 @dramatiq.actor(queue_name="ingest", max_retries=0, time_limit=INGEST_TIME_LIMIT_MS)
@@ -38,3 +41,15 @@ def inputs_purge() -> None:
 @dramatiq.actor(queue_name="periodic", max_retries=0, time_limit=SWEEP_TIME_LIMIT_MS)
 def webhooks_recover() -> None:
     deliveries_sweep()
+
+
+@dramatiq.actor(queue_name="estimate", max_retries=0, time_limit=ESTIMATE_TIME_LIMIT_MS)
+def job_estimate(job_id: str) -> None:
+    # A crash leaves the job claimed in estimating; jobs_recover re-sends it after its lease.
+    job_estimate_run(job_id=job_id)
+
+
+@dramatiq.actor(queue_name="periodic", max_retries=0, time_limit=SWEEP_TIME_LIMIT_MS)
+def jobs_recover() -> None:
+    jobs_estimate_recover()
+    jobs_expire_unapproved()

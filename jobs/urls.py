@@ -2,9 +2,13 @@
 
 from django.urls import path
 
-from jobs.api import InputsView, InputView
+from jobs.api import InputsView, InputView, JobApproveView, JobCancelView, JobsView, JobView
 
 urlpatterns = [
     path("inputs", InputsView.as_view(), name="inputs"),
     path("inputs/<str:input_id>", InputView.as_view(), name="input"),
+    path("jobs", JobsView.as_view(), name="jobs"),
+    path("jobs/<str:job_id>", JobView.as_view(), name="job"),
+    path("jobs/<str:job_id>/approve", JobApproveView.as_view(), name="job-approve"),
+    path("jobs/<str:job_id>/cancel", JobCancelView.as_view(), name="job-cancel"),
 ]

@@ -44,6 +44,14 @@ def api(key_pair: tuple[ApiKey, str], client_for: Callable[[str], APIClient]) ->
     return client_for(key_pair[1])
 
 
+@pytest.fixture(autouse=True)
+def local_storage(settings: Settings, tmp_path: Path) -> Path:
+    """Every test stores objects in its own local storage; tests of S3 switch backends."""
+    settings.ANEX_STORAGE_BACKEND = "local"
+    settings.ANEX_STORAGE_ROOT = tmp_path / "storage"
+    return tmp_path / "storage"
+
+
 @pytest.fixture
 def loopback(settings: Settings) -> None:
     """Let the SSRF-safe fetcher reach this machine's test servers (off everywhere else)."""
@@ -81,3 +89,32 @@ def trust_ca(ca: trustme.CA, tmp_path: Path, settings: Settings) -> None:
     bundle = tmp_path / "ca.pem"
     ca.cert_pem.write_to_path(str(bundle))
     settings.ANEX_FETCH_CA_BUNDLE = str(bundle)
+
+
+CORPUS = ["Say hello in French.", "a plain text string", "We were billed twice for March.",
+          "Please refund it today.", "Which team should handle this?", "How frustrated is the "
+          "customer?", "invoices, payments, refunds", "bugs and outages", "everything else"]
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkpoint directory with a real tokenizer.json, trained here (no download): what a
+    deployment's checkpoint carries and the estimator counts with."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.train_from_iterator(CORPUS * 20, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["[UNK]"]))
+    directory = tmp_path_factory.mktemp("checkpoint")
+    tokenizer.save(str(directory / "tokenizer.json"))
+    return directory
+
+
+@pytest.fixture
+def checkpoints(settings: Settings, tokenizer_dir: Path) -> Path:
+    """Every catalog model served from the test checkpoint."""
+    from inference.catalog import catalog
+
+    settings.ANEX_CHECKPOINTS = {model_id: tokenizer_dir for model_id in catalog()}
+    return tokenizer_dir

@@ -9,11 +9,13 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import User
 
 from console.actors import Actor
-from console.constants import Role
+from console.constants import Region, Role
 from console.models import ApiKey, Organization
 from console.services import api_key_create, membership_add, organization_create
-from jobs.constants import JobStatus
-from jobs.models import Job
+from jobs.constants import InputFormat, JobStatus
+from jobs.models import Input, Job
+from jobs.services.inputs import input_refresh, input_upload_create
+from jobs.storage import storage_for
 
 _counter = itertools.count(1)
 SYSTEM = Actor(system="tests")
@@ -46,3 +48,14 @@ def job_make(organization: Organization | None = None, *, status: JobStatus = Jo
     issue's); its lifecycle from here on goes through jobs.services."""
     return Job.objects.create(organization=organization or organization_make(), model=model,
                               status=status, est_cost_cents=est_cost_cents)
+
+
+def input_ready(organization: Organization, content: bytes, *, fmt: str = "jsonl",
+                residency: str = "world") -> Input:
+    """An uploaded input, through the real path: an upload target, the object landing in
+    the region's storage, and the settle that a GET or a submit does."""
+    item, _target = input_upload_create(organization=organization, actor=SYSTEM,
+                                        fmt=InputFormat(fmt), residency=Region(residency))
+    storage_for(residency).write_stream(item.object_key, iter([content]),
+                                        max_bytes=len(content) + 1)
+    return input_refresh(item=item)

@@ -29,12 +29,6 @@ INPUTS = "/batch/v1/inputs"
 ROWS = b'{"custom_id":"row-1","method":"POST","url":"/v1/chat/completions","body":{}}\n' * 50
 
 
-@pytest.fixture(autouse=True)
-def local_storage(settings: Settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    settings.ANEX_STORAGE_BACKEND = "local"
-    settings.ANEX_STORAGE_ROOT = tmp_path / "storage"
-
-
 @pytest.fixture
 def source(make_server: Callable[..., LocalServer], ca, trust_ca: None,  # type: ignore[no-untyped-def]
            loopback: None) -> LocalServer:

@@ -28,12 +28,6 @@ INPUTS = "/batch/v1/inputs"
 ROWS = b'{"custom_id":"row-1","method":"POST","url":"/v1/chat/completions","body":{}}\n'
 
 
-@pytest.fixture(autouse=True)
-def storage_root(settings: Settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    settings.ANEX_STORAGE_BACKEND = "local"
-    settings.ANEX_STORAGE_ROOT = tmp_path / "storage"
-
-
 def create(api: APIClient, body: dict, **extra: Any):  # type: ignore[no-untyped-def,type-arg]
     return api.post(INPUTS, body, format="json", **extra)
 

@@ -3,6 +3,8 @@ called alike by the API, the console and the workers."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.db import transaction
 from django.utils import timezone
 
@@ -10,7 +12,7 @@ from anex.api.errors import ApiError
 from billing.services import hold_place, hold_settle, organization_lock
 from console.actors import Actor
 from console.audit import audit_record
-from console.constants import AuditAction
+from console.constants import AuditAction, Region
 from jobs.constants import TERMINAL_STATUSES, FailureCode, JobStatus
 from jobs.models import Job
 
@@ -67,3 +69,48 @@ def job_finish(*, job: Job, status: JobStatus, cost_cents: int = 0,
     )
     locked.refresh_from_db()
     return locked
+
+
+TOO_LATE = frozenset({JobStatus.FINALIZING, *TERMINAL_STATUSES})
+ESTIMATE_WINDOW = timedelta(hours=24)
+
+
+@transaction.atomic
+def job_cancel(*, job: Job, actor: Actor) -> Job:
+    """The reference's cancel: immediate when no work is in flight, cancelling while rows
+    run, 409 while estimating (except an EU job, which may wait an hour for a machine) and
+    once finalizing or terminal. A repeat while cancelling changes nothing."""
+    locked = _job_lock(job)
+    status = JobStatus(locked.status)
+    if status in TOO_LATE:
+        raise ApiError(409, f"This job is {status.value}: it is too late to cancel it.")
+    if status == JobStatus.CANCELLING:
+        return locked
+    if status in (JobStatus.SUBMITTED, JobStatus.ESTIMATING) \
+            and locked.data_residency != Region.EU:
+        raise ApiError(409, "This job is estimating: wait for cost_ready and simply never "
+                            "approve it - estimates are free, and an unapproved job cancels "
+                            "itself after 24 hours.")
+    if status == JobStatus.IN_PROGRESS:
+        # Rows are running: no new work starts, running rows finish, and the runner settles
+        # the job as cancelled with the finished rows as a partial result.
+        Job.objects.filter(pk=locked.pk, status=status).update(status=JobStatus.CANCELLING)
+        locked.refresh_from_db()
+    else:
+        locked = job_finish(job=locked, status=JobStatus.CANCELLED)
+    audit_record(organization=locked.organization, actor=actor,
+                 action=AuditAction.JOB_CANCELLED, target=locked,
+                 data={"from": status.value, "to": locked.status})
+    return locked
+
+
+def jobs_expire_unapproved() -> int:
+    """An estimate waits at most 24 hours: a job left in cost_ready past it is cancelled,
+    free of charge."""
+    cutoff = timezone.now() - ESTIMATE_WINDOW
+    count = 0
+    for job in Job.objects.filter(status=JobStatus.COST_READY, cost_ready_at__lt=cutoff):
+        finished = job_finish(job=job, status=JobStatus.CANCELLED,
+                              failure_reason="The estimate was not approved within 24 hours.")
+        count += finished.status == JobStatus.CANCELLED
+    return count

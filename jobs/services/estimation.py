@@ -1,0 +1,184 @@
+"""Estimating: every row checked, input tokens counted exactly, and (when the output length
+is known) the job priced and moved to cost_ready.
+
+Runs in the job_estimate actor. Embedding and decision jobs, and chat jobs with an
+explicit max_output_tokens (and, on a reasoning model, a reasoning_budget or thinking off),
+are priced here from exact counts. Other chat jobs stay in estimating, rows checked and
+counted, for the sampled estimate (the inference issue's).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import uuid
+from datetime import timedelta
+
+from django.db.models import F, Q
+from django.utils import timezone
+
+from anex.api.errors import ApiError
+from anex.net import FetchError, fetch
+from billing.pricing import Usage, price
+from console.actors import Actor
+from inference.catalog import CatalogModel, model_get
+from inference.tokens import token_counter
+from jobs.constants import FailureCode, InputFormat, JobStatus, TaskType
+from jobs.models import Job
+from jobs.services.lifecycle import job_approve, job_finish
+from jobs.storage import storage_for
+from jobs.validation import FileReport, InputRejected, JobOptions, validate_jsonl, validate_parquet
+
+logger = logging.getLogger(__name__)
+
+CANNOT_PRICE = "We could not prepare a price for this job automatically."
+# A claimed estimate that has not finished in this long belongs to a dead worker.
+ESTIMATE_LEASE = timedelta(minutes=30)
+ESTIMATE_ATTEMPTS = 3
+# Until the fleet's own measurements are recorded (the inference issue), processing time
+# is a fixed start-up plus generation at a conservative rate per task.
+STARTUP_SECONDS = {TaskType.CHAT: 180, TaskType.EMBED: 60, TaskType.DECIDE: 30}
+TOKENS_PER_SECOND = {TaskType.CHAT: 2_000, TaskType.EMBED: 50_000, TaskType.DECIDE: 100_000}
+
+
+def media_content_type(url: str) -> str | None:
+    """The best-effort HEAD probe for an extensionless audio/video URL (through the
+    SSRF-safe fetcher). None when the host does not answer usefully: never a refusal."""
+    try:
+        with fetch("HEAD", url, connect_timeout=3, read_timeout=5) as response:
+            if not 200 <= response.status < 300:
+                return None
+            value = response.headers.get("Content-Type")
+            return value.split(";")[0].strip().lower() if value else None
+    except FetchError:
+        return None
+
+
+def needs_sample(job: Job, model: CatalogModel) -> bool:
+    """The reference: the output cap is estimated from a sample when omitted, and on a
+    reasoning model the sample still sets the thinking budget unless one was given or
+    reasoning is off."""
+    if model.task != "chat":
+        return False
+    if job.max_output_tokens_requested is None:
+        return True
+    return (model.reasoning and job.reasoning is not False
+            and job.reasoning_budget_requested is None)
+
+
+def _claim(job_id: uuid.UUID | str) -> bool:
+    now = timezone.now()
+    fresh = Q(status=JobStatus.SUBMITTED)
+    # A worker died mid-estimate: its lease ran out, the rows were never counted.
+    abandoned = Q(status=JobStatus.ESTIMATING, row_count__isnull=True,
+                  estimating_at__lt=now - ESTIMATE_LEASE)
+    return Job.objects.filter(fresh | abandoned, pk=job_id).update(
+        status=JobStatus.ESTIMATING, estimating_at=now,
+        estimate_attempts=F("estimate_attempts") + 1) == 1
+
+
+def _validate(job: Job, model: CatalogModel, count_tokens: object) -> FileReport:
+    assert job.input is not None
+    options = JobOptions(
+        model=model, max_output_tokens=job.max_output_tokens_requested,
+        reasoning=job.reasoning, reasoning_budget=job.reasoning_budget_requested,
+        reasoning_effort=job.reasoning_effort or None, response_format=job.response_format,
+        dimensions=job.dimensions, video_fps=job.video_fps,
+    )
+    storage = storage_for(job.input.data_residency)
+    with storage.open(job.input.object_key) as stream:
+        if job.format == InputFormat.JSONL:
+            return validate_jsonl(stream, options, count_tokens=count_tokens,  # type: ignore[arg-type]
+                                  probe_content_type=media_content_type)
+        # Parquet is read by row group, which needs a seekable file: spool it to disk.
+        with tempfile.TemporaryFile() as local:
+            shutil.copyfileobj(stream, local, 1024 * 1024)
+            local.seek(0)
+            return validate_parquet(local, options, count_tokens=count_tokens,  # type: ignore[arg-type]
+                                    probe_content_type=media_content_type)
+
+
+def _estimate_fields(job: Job, model: CatalogModel, report: FileReport) -> dict[str, object]:
+    output_per_row = job.max_output_tokens_requested or 0
+    usage: Usage = report.usage
+    if model.task == "chat":
+        if report.output_headroom is not None and output_per_row > report.output_headroom:
+            raise InputRejected(
+                f"max_output_tokens {output_per_row:,} does not fit: the longest row leaves "
+                f"{report.output_headroom:,} tokens of '{model.id}''s context for the output. "
+                "Lower max_output_tokens, or shorten or split the longest rows.")
+        usage = usage + Usage(output_tokens=output_per_row * report.rows)
+    input_tokens = (usage.input_tokens + usage.media_tokens + usage.image_row_tokens
+                    + usage.video_row_tokens)
+    task = TaskType(model.task)
+    generated = input_tokens + usage.output_tokens
+    seconds = STARTUP_SECONDS[task] + generated // TOKENS_PER_SECOND[task]
+    return {
+        "est_input_tok": input_tokens,
+        "est_output_tok": usage.output_tokens,
+        "est_cost_cents": price(model, usage).cents,
+        "est_processing_seconds": seconds,
+    }
+
+
+def job_estimate_run(*, job_id: uuid.UUID | str) -> JobStatus | None:
+    """The job_estimate actor's work; a job already past this stage is left alone."""
+    if not _claim(job_id):
+        return None
+    job = Job.objects.select_related("input", "organization").get(pk=job_id)
+    model = model_get(job.model)
+    count_tokens = token_counter(job.model)
+    if model is None or count_tokens is None:
+        job_finish(job=job, status=JobStatus.FAILED, failure_code=FailureCode.INVALID_INPUT,
+                   failure_reason=CANNOT_PRICE)
+        return JobStatus.FAILED
+    try:
+        report = _validate(job, model, count_tokens)
+        fields = {} if needs_sample(job, model) else _estimate_fields(job, model, report)
+    except InputRejected as rejected:
+        job_finish(job=job, status=JobStatus.FAILED, failure_code=FailureCode.INVALID_INPUT,
+                   failure_reason=rejected.message)
+        return JobStatus.FAILED
+    if not fields:
+        # Checked and counted; the sampled estimate takes it from here.
+        Job.objects.filter(pk=job.pk, status=JobStatus.ESTIMATING).update(
+            row_count=report.rows, est_input_tok=report.usage.input_tokens
+            + report.usage.media_tokens)
+        return JobStatus.ESTIMATING
+    moved = Job.objects.filter(pk=job.pk, status=JobStatus.ESTIMATING).update(
+        status=JobStatus.COST_READY, cost_ready_at=timezone.now(), row_count=report.rows,
+        **fields)
+    if moved and job.organization.auto_approve:
+        job_auto_approve(job=job)
+    return JobStatus.COST_READY if moved else None
+
+
+def job_auto_approve(*, job: Job) -> None:
+    """The organization's auto-approve: the approval made as if the API call were made.
+    One that cannot be covered leaves the job in cost_ready for a person to top up."""
+    try:
+        job_approve(job=job, actor=Actor(system="auto-approve"))
+    except ApiError as error:
+        logger.info("auto-approve of job %s refused: %s", job.pk, error.status)
+
+
+def jobs_estimate_recover() -> list[str]:
+    """Estimates whose message was lost or whose worker died are sent again; after
+    ESTIMATE_ATTEMPTS the job fails (internal_error, nothing billed)."""
+    now = timezone.now()
+    lost = Job.objects.filter(status=JobStatus.SUBMITTED,
+                              created_at__lt=now - timedelta(minutes=1))
+    dead = Job.objects.filter(status=JobStatus.ESTIMATING, row_count__isnull=True,
+                              estimating_at__lt=now - ESTIMATE_LEASE)
+    for job in dead.filter(estimate_attempts__gte=ESTIMATE_ATTEMPTS):
+        job_finish(job=job, status=JobStatus.FAILED, failure_code=FailureCode.INTERNAL_ERROR,
+                   failure_reason="We could not check this job's input. Nothing was billed; "
+                                  "please submit it again.")
+    from jobs.tasks import job_estimate
+
+    resent = [str(pk) for pk in (lost | dead.filter(estimate_attempts__lt=ESTIMATE_ATTEMPTS))
+              .values_list("pk", flat=True)[:500]]
+    for job_id in resent:
+        job_estimate.send(job_id)
+    return resent

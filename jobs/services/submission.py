@@ -1,0 +1,212 @@
+"""POST /jobs: every check the reference makes before a job exists, then the job.
+
+"Format, size, and the shape of response_format are checked before the job exists; a
+failure there returns an error and creates nothing." The input itself is never read here:
+its rows are checked while the job is estimating (jobs.services.estimation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+
+from anex.api.errors import ApiError
+from anex.regions import region_check, residency_resolve
+from billing.services import credits_require_positive, organization_lock
+from console.actors import Actor
+from console.audit import audit_record
+from console.constants import AuditAction, Region
+from console.models import ApiKey, Organization
+from inference.catalog import CatalogModel, model_get
+from jobs.constants import AWAITING_APPROVAL_STATUSES, InputFormat, InputStatus, TaskType
+from jobs.models import Input, Job
+from jobs.response_format import response_format_problem
+from jobs.selectors import input_get
+from jobs.services.inputs import input_refresh
+
+MAX_OUTPUT_TOKENS = 32_768
+APPROVAL_QUEUE_LIMIT = 10
+APPROVAL_QUEUE_RETRY_AFTER = 60
+# Thinking needs room to close before the answer (the reference: "at least 64 below an
+# explicit max_output_tokens").
+BUDGET_HEADROOM = 64
+GENERATION_FIELDS = ("max_output_tokens", "reasoning", "reasoning_budget", "reasoning_effort",
+                     "response_format", "video_fps")
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """The submit body after its shape was checked (types, ranges)."""
+
+    model: str
+    input_id: str | None = None
+    input_s3_uri: str | None = None
+    max_output_tokens: int | None = None
+    max_tokens_alias: bool = False
+    reasoning: bool | None = None
+    reasoning_budget: int | None = None
+    reasoning_effort: str | None = None
+    video_fps: float | None = None
+    response_format: dict[str, Any] | None = None
+    dimensions: int | None = None
+    data_residency: str | None = None
+
+    def given(self, name: str) -> bool:
+        return getattr(self, name) is not None
+
+
+def _unprocessable(detail: str) -> ApiError:
+    return ApiError(422, detail)
+
+
+def model_for_key(model_id: str, key: ApiKey | None) -> CatalogModel:
+    """The catalog model, if this key may use it: a model outside a key's scopes is
+    neither listed nor accepted, so it reads exactly like an unknown id."""
+    model = model_get(model_id)
+    if model is None or (key is not None and key.model_scopes and model_id not in key.model_scopes):
+        raise _unprocessable(f"Unknown model '{model_id}': pass a model id from the models "
+                             "table, verbatim.")
+    return model
+
+
+def _check_fields(request: JobRequest, model: CatalogModel) -> None:
+    """The reference's per-model-type acceptance rules for the job-level fields."""
+    if model.task != "chat":
+        refused = [f for f in GENERATION_FIELDS if request.given(f)]
+        if model.task == "decide" and request.given("dimensions"):
+            refused.append("dimensions")
+        if refused:
+            names = [("max_tokens" if f == "max_output_tokens" and request.max_tokens_alias
+                      else f) for f in refused]
+            verb = "is" if len(names) == 1 else "are"
+            why = ("the embedding model '{}': it returns vectors, not generated text"
+                   if model.task == "embed" else
+                   "the decision model '{}': it answers typed questions in one pass, with no "
+                   "generated text").format(model.id)
+            raise _unprocessable(f"{', '.join(names)} {verb} not accepted on {why}.")
+    elif request.given("dimensions"):
+        raise _unprocessable(f"dimensions is for embedding models; '{model.id}' is a "
+                             "chat-completions model.")
+    if model.task == "embed" and request.dimensions is not None:
+        low, high = model.dimensions_min, model.dimensions_native
+        if low is None or high is None or not low <= request.dimensions <= high:
+            raise _unprocessable(f"dimensions must be from {low} to {high} on '{model.id}'; "
+                                 f"got {request.dimensions}.")
+    if model.task != "chat":
+        return
+    if request.reasoning is True and not model.reasoning:
+        raise _unprocessable(f"reasoning cannot be true on '{model.id}': it produces no "
+                             "reasoning trace.")
+    budget = request.reasoning_budget
+    if budget:  # 0 means "no cap" and is accepted on any generation model
+        if not model.reasoning:
+            raise _unprocessable(f"reasoning_budget cannot be set on '{model.id}': it "
+                                 "produces no reasoning trace (0 is accepted).")
+        if request.reasoning is False:
+            raise _unprocessable("reasoning_budget needs thinking on: a budget of 1 or more "
+                                 "with reasoning false is refused.")
+        cap = request.max_output_tokens
+        if cap is not None and budget > cap - BUDGET_HEADROOM:
+            raise _unprocessable(f"reasoning_budget must be at least {BUDGET_HEADROOM} below "
+                                 f"max_output_tokens ({cap}); got {budget}.")
+    effort = request.reasoning_effort
+    if effort is not None:
+        if not model.effort_levels:
+            raise _unprocessable(f"reasoning_effort cannot be set on '{model.id}': it has no "
+                                 "thinking effort levels.")
+        if effort not in model.effort_levels:
+            raise _unprocessable(f"reasoning_effort must be one of "
+                                 f"{', '.join(model.effort_levels)} on '{model.id}' "
+                                 f"(case-sensitive); got '{effort}'.")
+        if request.reasoning is False:
+            raise _unprocessable("reasoning_effort cannot be set with reasoning false.")
+    fps = request.video_fps
+    if fps is not None:
+        ceiling = model.media.video_fps_max
+        if ceiling is None:
+            raise _unprocessable(f"model '{model.id}' does not support video_fps")
+        if fps > ceiling:
+            raise _unprocessable(f"video_fps {fps:g} is above the {ceiling} fps ceiling of "
+                                 f"{model.id}")
+
+
+def _input_for(request: JobRequest, organization: Organization) -> Input:
+    if request.input_id is not None:
+        return input_get(organization=organization, id=request.input_id)
+    item = Input.objects.for_org(organization).filter(input_s3_uri=request.input_s3_uri).first()
+    if item is None:
+        raise ApiError.not_found("Input")
+    return item
+
+
+def job_submit(*, organization: Organization, actor: Actor, request: JobRequest,
+               host_region: Region) -> Job:
+    """Create a job from a checked request, in `submitted`; estimating starts after commit.
+
+    host_region is the region of the API host the request reached (421 if it is not the
+    job's).
+    """
+    model = model_for_key(request.model, actor.key)
+    _check_fields(request, model)
+    if request.response_format is not None:
+        problem = response_format_problem(request.response_format)
+        if problem:
+            raise ApiError(400, problem)
+    residency = residency_resolve(organization=organization, requested=request.data_residency)
+    item = _input_for(request, organization)
+    if item.data_residency != residency:
+        raise _unprocessable(
+            f"The input is stored in the {item.data_residency} region and the job asks for "
+            f"{residency.value}: a job's data_residency must match its input's.")
+    region_check(host_region=host_region, residency=residency, noun="job")
+    if model.task == "decide" and item.format != InputFormat.JSONL:
+        raise _unprocessable(f"'{model.id}' takes JSONL input only; this input is "
+                             f"{item.format}.")
+    # Submission settles an upload's readiness itself (no separate poll needed).
+    item = input_refresh(item=item)
+    if item.status != InputStatus.READY:
+        raise ApiError(409, f"The input is {item.status}, not ready: "
+                            + ("wait for it to be ready, then submit."
+                               if item.status in (InputStatus.AWAITING_UPLOAD,
+                                                  InputStatus.PENDING, InputStatus.COPYING)
+                               else "create a new input."))
+    credits_require_positive(organization=organization)
+    with transaction.atomic():
+        # Counted under the organization lock, so concurrent submits cannot overshoot.
+        organization_lock(organization.pk)
+        waiting = Job.objects.for_org(organization).filter(
+            status__in=AWAITING_APPROVAL_STATUSES).count()
+        if waiting >= APPROVAL_QUEUE_LIMIT:
+            raise ApiError(
+                429, f"Too many jobs awaiting approval: this organization already has "
+                     f"{waiting} in its approval queue (the limit is {APPROVAL_QUEUE_LIMIT}). "
+                     "Approve or cancel some, or let them expire, then resubmit.",
+                retry_after=APPROVAL_QUEUE_RETRY_AFTER)
+        job = Job.objects.create(
+            organization=organization, input=item, model=model.id,
+            task_type=TaskType(model.task), format=item.format, data_residency=residency,
+            created_by_key=actor.key,
+            max_output_tokens_requested=request.max_output_tokens,
+            max_output_tokens=0 if model.task != "chat" else request.max_output_tokens,
+            max_tokens_alias=request.max_tokens_alias,
+            reasoning=request.reasoning,
+            reasoning_budget_requested=request.reasoning_budget,
+            reasoning_budget=request.reasoning_budget,
+            reasoning_effort=request.reasoning_effort or "",
+            response_format=request.response_format,
+            dimensions=request.dimensions,
+            video_fps=request.video_fps,
+        )
+        audit_record(organization=organization, actor=actor, action=AuditAction.JOB_SUBMITTED,
+                     target=job, data={"model": model.id, "input": str(item.pk)})
+        _estimate_after_commit(job)
+    return job
+
+
+def _estimate_after_commit(job: Job) -> None:
+    from jobs.tasks import job_estimate
+
+    transaction.on_commit(lambda: job_estimate.send(str(job.pk)))
+

@@ -1,0 +1,272 @@
+"""The checker's shared vocabulary: the job's options, a rejection, the per-job state that
+every row is checked against, what one row costs, and the report a file adds up to."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from billing.pricing import Usage
+from inference.catalog import CatalogLimits, CatalogModel, catalog_limits
+
+CHAT = "/v1/chat/completions"
+EMBEDDINGS = "/v1/embeddings"
+DECISIONS = "/v1/systemone"
+ENDPOINT_BY_TASK = {"chat": CHAT, "embed": EMBEDDINGS, "decide": DECISIONS}
+ENDPOINTS = (CHAT, EMBEDDINGS, DECISIONS)
+
+# The reference: the HEAD probe "covers the first few dozen URLs in a job".
+PROBE_LIMIT = 32
+# A customer's custom_id can be any length; the failure_reason quotes at most this much.
+LABEL_MAX_CHARS = 200
+ZERO = Decimal(0)
+
+CountTokens = Callable[[str], int]
+ProbeContentType = Callable[[str], str | None]
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """The job-level fields of POST /jobs that reach rows, already shape-checked at submit."""
+
+    model: CatalogModel
+    max_output_tokens: int | None = None
+    reasoning: bool | None = None
+    reasoning_budget: int | None = None
+    reasoning_effort: str | None = None
+    response_format: dict[str, object] | None = None
+    dimensions: int | None = None
+    video_fps: float | None = None
+
+
+class InputRejected(Exception):
+    """The input fails the job with failure_code invalid_input; `message` is the
+    failure_reason. Raised as is for a file-wide fault (no rows at all, no usable column)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class RowRejected(InputRejected):
+    """A row (or line) breaks a rule; the message names it: "Row 'clip-7': ..."."""
+
+    def __init__(self, message: str, *, row: str) -> None:
+        super().__init__(message)
+        self.row = row
+
+
+@dataclass(frozen=True, slots=True)
+class RowRef:
+    """How a failure names its row: by custom_id (or parquet id) when it has one, else by
+    its line number (JSONL) or row_index (parquet)."""
+
+    label: str
+
+    @classmethod
+    def named(cls, name: str) -> RowRef:
+        if len(name) > LABEL_MAX_CHARS:
+            name = name[:LABEL_MAX_CHARS] + "..."
+        return cls(f"Row '{name}'")
+
+    @classmethod
+    def line(cls, number: int) -> RowRef:
+        return cls(f"Line {number}")
+
+    @classmethod
+    def index(cls, row_index: int) -> RowRef:
+        return cls(f"Row {row_index} (row_index)")
+
+    def reject(self, detail: str) -> RowRejected:
+        return RowRejected(f"{self.label}: {detail}", row=self.label)
+
+    def reject_sentence(self, rest: str) -> RowRejected:
+        """For messages that continue the label itself: "Row 'x' is too long: ..."."""
+        return RowRejected(f"{self.label} {rest}", row=self.label)
+
+
+@dataclass(slots=True)
+class RowCost:
+    """What one valid row consumes, in the terms of billing.pricing.Usage plus the facts
+    the estimator needs. `row_class` sorts an embedding row onto its rate (text, image,
+    video); chat and decision rows are always "text" and keep media apart in media_tokens."""
+
+    text_tokens: int
+    media_tokens: int = 0
+    images: int = 0
+    clips: int = 0
+    media_seconds: Decimal = ZERO
+    row_class: str = "text"
+    estimated_clips: int = 0
+    context_limit: int | None = None  # the row's own input budget (chat): output headroom
+    thinking: bool = False
+    effort: str | None = None
+    own_response_format: bool = False
+    questions: int = 0
+
+    @property
+    def input_tokens(self) -> int:
+        return self.text_tokens + self.media_tokens
+
+
+@dataclass(frozen=True)
+class FileReport:
+    """A validated input: its row count, endpoint and exact usage, plus what the estimator
+    and pricer read later.
+
+    usage              billing.pricing.Usage as its docstring defines it (chat: text in
+                       input_tokens, media in media_tokens; embeddings: a row's tokens in
+                       input/image_row/video_row_tokens by what it carries; decisions: the
+                       text counted once per question, in input_tokens). No output tokens:
+                       those are estimated later.
+    max_input_tokens   the largest row's input tokens, media included
+    output_headroom    chat: the least context any row leaves for output (its input budget
+                       less its input); None for embeddings and decisions
+    thinking_rows      chat rows whose thinking is on (own setting, else the job's, else
+                       the model's default)
+    effort_rows        of those, how many think at each effort level
+    response_format_rows   rows carrying their own response_format
+    media_rows         rows carrying any image, audio or video
+    estimated_clips    clips whose length came from their size or the model's ceiling,
+                       not declared or read from the clip itself
+    probed_urls        HEAD probes made (at most PROBE_LIMIT)
+    questions          decisions: questions over all rows
+    """
+
+    rows: int
+    endpoint: str
+    usage: Usage
+    max_input_tokens: int = 0
+    output_headroom: int | None = None
+    thinking_rows: int = 0
+    effort_rows: Mapping[str, int] = field(default_factory=dict)
+    response_format_rows: int = 0
+    media_rows: int = 0
+    estimated_clips: int = 0
+    probed_urls: int = 0
+    questions: int = 0
+
+
+class JobContext:
+    """Per-job state every row is checked against: the model, the job's options, the token
+    counter, the effective video sampling rate, and the HEAD-probe budget. One per file,
+    never shared between jobs."""
+
+    def __init__(self, options: JobOptions, count_tokens: CountTokens,
+                 probe_content_type: ProbeContentType | None) -> None:
+        self.options = options
+        self.model = options.model
+        self.count_tokens = count_tokens
+        self.limits: CatalogLimits = catalog_limits()
+        self._probe = probe_content_type
+        self._probed: dict[str, str | None] = {}
+        media = self.model.media
+        # Embedding models always sample at 1 fps and gemma4-12b takes no rate: a
+        # job-level video_fps counts only where the model has a ceiling for it.
+        if self.model.task == "chat" and media.video_fps_max is not None \
+                and options.video_fps is not None:
+            self.video_fps = Decimal(str(options.video_fps))
+            self.video_fps_wording = "requested"
+        else:
+            self.video_fps = Decimal(media.video_fps_default or 1)
+            self.video_fps_wording = "default" if media.video_fps_max is not None else "fixed"
+        self.takes_video_fps = self.model.task == "chat" and media.video_fps_max is not None
+
+    @property
+    def probed_urls(self) -> int:
+        return len(self._probed)
+
+    def content_type(self, url: str) -> tuple[bool, str | None]:
+        """The Content-Type a HEAD request got for url: (asked, answer). Only the first
+        PROBE_LIMIT distinct URLs are asked; a repeat reuses its answer."""
+        if url in self._probed:
+            return True, self._probed[url]
+        if self._probe is None or len(self._probed) >= PROBE_LIMIT:
+            return False, None
+        answer = self._probe(url)
+        self._probed[url] = answer
+        return True, answer
+
+
+class Tally:
+    """The running sums over valid rows: plain integers, nothing kept per row."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.rows = 0
+        self.input_tokens = 0
+        self.media_tokens = 0
+        self.image_row_tokens = 0
+        self.video_row_tokens = 0
+        self.images = 0
+        self.clips = 0
+        self.media_seconds = ZERO
+        self.max_input_tokens = 0
+        self.output_headroom: int | None = None
+        self.thinking_rows = 0
+        self.effort_rows: Counter[str] = Counter()
+        self.response_format_rows = 0
+        self.media_rows = 0
+        self.estimated_clips = 0
+        self.questions = 0
+
+    def add(self, cost: RowCost) -> None:
+        self.rows += 1
+        total = cost.input_tokens
+        if cost.row_class == "video":
+            self.video_row_tokens += total
+        elif cost.row_class == "image":
+            self.image_row_tokens += total
+        elif self.endpoint == EMBEDDINGS:
+            self.input_tokens += total
+        else:
+            self.input_tokens += cost.text_tokens
+            self.media_tokens += cost.media_tokens
+        if total > self.max_input_tokens:
+            self.max_input_tokens = total
+        if cost.context_limit is not None:
+            headroom = cost.context_limit - total
+            if self.output_headroom is None or headroom < self.output_headroom:
+                self.output_headroom = headroom
+        if cost.images or cost.clips:
+            self.media_rows += 1
+            self.images += cost.images
+            self.clips += cost.clips
+            self.media_seconds += cost.media_seconds
+            self.estimated_clips += cost.estimated_clips
+        if cost.thinking:
+            self.thinking_rows += 1
+            if cost.effort is not None:
+                self.effort_rows[cost.effort] += 1
+        self.response_format_rows += cost.own_response_format
+        self.questions += cost.questions
+
+    def report(self, job: JobContext) -> FileReport:
+        if not self.rows:
+            raise InputRejected("The input file has no rows: a job needs at least one "
+                                "request.")
+        usage = Usage(input_tokens=self.input_tokens, media_tokens=self.media_tokens,
+                      image_row_tokens=self.image_row_tokens,
+                      video_row_tokens=self.video_row_tokens, images=self.images,
+                      clips=self.clips, media_seconds=self.media_seconds)
+        return FileReport(
+            rows=self.rows, endpoint=self.endpoint, usage=usage,
+            max_input_tokens=self.max_input_tokens, output_headroom=self.output_headroom,
+            thinking_rows=self.thinking_rows, effort_rows=dict(self.effort_rows),
+            response_format_rows=self.response_format_rows, media_rows=self.media_rows,
+            estimated_clips=self.estimated_clips, probed_urls=job.probed_urls,
+            questions=self.questions,
+        )
+
+
+def thousands(number: int) -> str:
+    return f"{number:,}"
+
+
+def listing(items: tuple[str, ...] | list[str], last: str = "and") -> str:
+    """'a', 'a and b', 'a, b and c': how the messages list things."""
+    if len(items) < 2:
+        return "".join(items)
+    return f"{', '.join(items[:-1])} {last} {items[-1]}"

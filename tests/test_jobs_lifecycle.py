@@ -1,0 +1,168 @@
+"""GET /jobs/{id}, approve and cancel over HTTP, the 24-hour expiry and auto-approve."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from pytest_django import Settings
+from rest_framework.test import APIClient
+
+from billing.services import credits_grant, credits_summary
+from console.models import ApiKey, AuditEvent, Organization
+from jobs.constants import JobStatus
+from jobs.models import Job
+from jobs.services.estimation import job_auto_approve
+from jobs.services.lifecycle import jobs_expire_unapproved
+from tests.factories import SYSTEM, api_key_make, job_make, organization_make
+
+pytestmark = pytest.mark.django_db
+JOBS = "/batch/v1/jobs"
+
+
+@pytest.fixture(autouse=True)
+def funded(settings: Settings) -> None:
+    settings.ANEX_FREE_GRANT_CENTS = 1000
+
+
+def test_get_reports_every_field_of_the_reference(api: APIClient,
+                                                  organization: Organization) -> None:
+    job = job_make(organization, status=JobStatus.COST_READY, est_cost_cents=72,
+                   model="qwen3.8-27b")
+    Job.objects.filter(pk=job.pk).update(est_input_tok=120_000, est_output_tok=40_000,
+                                         est_processing_seconds=900, max_output_tokens=600,
+                                         reasoning=True)
+    body = api.get(f"{JOBS}/{job.pk}").json()
+    assert list(body) == [
+        "id", "status", "est_input_tok", "est_output_tok", "est_cost_cents",
+        "est_processing_seconds", "max_output_tokens", "reasoning_budget", "success_rows",
+        "error_rows", "format_error_rows", "truncated_rows", "pending_rows", "created_at",
+        "approved_at", "data_expires_at", "partial", "failure_code", "failure_reason",
+        "model", "reasoning", "reasoning_effort", "task_type", "format", "response_format",
+        "dimensions", "video_fps", "data_residency", "data_deleted_at"]
+    assert body["status"] == "cost_ready"
+    assert (body["est_input_tok"], body["est_output_tok"], body["est_cost_cents"]) == (
+        120_000, 40_000, 72)
+    assert (body["est_processing_seconds"], body["max_output_tokens"]) == (900, 600)
+    for count in ("success_rows", "error_rows", "format_error_rows", "truncated_rows",
+                  "pending_rows"):
+        assert body[count] is None  # null until the job has finished
+    assert body["created_at"].endswith("+00:00")
+    assert (body["failure_code"], body["reasoning_effort"], body["data_residency"]) == (
+        None, None, "world")
+
+
+def test_an_embedding_job_reports_zero_output_cap_and_no_budget(api: APIClient,
+                                                                organization: Organization) -> None:
+    job = job_make(organization, model="qwen3-embedding-8b")
+    Job.objects.filter(pk=job.pk).update(max_output_tokens=0, task_type="embed",
+                                         reasoning_budget=5)
+    body = api.get(f"{JOBS}/{job.pk}").json()
+    assert (body["max_output_tokens"], body["reasoning_budget"], body["task_type"]) == (
+        0, None, "embed")
+
+
+def test_approve_holds_the_estimate(api: APIClient, api_key: ApiKey,
+                                    organization: Organization) -> None:
+    job = job_make(organization, est_cost_cents=300)
+    response = api.post(f"{JOBS}/{job.pk}/approve")
+    assert (response.status_code, response.json()) == (200, {"id": str(job.pk),
+                                                             "status": "in_progress"})
+    assert credits_summary(organization=organization).held == 300
+    assert api.get(f"{JOBS}/{job.pk}").json()["approved_at"] is not None
+    again = api.post(f"{JOBS}/{job.pk}/approve")
+    assert again.status_code == 409
+    assert credits_summary(organization=organization).held == 300
+
+
+def test_approve_not_covered_is_402(api: APIClient, organization: Organization) -> None:
+    job = job_make(organization, est_cost_cents=5000)
+    response = api.post(f"{JOBS}/{job.pk}/approve")
+    assert response.status_code == 402
+    assert response.json()["detail"].startswith("The balance does not cover the estimate")
+
+
+@pytest.mark.parametrize("status,expected,code", [
+    (JobStatus.COST_READY, "cancelled", 200),
+    (JobStatus.IN_PROGRESS, "cancelling", 200),
+    (JobStatus.CANCELLING, "cancelling", 200),
+    (JobStatus.SUBMITTED, None, 409),
+    (JobStatus.ESTIMATING, None, 409),
+    (JobStatus.FINALIZING, None, 409),
+    (JobStatus.DONE, None, 409),
+    (JobStatus.FAILED, None, 409),
+    (JobStatus.CANCELLED, None, 409),
+])
+def test_cancel_follows_the_reference(api: APIClient, organization: Organization,
+                                      status: JobStatus, expected: str | None,
+                                      code: int) -> None:
+    job = job_make(organization, status=status)
+    response = api.post(f"{JOBS}/{job.pk}/cancel")
+    assert response.status_code == code
+    if expected:
+        assert response.json() == {"id": str(job.pk), "status": expected}
+    elif status in (JobStatus.SUBMITTED, JobStatus.ESTIMATING):
+        assert response.json()["detail"].startswith("This job is estimating: wait for "
+                                                    "cost_ready and simply never approve it")
+    else:
+        assert response.json()["detail"] == (f"This job is {status.value}: it is too late to "
+                                             "cancel it.")
+
+
+def test_an_eu_job_cancels_while_estimating(client_for) -> None:  # type: ignore[no-untyped-def]
+    organization = organization_make(eu_data_routing=True)
+    _key, plaintext = api_key_make(organization)
+    job = job_make(organization, status=JobStatus.ESTIMATING)
+    Job.objects.filter(pk=job.pk).update(data_residency="eu")
+    response = client_for(plaintext).post(f"{JOBS}/{job.pk}/cancel")
+    assert response.json()["status"] == "cancelled"
+
+
+def test_cancelling_an_approved_job_before_it_runs_keeps_its_hold_for_the_runner(
+        api: APIClient, organization: Organization) -> None:
+    job = job_make(organization, est_cost_cents=100)
+    api.post(f"{JOBS}/{job.pk}/approve")
+    assert api.post(f"{JOBS}/{job.pk}/cancel").json()["status"] == "cancelling"
+    assert AuditEvent.objects.get(action="job.cancelled").data == {"from": "in_progress",
+                                                                   "to": "cancelling"}
+
+
+@pytest.mark.parametrize("path", ["", "/approve", "/cancel"])
+def test_another_organizations_job_is_404_everywhere(api: APIClient, path: str) -> None:
+    theirs = job_make(organization_make())
+    method = api.get if not path else api.post
+    response = method(f"{JOBS}/{theirs.pk}{path}")
+    assert (response.status_code, response.json()) == (404, {"detail": "Job not found"})
+
+
+def test_estimates_left_unapproved_for_24_hours_cancel_free(organization: Organization) -> None:
+    stale = job_make(organization)
+    fresh = job_make(organization)
+    Job.objects.filter(pk=stale.pk).update(cost_ready_at=timezone.now() - timedelta(hours=25))
+    Job.objects.filter(pk=fresh.pk).update(cost_ready_at=timezone.now() - timedelta(hours=23))
+    before = credits_summary(organization=organization)
+    assert jobs_expire_unapproved() == 1
+    stale.refresh_from_db()
+    fresh.refresh_from_db()
+    assert (stale.status, fresh.status) == (JobStatus.CANCELLED, JobStatus.COST_READY)
+    assert stale.failure_reason == "The estimate was not approved within 24 hours."
+    assert credits_summary(organization=organization) == before
+
+
+def test_auto_approve_approves_as_if_called(organization: Organization) -> None:
+    job = job_make(organization, est_cost_cents=10)
+    job_auto_approve(job=job)
+    job.refresh_from_db()
+    assert job.status == JobStatus.IN_PROGRESS
+    assert AuditEvent.objects.get(action="job.approved").actor_label == "system: auto-approve"
+
+
+def test_auto_approve_that_is_not_covered_leaves_the_estimate(settings: Settings) -> None:
+    settings.ANEX_FREE_GRANT_CENTS = 0
+    organization = organization_make(auto_approve=True)
+    credits_grant(organization=organization, cents=5, reason="t", actor=SYSTEM)
+    job = job_make(organization, est_cost_cents=10)
+    job_auto_approve(job=job)
+    job.refresh_from_db()
+    assert job.status == JobStatus.COST_READY
