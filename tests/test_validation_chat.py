@@ -104,8 +104,8 @@ def test_per_row_thinking_that_passes(model_id: str, kwargs: object,
 
 @pytest.mark.parametrize("response_format,expected", [
     ("json", "Row 'a': response_format must be an object with a type."),
-    ({"type": "xml"},
-     "Row 'a': response_format.type must be one of json_schema, json_object, text, not 'xml'."),
+    ({"type": "text"},
+     "Row 'a': response_format.type must be json_schema or json_object, not 'text'."),
     ({"json_schema": {"schema": {}}}, "Row 'a': response_format must be an object with a type."),
     ({"type": "json_schema", "json_schema": {"name": "p"}},
      "Row 'a': response_format of type json_schema needs an object at "
@@ -116,9 +116,6 @@ def test_per_row_thinking_that_passes(model_id: str, kwargs: object,
     ({"type": "json_schema", "json_schema": {"schema": "object"}},
      "Row 'a': response_format of type json_schema needs an object at "
      "response_format.json_schema.schema."),
-    ({"type": "json_schema", "json_schema": {"schema": {"type": "nonsense"}}},
-     "Row 'a': response_format.json_schema.schema is not a valid JSON Schema: 'nonsense' is "
-     "not valid under any of the given schemas"),
 ])
 def test_a_rows_response_format_is_checked_structurally(response_format: object,
                                                        expected: str) -> None:
@@ -126,9 +123,9 @@ def test_a_rows_response_format_is_checked_structurally(response_format: object,
     assert refusal("gemma4-12b", [line]) == expected
 
 
-def test_a_plain_text_response_format_passes() -> None:
-    plain = {"type": "text"}
-    assert check("gemma4-12b", [chat_line("a", "hi", response_format=plain)]).rows == 1
+def test_a_well_formed_but_unsatisfiable_schema_still_passes() -> None:
+    odd = {"type": "json_schema", "json_schema": {"schema": {"type": "nonsense"}}}
+    assert check("gemma4-12b", [chat_line("a", "hi", response_format=odd)]).rows == 1
 
 
 def text(words: int) -> str:
