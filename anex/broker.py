@@ -36,3 +36,16 @@ def broker_setup() -> dramatiq.Broker:
     broker.add_middleware(DbConnectionsMiddleware())
     dramatiq.set_broker(broker)
     return broker
+
+
+def run_queues_declare() -> list[str]:
+    """Declare the run queues this worker consumes: one per region and served model, so a
+    GPU worker only takes the chunks of the model it has loaded."""
+    from jobs.services.running import run_queue
+
+    broker = dramatiq.get_broker()
+    queues = [run_queue(region, model_id) for region in settings.ANEX_WORKER_REGIONS
+              for model_id in settings.ANEX_WORKER_MODELS]
+    for queue in queues:
+        broker.declare_queue(queue)
+    return queues

@@ -184,6 +184,15 @@ def cmd_run(services: Services, stopper: Stopper) -> int:
     env = services.environment()
     manage(env, "migrate", "--noinput", "-v", "0")
     manage(env, "collectstatic", "--noinput", "-v", "0")
+    if not env.get("ANEX_CHECKPOINTS"):
+        # The embedded default serves the local checkpoints under their own ids.
+        say("building the local model checkpoints (once)")
+        try:
+            built = json.loads(manage(env, "build_checkpoints", capture=True))
+            env["ANEX_CHECKPOINTS"] = built["ANEX_CHECKPOINTS"]
+        except subprocess.CalledProcessError:
+            say("no local checkpoints (are the engines installed? make install-cpu): jobs "
+                "will fail estimation with 'could not prepare a price'")
     demo = json.loads(manage(env, "demoorg", "--state", str(services.root / "demo.json"),
                              capture=True))
     children = {

@@ -31,6 +31,7 @@ SCHEDULE = (
     Periodic("jobs.tasks.webhooks_recover", 30),
     Periodic("jobs.tasks.inputs_purge", 600),
     Periodic("jobs.tasks.jobs_recover", 60),
+    Periodic("jobs.tasks.runs_recover", 60),
 )
 
 

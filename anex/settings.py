@@ -162,12 +162,24 @@ if ANEX_STORAGE_BACKEND == "s3":
 # "model-id=/path/to/checkpoint;…". A checkpoint directory holds the model's tokenizer.json,
 # which the estimator counts input tokens with.
 ANEX_CHECKPOINTS = env.path_mapping("ANEX_CHECKPOINTS")
+# What a worker process serves: its models (default: every configured checkpoint) and its
+# regions. A GPU worker sets one model; the embedded default's one worker serves all.
+ANEX_WORKER_MODELS = env.csv_list("ANEX_WORKER_MODELS", sorted(ANEX_CHECKPOINTS))
+ANEX_WORKER_REGIONS = env.csv_list("ANEX_WORKER_REGIONS", ["world", "eu"])
 
 # Inputs (the reference's "POST /inputs"): the size cap, the upload window, and how long
 # an input is kept after it lands.
 ANEX_INPUT_MAX_BYTES = env.integer("ANEX_INPUT_MAX_BYTES", 2 * 1024**3, minimum=1)
 ANEX_UPLOAD_WINDOW_SECONDS = env.integer("ANEX_UPLOAD_WINDOW_SECONDS", 3600, minimum=60)
 ANEX_INPUT_RETENTION_DAYS = env.integer("ANEX_INPUT_RETENTION_DAYS", 7, minimum=1)
+# Results are kept this long after a job ends (the reference: 30 days).
+ANEX_RESULT_RETENTION_DAYS = env.integer("ANEX_RESULT_RETENTION_DAYS", 30, minimum=1)
+# Rows per chunk: one engine call each. Larger chunks batch better on a GPU; smaller ones
+# lose less to a dead worker and deliver more on cancel.
+ANEX_CHUNK_ROWS = env.integer("ANEX_CHUNK_ROWS", 256, minimum=1)
+# A running chunk whose heartbeat is older than this belongs to a dead worker (the reaper
+# re-queues it); workers beat every few seconds.
+ANEX_HEARTBEAT_STALE_SECONDS = env.integer("ANEX_HEARTBEAT_STALE_SECONDS", 180, minimum=5)
 
 # Stripe top-ups are optional: without keys the console says top-up is unavailable.
 STRIPE_SECRET_KEY = env.prefixed_secret("STRIPE_SECRET_KEY", ("sk_", "rk_"))

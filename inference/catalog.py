@@ -80,6 +80,7 @@ class CatalogModel:
     max_questions: int | None = None
     max_state_chars: int | None = None
     option_budget_tokens: int | None = None
+    local: bool = False  # the embedded default's own checkpoint, not a reference id
 
     def clip_ceiling_seconds(self, modality: str) -> int | None:
         """The longest clip of this modality the model takes: also what a clip whose
@@ -169,15 +170,28 @@ def catalog_limits() -> CatalogLimits:
 
 
 def catalog_load(path: Path = CATALOG_PATH) -> dict[str, CatalogModel]:
+    """Every model in the file, the local ones included."""
     with path.open("rb") as handle:
         document = tomllib.load(handle)
     return {model_id: _model(model_id, raw) for model_id, raw in document["models"].items()}
 
 
 @cache
-def catalog() -> dict[str, CatalogModel]:
+def catalog_all() -> dict[str, CatalogModel]:
     return catalog_load()
 
 
+@cache
+def catalog() -> dict[str, CatalogModel]:
+    """The public models: the reference's ids, which pricing and the docs list."""
+    return {model_id: m for model_id, m in catalog_all().items() if not m.local}
+
+
+@cache
+def local_models() -> dict[str, CatalogModel]:
+    """The embedded default's own models (`local = true`), served from local checkpoints."""
+    return {model_id: m for model_id, m in catalog_all().items() if m.local}
+
+
 def model_get(model_id: str) -> CatalogModel | None:
-    return catalog().get(model_id)
+    return catalog_all().get(model_id)

@@ -24,7 +24,9 @@ from jobs.serializers import (
     JobCreateIn,
     JobOut,
     utc_iso,
+    utc_offset_iso,
 )
+from jobs.services.data import STOPPING, job_data_delete, job_result_link
 from jobs.services.inputs import input_ingest_create, input_refresh, input_upload_create
 from jobs.services.lifecycle import job_approve, job_cancel
 from jobs.services.submission import JobRequest, job_submit
@@ -158,3 +160,47 @@ class JobCancelView(APIView):
         job = job_get(organization=request_organization(request), id=job_id)
         job = job_cancel(job=job, actor=request_actor(request))
         return Response({"id": str(job.pk), "status": job.status})
+
+
+RESULT_SCHEMA = {
+    "type": "object",
+    "required": ["id", "status", "result_url", "expires_in", "partial", "row_count"],
+    "properties": {"id": {"type": "string", "format": "uuid"}, "status": {"type": "string"},
+                   "result_url": {"type": "string", "format": "uri"},
+                   "expires_in": {"type": "integer"}, "partial": {"type": "boolean"},
+                   "row_count": {"type": "integer"}},
+}
+DATA_DELETED_SCHEMA = {
+    "type": "object",
+    "required": ["id", "status", "data_deleted_at"],
+    "properties": {"id": {"type": "string", "format": "uuid"}, "status": {"type": "string"},
+                   "data_deleted_at": {"type": ["string", "null"], "format": "date-time"},
+                   "message": {"type": "string"}},
+}
+
+
+class JobResultView(APIView):
+    @extend_schema(operation_id="getJobResult",
+                   responses={200: RESULT_SCHEMA,
+                              409: OpenApiResponse(description="No result to deliver"),
+                              410: OpenApiResponse(description="Result data deleted"),
+                              **ERRORS},
+                   summary="Download the result file: a presigned link")
+    def get(self, request: Request, job_id: str) -> Response:
+        job = job_get(organization=request_organization(request), id=job_id)
+        region_require(request, residency=job.data_residency, noun="job")
+        return Response(job_result_link(job=job))
+
+
+class JobDataView(APIView):
+    @extend_schema(operation_id="deleteJobData", request=None,
+                   responses={200: DATA_DELETED_SCHEMA, 202: DATA_DELETED_SCHEMA, **ERRORS},
+                   summary="Delete a job's data now (a job in flight is cancelled first)")
+    def delete(self, request: Request, job_id: str) -> Response:
+        job = job_get(organization=request_organization(request), id=job_id)
+        job, gone = job_data_delete(job=job, actor=request_actor(request))
+        body: dict[str, object] = {"id": str(job.pk), "status": job.status,
+                                   "data_deleted_at": utc_offset_iso(job.data_deleted_at)}
+        if not gone:
+            body["message"] = STOPPING
+        return Response(body, status=200 if gone else 202)

@@ -60,3 +60,23 @@ class DeliveryStatus(models.TextChoices):
 # Seconds between webhook delivery attempts: widening, about a day in all (the reference:
 # "retried on a widening backoff for about a day, then given up").
 DELIVERY_BACKOFF_SECONDS = (5, 60, 300, 1800, 7200, 18000, 36000, 21600)
+
+
+class ChunkStatus(models.TextChoices):
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"  # its engine call kept failing: the job ends with what else finished
+    SKIPPED = "skipped"  # never started: the job was cancelled first
+
+
+CHUNK_SETTLED = frozenset({ChunkStatus.DONE, ChunkStatus.FAILED, ChunkStatus.SKIPPED})
+
+
+class RowOutcome(models.TextChoices):
+    """How one row ended, as the chunk results record it (and the job's counts sum)."""
+
+    SUCCESS = "success"
+    ERROR = "error"
+    TRUNCATED = "truncated"  # stopped on the output-token cap
+    FORMAT_ERROR = "format_error"  # could not satisfy its response_format

@@ -8,6 +8,7 @@ from django.db import models
 from anex.tenancy import OrgScopedQuerySet
 from console.constants import Region
 from jobs.constants import (
+    ChunkStatus,
     DeliveryStatus,
     FailureCode,
     InputFormat,
@@ -40,6 +41,7 @@ class Job(models.Model):
         "console.ApiKey", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
     estimating_at = models.DateTimeField(null=True, blank=True)
+    finalizing_at = models.DateTimeField(null=True, blank=True)
     estimate_attempts = models.PositiveSmallIntegerField(default=0)
     cost_ready_at = models.DateTimeField(null=True, blank=True)
     approved_at = models.DateTimeField(null=True, blank=True)
@@ -71,6 +73,11 @@ class Job(models.Model):
     partial = models.BooleanField(null=True, blank=True)
     data_expires_at = models.DateTimeField(null=True, blank=True)
     data_deleted_at = models.DateTimeField(null=True, blank=True)
+    # DELETE /jobs/{id}/data on a job in flight: purge once it has stopped.
+    data_delete_requested = models.BooleanField(default=False)
+    # Cancel reached it while rows were running: it settles as cancelled when they finish.
+    cancel_requested = models.BooleanField(default=False)
+    result_key = models.CharField(max_length=500, blank=True, default="")
     # Who approved it: the key (or console user) whose spend this job is.
     approved_by_key = models.ForeignKey(
         "console.ApiKey", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
@@ -165,3 +172,41 @@ class WebhookDelivery(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event_type} to {self.url} ({self.status})"
+
+
+class Chunk(models.Model):
+    """A slice of a job's rows run in one engine call. Its results are one object in
+    storage keyed by the chunk, so a re-run overwrites and never duplicates, and its counts
+    and usage are recorded once, by the guarded move to done."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="chunks")
+    index = models.PositiveIntegerField()
+    first_row = models.PositiveIntegerField()
+    row_count = models.PositiveIntegerField()
+    # JSONL inputs: the chunk's lines are these bytes of the input object.
+    byte_start = models.PositiveBigIntegerField(null=True, blank=True)
+    byte_end = models.PositiveBigIntegerField(null=True, blank=True)
+    status = models.CharField(max_length=8, choices=ChunkStatus.choices,
+                              default=ChunkStatus.PENDING, db_index=True)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    # When its message was last sent: a pending chunk whose message a dead worker had
+    # taken is sent again once this is stale.
+    queued_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    success_rows = models.PositiveIntegerField(default=0)
+    error_rows = models.PositiveIntegerField(default=0)
+    format_error_rows = models.PositiveIntegerField(default=0)
+    truncated_rows = models.PositiveIntegerField(default=0)
+    # What the chunk's billable rows consumed, as billing.pricing.Usage fields.
+    usage = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["job", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "index"], name="chunk_unique_index"),
+        ]
+
+    def __str__(self) -> str:
+        return f"chunk {self.index} of job {self.job_id} ({self.status})"

@@ -72,6 +72,10 @@ class RegionStorage(ABC):
         """The object's first bytes, without reading the rest."""
 
     @abstractmethod
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of the object."""
+
+    @abstractmethod
     def write_stream(self, key: str, chunks: Iterable[bytes], *, max_bytes: int) -> int:
         """Store the chunks as the object; returns its size. Over max_bytes raises
         StorageTooLarge and keeps nothing."""
@@ -151,6 +155,13 @@ class S3RegionStorage(RegionStorage):
                                         Range=f"bytes=0-{length - 1}")
         return bytes(reply["Body"].read())
 
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        if end <= start:
+            return b""
+        reply = self._client.get_object(Bucket=self.bucket, Key=key,
+                                        Range=f"bytes={start}-{end - 1}")
+        return bytes(reply["Body"].read())
+
     def write_stream(self, key: str, chunks: Iterable[bytes], *, max_bytes: int) -> int:
         counted = _Counter(_capped(chunks, max_bytes))
         reader = io.BufferedReader(_ChunkReader(iter(counted)), buffer_size=1024 * 1024)
@@ -215,6 +226,11 @@ class LocalRegionStorage(RegionStorage):
     def read_head(self, key: str, length: int) -> bytes:
         with self.path(key).open("rb") as handle:
             return handle.read(length)
+
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        with self.path(key).open("rb") as handle:
+            handle.seek(start)
+            return handle.read(max(0, end - start))
 
     def write_stream(self, key: str, chunks: Iterable[bytes], *, max_bytes: int) -> int:
         path = self.path(key)

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import dramatiq
 
+from jobs.services.data import results_purge_expired
 from jobs.services.estimation import job_estimate_run, jobs_estimate_recover
 from jobs.services.inputs import input_copy, inputs_expire, inputs_sweep
 from jobs.services.lifecycle import jobs_expire_unapproved
+from jobs.services.running import chunk_run as chunk_run_service
+from jobs.services.running import chunks_recover, job_start
+from jobs.services.sampling import job_sample_run
 from jobs.services.webhooks import deliveries_sweep, delivery_attempt
 
 # Time limits are explicit: a copy streams up to the input cap from a slow source.
@@ -15,6 +19,10 @@ INGEST_TIME_LIMIT_MS = 65 * 60 * 1000
 DELIVERY_TIME_LIMIT_MS = 60 * 1000
 SWEEP_TIME_LIMIT_MS = 5 * 60 * 1000
 ESTIMATE_TIME_LIMIT_MS = 30 * 60 * 1000
+# One chunk is one engine call: generous, since a slow model on long rows takes a while;
+# a worker that dies is caught sooner by the heartbeat reaper.
+CHUNK_TIME_LIMIT_MS = 60 * 60 * 1000
+START_TIME_LIMIT_MS = 15 * 60 * 1000
 
 
 @dramatiq.actor(queue_name="ingest", max_retries=0, time_limit=INGEST_TIME_LIMIT_MS)
@@ -53,3 +61,27 @@ def job_estimate(job_id: str) -> None:
 def jobs_recover() -> None:
     jobs_estimate_recover()
     jobs_expire_unapproved()
+
+
+@dramatiq.actor(queue_name="jobs", max_retries=3, time_limit=START_TIME_LIMIT_MS)
+def job_run(job_id: str) -> None:
+    job_start(job_id=job_id)
+
+
+# Sent to "run.<region>.<model>" queues (jobs.services.running.run_queue), which only the
+# workers serving that model consume; the queue named here is only its default.
+@dramatiq.actor(queue_name="run", max_retries=0, time_limit=CHUNK_TIME_LIMIT_MS)
+def chunk_run(chunk_id: str) -> None:
+    chunk_run_service(chunk_id=chunk_id)
+
+
+@dramatiq.actor(queue_name="periodic", max_retries=0, time_limit=SWEEP_TIME_LIMIT_MS)
+def runs_recover() -> None:
+    chunks_recover()
+    results_purge_expired()
+
+
+# Sent to the model's run queue like chunks: the sample needs the model's engine.
+@dramatiq.actor(queue_name="run", max_retries=0, time_limit=CHUNK_TIME_LIMIT_MS)
+def job_sample(job_id: str) -> None:
+    job_sample_run(job_id=job_id)

@@ -2,7 +2,16 @@
 
 from django.urls import path
 
-from jobs.api import InputsView, InputView, JobApproveView, JobCancelView, JobsView, JobView
+from jobs.api import (
+    InputsView,
+    InputView,
+    JobApproveView,
+    JobCancelView,
+    JobDataView,
+    JobResultView,
+    JobsView,
+    JobView,
+)
 
 urlpatterns = [
     path("inputs", InputsView.as_view(), name="inputs"),
@@ -11,4 +20,6 @@ urlpatterns = [
     path("jobs/<str:job_id>", JobView.as_view(), name="job"),
     path("jobs/<str:job_id>/approve", JobApproveView.as_view(), name="job-approve"),
     path("jobs/<str:job_id>/cancel", JobCancelView.as_view(), name="job-cancel"),
+    path("jobs/<str:job_id>/result", JobResultView.as_view(), name="job-result"),
+    path("jobs/<str:job_id>/data", JobDataView.as_view(), name="job-data"),
 ]

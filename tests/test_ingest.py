@@ -12,7 +12,6 @@ from datetime import timedelta
 import dramatiq
 import pytest
 import standardwebhooks
-from django.db import connection
 from django.utils import timezone
 from pytest_django import Settings
 from rest_framework.test import APIClient
@@ -24,6 +23,7 @@ from jobs.services.inputs import input_copy, inputs_sweep
 from jobs.services.webhooks import delivery_attempt, webhook_sign
 from jobs.storage import storage_for
 from tests.servers import LocalServer, _Handler, reply, tls_context
+from tests.workers import running_worker
 
 INPUTS = "/batch/v1/inputs"
 ROWS = b'{"custom_id":"row-1","method":"POST","url":"/v1/chat/completions","body":{}}\n' * 50
@@ -254,18 +254,13 @@ def test_end_to_end_through_the_broker_and_a_worker(api_key, client_for, source:
     created = client_for(plaintext).post(INPUTS, {
         "source_url": serve(source, "/in.jsonl", ROWS),
         "callback_url": receiver.url("/hook")}, format="json").json()
-    worker = dramatiq.Worker(broker, worker_threads=2)
-    worker.start()
-    try:
+    with running_worker(threads=2):
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if WebhookDelivery.objects.filter(input_id=created["id"],
                                               status=DeliveryStatus.DELIVERED).exists():
                 break
             time.sleep(0.2)
-    finally:
-        worker.stop()
-        connection.close()
     assert Input.objects.get(pk=created["id"]).status == InputStatus.READY
     (seen,) = [r for r in receiver.requests if r.path == "/hook"]
     assert json.loads(seen.body)["type"] == "input.ready"

@@ -11,7 +11,6 @@ from typing import Any
 
 import dramatiq
 import pytest
-from django.db import connection
 from django.utils import timezone
 from pytest_django import Settings
 from rest_framework.test import APIClient
@@ -30,6 +29,7 @@ from jobs.services.estimation import (
     jobs_estimate_recover,
 )
 from tests.factories import input_ready, organization_make
+from tests.workers import running_worker
 
 JOBS = "/batch/v1/jobs"
 
@@ -238,14 +238,9 @@ def test_end_to_end_submit_to_cost_ready_through_a_worker(client_for) -> None:  
     broker.flush_all()
     job_id = api.post(JOBS, {"input_id": str(item.pk), "model": "qwen3-embedding-8b"},
                       format="json").json()["id"]
-    worker = dramatiq.Worker(broker, worker_threads=1)
-    worker.start()
-    try:
+    with running_worker():
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and \
                 Job.objects.get(pk=job_id).status != JobStatus.COST_READY:
             time.sleep(0.2)
-    finally:
-        worker.stop()
-        connection.close()
     assert api.get(f"{JOBS}/{job_id}").json()["status"] == "cost_ready"

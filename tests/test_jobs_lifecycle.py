@@ -85,7 +85,7 @@ def test_approve_not_covered_is_402(api: APIClient, organization: Organization) 
 
 @pytest.mark.parametrize("status,expected,code", [
     (JobStatus.COST_READY, "cancelled", 200),
-    (JobStatus.IN_PROGRESS, "cancelling", 200),
+    (JobStatus.IN_PROGRESS, "cancelled", 200),  # no chunk running yet: no work in flight
     (JobStatus.CANCELLING, "cancelling", 200),
     (JobStatus.SUBMITTED, None, 409),
     (JobStatus.ESTIMATING, None, 409),
@@ -119,13 +119,15 @@ def test_an_eu_job_cancels_while_estimating(client_for) -> None:  # type: ignore
     assert response.json()["status"] == "cancelled"
 
 
-def test_cancelling_an_approved_job_before_it_runs_keeps_its_hold_for_the_runner(
+def test_cancelling_an_approved_job_before_it_runs_releases_its_hold(
         api: APIClient, organization: Organization) -> None:
     job = job_make(organization, est_cost_cents=100)
     api.post(f"{JOBS}/{job.pk}/approve")
-    assert api.post(f"{JOBS}/{job.pk}/cancel").json()["status"] == "cancelling"
+    assert credits_summary(organization=organization).held == 100
+    assert api.post(f"{JOBS}/{job.pk}/cancel").json()["status"] == "cancelled"
+    assert credits_summary(organization=organization).held == 0
     assert AuditEvent.objects.get(action="job.cancelled").data == {"from": "in_progress",
-                                                                   "to": "cancelling"}
+                                                                   "to": "cancelled"}
 
 
 @pytest.mark.parametrize("path", ["", "/approve", "/cancel"])

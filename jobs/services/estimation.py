@@ -26,6 +26,7 @@ from inference.catalog import CatalogModel, model_get
 from inference.tokens import token_counter
 from jobs.constants import FailureCode, InputFormat, JobStatus, TaskType
 from jobs.models import Job
+from jobs.services.data import job_data_delete_if_requested
 from jobs.services.lifecycle import job_approve, job_finish
 from jobs.storage import storage_for
 from jobs.validation import FileReport, InputRejected, JobOptions, validate_jsonl, validate_parquet
@@ -139,19 +140,33 @@ def job_estimate_run(*, job_id: uuid.UUID | str) -> JobStatus | None:
     except InputRejected as rejected:
         job_finish(job=job, status=JobStatus.FAILED, failure_code=FailureCode.INVALID_INPUT,
                    failure_reason=rejected.message)
+        job_data_delete_if_requested(job=job)
         return JobStatus.FAILED
     if not fields:
-        # Checked and counted; the sampled estimate takes it from here.
+        # Checked and counted; the sampled estimate takes it from here, on a worker that
+        # serves the model.
         Job.objects.filter(pk=job.pk, status=JobStatus.ESTIMATING).update(
             row_count=report.rows, est_input_tok=report.usage.input_tokens
             + report.usage.media_tokens)
+        from jobs.services.running import queue_send, run_queue
+        from jobs.tasks import job_sample
+
+        queue_send(job_sample, run_queue(job.data_residency, job.model), str(job.pk))
         return JobStatus.ESTIMATING
     moved = Job.objects.filter(pk=job.pk, status=JobStatus.ESTIMATING).update(
         status=JobStatus.COST_READY, cost_ready_at=timezone.now(), row_count=report.rows,
         **fields)
-    if moved and job.organization.auto_approve:
+    if not moved:
+        return None
+    job.refresh_from_db()
+    if job.data_delete_requested:
+        # DELETE /jobs/{id}/data arrived while it was estimating: it stops here, unbilled.
+        job_finish(job=job, status=JobStatus.CANCELLED)
+        job_data_delete_if_requested(job=job)
+        return JobStatus.CANCELLED
+    if job.organization.auto_approve:
         job_auto_approve(job=job)
-    return JobStatus.COST_READY if moved else None
+    return JobStatus.COST_READY
 
 
 def job_auto_approve(*, job: Job) -> None:

@@ -4,6 +4,7 @@ called alike by the API, the console and the workers."""
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -13,7 +14,7 @@ from billing.services import hold_place, hold_settle, organization_lock
 from console.actors import Actor
 from console.audit import audit_record
 from console.constants import AuditAction, Region
-from jobs.constants import TERMINAL_STATUSES, FailureCode, JobStatus
+from jobs.constants import TERMINAL_STATUSES, ChunkStatus, FailureCode, JobStatus
 from jobs.models import Job
 
 
@@ -43,6 +44,7 @@ def job_approve(*, job: Job, actor: Actor) -> Job:
         approved_by_key=actor.key, approved_by_user=actor.user,
     )
     assert updated == 1, "the job row is locked; its status cannot have moved"
+    _run_after_commit(locked)
     locked.refresh_from_db()
     audit_record(organization=locked.organization, actor=actor,
                  action=AuditAction.JOB_APPROVED, target=locked,
@@ -50,10 +52,18 @@ def job_approve(*, job: Job, actor: Actor) -> Job:
     return locked
 
 
+def _run_after_commit(job: Job) -> None:
+    from jobs.tasks import job_run
+
+    transaction.on_commit(lambda: job_run.send(str(job.pk)))
+
+
 @transaction.atomic
 def job_finish(*, job: Job, status: JobStatus, cost_cents: int = 0,
-               failure_code: FailureCode | str = "", failure_reason: str = "") -> Job:
-    """Move a job to a terminal state and settle its hold in the same commit.
+               failure_code: FailureCode | str = "", failure_reason: str = "",
+               outcome: dict[str, Any] | None = None) -> Job:
+    """Move a job to a terminal state and settle its hold in the same commit; `outcome`
+    (row counts, the result, partial) is recorded in that same update.
 
     A job already terminal is returned unchanged: finishing twice settles once.
     """
@@ -65,7 +75,7 @@ def job_finish(*, job: Job, status: JobStatus, cost_cents: int = 0,
     charged = hold_settle(job=locked, cost_cents=cost_cents)
     Job.objects.filter(pk=locked.pk).update(
         status=status, finished_at=timezone.now(), cost_cents=charged,
-        failure_code=failure_code, failure_reason=failure_reason,
+        failure_code=failure_code, failure_reason=failure_reason, **(outcome or {}),
     )
     locked.refresh_from_db()
     return locked
@@ -91,12 +101,20 @@ def job_cancel(*, job: Job, actor: Actor) -> Job:
         raise ApiError(409, "This job is estimating: wait for cost_ready and simply never "
                             "approve it - estimates are free, and an unapproved job cancels "
                             "itself after 24 hours.")
-    if status == JobStatus.IN_PROGRESS:
+    # Lock the chunks too (after the organization and the job): a worker's claim of a
+    # pending chunk waits for this decision instead of racing it.
+    chunk_states = set(locked.chunks.select_for_update().values_list("status", flat=True))
+    in_flight = chunk_states & {ChunkStatus.RUNNING, ChunkStatus.DONE}
+    if status == JobStatus.IN_PROGRESS and in_flight:
         # Rows are running: no new work starts, running rows finish, and the runner settles
         # the job as cancelled with the finished rows as a partial result.
-        Job.objects.filter(pk=locked.pk, status=status).update(status=JobStatus.CANCELLING)
+        Job.objects.filter(pk=locked.pk, status=status).update(
+            status=JobStatus.CANCELLING, cancel_requested=True)
         locked.refresh_from_db()
     else:
+        # No work in flight: it stops now, and any hold is released in full.
+        locked.chunks.filter(status=ChunkStatus.PENDING).update(
+            status=ChunkStatus.SKIPPED, finished_at=timezone.now())
         locked = job_finish(job=locked, status=JobStatus.CANCELLED)
     audit_record(organization=locked.organization, actor=actor,
                  action=AuditAction.JOB_CANCELLED, target=locked,

@@ -53,22 +53,11 @@ def validate_parquet(source: str | Path | IO[bytes], options: JobOptions, *,
         parquet = pq.ParquetFile(source)
     except Exception as error:  # pyarrow raises its own ArrowInvalid/OSError family
         raise InputRejected(f"The input is not a readable parquet file ({error}).") from None
-    columns = set(parquet.schema_arrow.names)
-    if model.task == "chat":
-        content = MESSAGES if MESSAGES in columns else PROMPT if PROMPT in columns else None
-        if content is None:
-            raise InputRejected("A parquet input for a chat model needs a 'prompt' column "
-                                "(text) or a 'messages' column (JSON text).")
-    else:
-        if INPUT not in columns:
-            raise InputRejected("A parquet input for an embedding model needs an 'input' "
-                                "column.")
-        content = INPUT
-    identity = ID if ID in columns else None
+    content, identity = parquet_columns(parquet, model.task)
     tally = Tally(ENDPOINT_BY_TASK[model.task])
     ids = DigestSet()
     thinking, effort = job_thinking(job)
-    for row_index, name, value in _rows(parquet, content, identity):
+    for row_index, name, value in parquet_rows(parquet, content, identity):
         row = _row_ref(row_index, name, identity, ids)
         if model.task == "chat":
             cost = _chat(content, value, job=job, row=row)
@@ -79,15 +68,44 @@ def validate_parquet(source: str | Path | IO[bytes], options: JobOptions, *,
     return tally.report(job)
 
 
-def _rows(parquet: pq.ParquetFile, content: str,
-          identity: str | None) -> Iterator[tuple[int, Any, Any]]:
+def parquet_columns(parquet: pq.ParquetFile, task: str) -> tuple[str, str | None]:
+    """The column a row's content comes from, and the identity column if there is one."""
+    columns = set(parquet.schema_arrow.names)
+    if task == "chat":
+        content = MESSAGES if MESSAGES in columns else PROMPT if PROMPT in columns else None
+        if content is None:
+            raise InputRejected("A parquet input for a chat model needs a 'prompt' column "
+                                "(text) or a 'messages' column (JSON text).")
+    else:
+        if INPUT not in columns:
+            raise InputRejected("A parquet input for an embedding model needs an 'input' "
+                                "column.")
+        content = INPUT
+    return content, ID if ID in columns else None
+
+
+def parquet_rows(parquet: pq.ParquetFile, content: str, identity: str | None, *,
+                 start: int = 0) -> Iterator[tuple[int, Any, Any]]:
+    """(row_index, id, content) from `start` on, a record batch at a time; whole row
+    groups before `start` are skipped without being read."""
     wanted = [content] if identity is None else [identity, content]
     row_index = 0
-    for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=wanted):
+    groups: list[int] = []
+    for group in range(parquet.metadata.num_row_groups):
+        rows = parquet.metadata.row_group(group).num_rows
+        if row_index + rows <= start and not groups:
+            row_index += rows
+            continue
+        groups.append(group)
+    if not groups:
+        return
+    for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=wanted,
+                                      row_groups=groups):
         values = batch.column(content).to_pylist()
         names = batch.column(identity).to_pylist() if identity else [None] * len(values)
         for name, value in zip(names, values, strict=True):
-            yield row_index, name, value
+            if row_index >= start:
+                yield row_index, name, value
             row_index += 1
 
 

@@ -1,0 +1,44 @@
+"""The inference engines: what a worker runs a chunk of rows through (DECISIONS.md,
+"Inference").
+
+    engine = engine_for(job.model)           # built once per process, then kept
+    outcomes = engine.generate(rows, settings)   # ChatEngine: list[ChatRow] -> ChatOutcome
+    outcomes = engine.embed(rows)                # EmbeddingEngine: EmbedRow -> EmbedOutcome
+    outcomes = engine.decide(rows)               # DecisionEngine: DecisionRow -> outcome
+
+One outcome per row, in row order; a row the model refuses carries its RowError and never
+fails the chunk. Only plain dataclasses cross this boundary: no vLLM type. vLLM itself is
+imported when the first engine is built, so importing this package stays cheap.
+"""
+
+from inference.engines.chat import ChatEngine
+from inference.engines.decisions import DecisionEngine
+from inference.engines.embeddings import EmbeddingEngine
+from inference.engines.registry import Engine, EngineNotConfigured, engine_for
+from inference.engines.types import (
+    ChatOutcome,
+    ChatRow,
+    ChatSettings,
+    DecisionOutcome,
+    DecisionRow,
+    EmbedOutcome,
+    EmbedRow,
+    RowError,
+)
+
+__all__ = [
+    "ChatEngine",
+    "ChatOutcome",
+    "ChatRow",
+    "ChatSettings",
+    "DecisionEngine",
+    "DecisionOutcome",
+    "DecisionRow",
+    "EmbedOutcome",
+    "EmbedRow",
+    "EmbeddingEngine",
+    "Engine",
+    "EngineNotConfigured",
+    "RowError",
+    "engine_for",
+]

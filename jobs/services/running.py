@@ -1,0 +1,391 @@
+"""Running an approved job: chunks dispatched to the workers that serve its model and
+region, each chunk one engine call, results kept per chunk, then one result file.
+
+Safe to run twice everywhere (STYLE.md rule 6): a chunk is claimed by a guarded update and
+its counts are recorded by the guarded move to done; its results object is keyed by the
+chunk, so a re-run overwrites. A heartbeat on running chunks lets the reaper re-queue the
+work of a worker that died; finalizing is claimed once and settles the money once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import threading
+import uuid
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+import dramatiq
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import F, Q, Sum
+from django.utils import timezone
+
+from billing.pricing import Usage, price
+from inference.catalog import model_get
+from jobs.constants import (
+    CHUNK_SETTLED,
+    ChunkStatus,
+    FailureCode,
+    InputFormat,
+    JobStatus,
+    RowOutcome,
+    TaskType,
+)
+from jobs.models import Chunk, Job
+from jobs.results import chunk_key, result_write
+from jobs.services.lifecycle import job_finish
+from jobs.services.rows import (
+    InputRow,
+    chat_kwargs,
+    completion_body,
+    embedding_body,
+    record,
+    row_response_format,
+    rows_read,
+)
+from jobs.storage import storage_for
+
+logger = logging.getLogger(__name__)
+
+def heartbeat_every() -> timedelta:
+    return heartbeat_stale() / 6
+
+
+def heartbeat_stale() -> timedelta:
+    """A running chunk whose heartbeat is older than this belongs to a dead worker."""
+    return timedelta(seconds=settings.ANEX_HEARTBEAT_STALE_SECONDS)
+
+CHUNK_ATTEMPTS = 3
+FORMAT_ERROR = {"message": "The output does not satisfy the row's response_format.",
+                "type": "format_error", "code": None, "param": "response_format"}
+
+
+def run_queue(region: str, model_id: str) -> str:
+    """The queue a region's workers for this model consume: GPU workers take only what
+    they serve."""
+    return f"run.{region}.{model_id}"
+
+
+def queue_send(actor: dramatiq.Actor, queue: str, *args: Any,  # type: ignore[type-arg]
+               delay_ms: int | None = None) -> None:
+    message = actor.message(*args).copy(queue_name=queue)
+    dramatiq.get_broker().enqueue(message, delay=delay_ms)
+
+
+def _usage_dump(usage: Usage) -> dict[str, Any]:
+    return {k: str(v) if isinstance(v, Decimal) else v
+            for k, v in dataclasses.asdict(usage).items()}
+
+
+def _usage_load(raw: dict[str, Any]) -> Usage:
+    fields: dict[str, Any] = {k: Decimal(v) if k == "media_seconds" else v
+                              for k, v in raw.items()}
+    return Usage(**fields)
+
+
+# --- starting ---------------------------------------------------------------------------
+
+
+def chunks_plan(job: Job) -> list[Chunk]:
+    """Split the input into chunks of ANEX_CHUNK_ROWS rows (JSONL: by byte ranges, read
+    once here as a stream; parquet: by row index)."""
+    assert job.input is not None
+    size = settings.ANEX_CHUNK_ROWS
+    chunks: list[Chunk] = []
+    if job.format == InputFormat.PARQUET:
+        total = job.row_count or 0
+        for index, first in enumerate(range(0, total, size)):
+            chunks.append(Chunk(job=job, index=index, first_row=first,
+                                row_count=min(size, total - first)))
+        return chunks
+    position = start = 0
+    rows = first = 0
+    with storage_for(job.data_residency).open(job.input.object_key) as stream:
+        for line in stream:
+            position += len(line)
+            if not line.strip():
+                continue
+            rows += 1
+            if rows - first == size:
+                chunks.append(Chunk(job=job, index=len(chunks), first_row=first,
+                                    row_count=size, byte_start=start, byte_end=position))
+                start, first = position, rows
+    if rows > first:
+        chunks.append(Chunk(job=job, index=len(chunks), first_row=first,
+                            row_count=rows - first, byte_start=start, byte_end=position))
+    return chunks
+
+
+def job_start(*, job_id: uuid.UUID | str) -> int:
+    """Plan an in_progress job's chunks (once) and send every pending one to its queue."""
+    job = Job.objects.select_related("input").get(pk=job_id)
+    if job.status not in (JobStatus.IN_PROGRESS, JobStatus.CANCELLING):
+        return 0
+    if not job.chunks.exists():
+        planned = chunks_plan(job)
+        with transaction.atomic():
+            if not Chunk.objects.filter(job=job).exists():  # a concurrent start lost
+                Chunk.objects.bulk_create(planned)
+    if not job.chunks.exists():  # an input with no rows left to run: finish at once
+        job_finalize(job_id=job.pk)
+        return 0
+    return len(_chunks_send(job.chunks.filter(status=ChunkStatus.PENDING)))
+
+
+def _chunks_send(chunks: Any) -> list[uuid.UUID]:
+    """Send these chunks to their model's run queue, noting when."""
+    from jobs.tasks import chunk_run as chunk_run_actor
+
+    sent = []
+    for chunk in chunks.select_related("job"):
+        Chunk.objects.filter(pk=chunk.pk).update(queued_at=timezone.now())
+        queue_send(chunk_run_actor, run_queue(chunk.job.data_residency, chunk.job.model),
+                   str(chunk.pk))
+        sent.append(chunk.pk)
+    return sent
+
+
+# --- one chunk --------------------------------------------------------------------------
+
+
+class _Heartbeat:
+    """Touches the chunk while its engine call runs, from its own thread and connection."""
+
+    def __init__(self, chunk_id: uuid.UUID) -> None:
+        self.chunk_id = chunk_id
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._beat, daemon=True)
+
+    def _beat(self) -> None:
+        try:
+            while not self.stopped.wait(heartbeat_every().total_seconds()):
+                Chunk.objects.filter(pk=self.chunk_id, status=ChunkStatus.RUNNING).update(
+                    heartbeat_at=timezone.now())
+        finally:
+            connection.close()
+
+    def __enter__(self) -> _Heartbeat:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=5)
+
+
+def _claim(chunk_id: uuid.UUID | str) -> bool:
+    return Chunk.objects.filter(pk=chunk_id, status=ChunkStatus.PENDING).update(
+        status=ChunkStatus.RUNNING, attempts=F("attempts") + 1,
+        heartbeat_at=timezone.now()) == 1
+
+
+def chunk_run(*, chunk_id: uuid.UUID | str) -> ChunkStatus | None:
+    if not _claim(chunk_id):
+        return None
+    chunk = Chunk.objects.select_related("job", "job__input").get(pk=chunk_id)
+    job = chunk.job
+    if job.status != JobStatus.IN_PROGRESS:
+        # Cancelled (or already settled): no new work starts.
+        Chunk.objects.filter(pk=chunk.pk, status=ChunkStatus.RUNNING).update(
+            status=ChunkStatus.SKIPPED, finished_at=timezone.now())
+        job_finalize(job_id=job.pk)
+        return ChunkStatus.SKIPPED
+    try:
+        rows = rows_read(job, chunk)
+        with _Heartbeat(chunk.pk):
+            results, usage = execute(job, rows)
+        lines = (json.dumps(item, separators=(",", ":")).encode() + b"\n" for item in results)
+        storage_for(job.data_residency).write_stream(chunk_key(job, chunk.index), lines,
+                                                     max_bytes=2**62)
+    except Exception:
+        logger.exception("chunk %s of job %s failed (attempt %s)", chunk.index, job.pk,
+                         chunk.attempts)
+        return _chunk_retry_or_fail(chunk)
+    counts = {outcome: 0 for outcome in RowOutcome}
+    for item in results:
+        counts[RowOutcome(item["outcome"])] += 1
+    Chunk.objects.filter(pk=chunk.pk, status=ChunkStatus.RUNNING).update(
+        status=ChunkStatus.DONE, finished_at=timezone.now(),
+        success_rows=counts[RowOutcome.SUCCESS], error_rows=counts[RowOutcome.ERROR],
+        truncated_rows=counts[RowOutcome.TRUNCATED],
+        format_error_rows=counts[RowOutcome.FORMAT_ERROR], usage=_usage_dump(usage))
+    job_finalize(job_id=job.pk)
+    return ChunkStatus.DONE
+
+
+def _chunk_retry_or_fail(chunk: Chunk) -> ChunkStatus:
+    if chunk.attempts < CHUNK_ATTEMPTS:
+        Chunk.objects.filter(pk=chunk.pk, status=ChunkStatus.RUNNING).update(
+            status=ChunkStatus.PENDING, queued_at=timezone.now())
+        from jobs.tasks import chunk_run as chunk_run_actor
+
+        queue_send(chunk_run_actor, run_queue(chunk.job.data_residency, chunk.job.model),
+                   str(chunk.pk), delay_ms=5_000 * chunk.attempts)
+        return ChunkStatus.PENDING
+    Chunk.objects.filter(pk=chunk.pk, status=ChunkStatus.RUNNING).update(
+        status=ChunkStatus.FAILED, finished_at=timezone.now())
+    job_finalize(job_id=chunk.job_id)
+    return ChunkStatus.FAILED
+
+
+def _error(error: Any) -> dict[str, Any]:
+    return {"message": error.message, "type": error.type, "code": error.code,
+            "param": error.param}
+
+
+def execute(job: Job, rows: list[InputRow]) -> tuple[list[dict[str, Any]], Usage]:
+    """Run the rows through the model's engine in one call; a row the engine refuses fails
+    alone. Returns each row's record and what the billable rows consumed (a row that
+    failed is never billed)."""
+    from inference import engines
+
+    engine = engines.engine_for(job.model)
+    results: list[dict[str, Any]] = []
+    usage = Usage()
+    if job.task_type == TaskType.CHAT:
+        outcomes = engine.generate(  # type: ignore[union-attr]
+            [engines.ChatRow(messages=row.body.get("messages") or [],
+                             chat_template_kwargs=chat_kwargs(job, row.body),
+                             response_format=row_response_format(job, row.body))
+             for row in rows],
+            engines.ChatSettings(max_tokens=job.max_output_tokens or 1,
+                                 reasoning_budget=job.reasoning_budget or None))
+        for row, out in zip(rows, outcomes, strict=True):
+            if out.error is not None:
+                results.append(record(row, RowOutcome.ERROR, error=_error(out.error),
+                                      status_code=out.error.status_code))
+                continue
+            body = completion_body(job, row, content=out.content, reasoning=out.reasoning,
+                                   finish_reason=out.finish_reason,
+                                   prompt_tokens=out.prompt_tokens,
+                                   completion_tokens=out.completion_tokens,
+                                   reasoning_tokens=out.reasoning_tokens)
+            outcome = (RowOutcome.FORMAT_ERROR if out.format_error else
+                       RowOutcome.TRUNCATED if out.finish_reason == "length" else
+                       RowOutcome.SUCCESS)
+            results.append(record(row, outcome, body=body, status_code=200,
+                                  error=FORMAT_ERROR if out.format_error else None,
+                                  output=out.content))
+            usage = usage + Usage(input_tokens=out.prompt_tokens,
+                                  output_tokens=out.completion_tokens)
+    elif job.task_type == TaskType.EMBED:
+        vectors = engine.embed([  # type: ignore[union-attr]
+            engines.EmbedRow(text=str(row.body["input"]),
+                             dimensions=row.body.get("dimensions") or job.dimensions)
+            for row in rows])
+        for row, out in zip(rows, vectors, strict=True):
+            if out.error is not None:
+                results.append(record(row, RowOutcome.ERROR, error=_error(out.error),
+                                      status_code=out.error.status_code))
+                continue
+            results.append(record(row, RowOutcome.SUCCESS, status_code=200,
+                                  body=embedding_body(job, out.vector, out.prompt_tokens),
+                                  embedding=out.vector))
+            usage = usage + Usage(input_tokens=out.prompt_tokens)
+    else:
+        answers = engine.decide([  # type: ignore[union-attr]
+            engines.DecisionRow(state=row.body["state"],
+                                questions=row.body.get("questions") or {},
+                                lang=row.body.get("lang"))
+            for row in rows])
+        for row, out in zip(rows, answers, strict=True):
+            if out.error is not None:
+                results.append(record(row, RowOutcome.ERROR, error=_error(out.error),
+                                      status_code=out.error.status_code))
+                continue
+            body = {"model": job.model, "answers": out.answers, "routing": out.routing,
+                    "usage": {"input_tokens": out.input_tokens, "output_tokens": 0}}
+            results.append(record(row, RowOutcome.SUCCESS, body=body, status_code=200,
+                                  output=json.dumps(out.answers)))
+            usage = usage + Usage(input_tokens=out.input_tokens)
+    return results, usage
+
+
+# --- finishing --------------------------------------------------------------------------
+
+
+def job_finalize(*, job_id: uuid.UUID | str) -> JobStatus | None:
+    """Once every chunk has settled: merge the results, count, charge, and end the job.
+    Claimed by one caller (in_progress/cancelling -> finalizing); a stale finalizing claim
+    (its worker died) may be taken again."""
+    if Chunk.objects.filter(job_id=job_id).exclude(status__in=CHUNK_SETTLED).exists():
+        return None
+    now = timezone.now()
+    claimed = Job.objects.filter(
+        Q(status__in=[JobStatus.IN_PROGRESS, JobStatus.CANCELLING])
+        | Q(status=JobStatus.FINALIZING, finalizing_at__lt=now - heartbeat_stale()),
+        pk=job_id,
+    ).update(finalizing_at=now, status=JobStatus.FINALIZING)
+    if claimed != 1:
+        return None
+    job = Job.objects.select_related("input", "organization").get(pk=job_id)
+    # Whether it was cancelling is told by its chunks: a cancelled job skipped some.
+    chunks = list(job.chunks.order_by("index"))
+    done = [chunk for chunk in chunks if chunk.status == ChunkStatus.DONE]
+    skipped = any(chunk.status == ChunkStatus.SKIPPED for chunk in chunks)
+    failed = any(chunk.status == ChunkStatus.FAILED for chunk in chunks)
+    key, delivered = result_write(job, done)
+    totals = Chunk.objects.filter(pk__in=[c.pk for c in done]).aggregate(
+        success=Sum("success_rows"), errors=Sum("error_rows"),
+        truncated=Sum("truncated_rows"), format_errors=Sum("format_error_rows"))
+    usage = Usage()
+    for chunk in done:
+        usage = usage + _usage_load(chunk.usage)
+    model = model_get(job.model)
+    cost = price(model, usage).cents if model is not None else 0
+    status = (JobStatus.FAILED if failed else
+              JobStatus.CANCELLED if skipped or job.cancel_requested else JobStatus.DONE)
+    rows = job.row_count or sum(c.row_count for c in chunks)
+    accounted = sum(v or 0 for v in totals.values())
+    finished = job_finish(
+        job=job, status=status, cost_cents=cost,
+        failure_code=FailureCode.INTERNAL_ERROR if failed else "",
+        failure_reason=("Some rows could not be run after repeated attempts; the rows that "
+                        "finished are delivered." if failed else ""),
+        outcome={
+            "success_rows": totals["success"] or 0, "error_rows": totals["errors"] or 0,
+            "truncated_rows": totals["truncated"] or 0,
+            "format_error_rows": totals["format_errors"] or 0,
+            "pending_rows": max(rows - accounted, 0),
+            "partial": status != JobStatus.DONE and delivered > 0,
+            "result_key": key if delivered or status == JobStatus.DONE else "",
+            "data_expires_at": timezone.now()
+            + timedelta(days=settings.ANEX_RESULT_RETENTION_DAYS),
+        },
+    )
+    from jobs.services.data import job_data_delete_if_requested
+
+    job_data_delete_if_requested(job=finished)
+    return JobStatus(finished.status)
+
+
+def chunks_recover() -> dict[str, int]:
+    """The reaper: chunks whose worker died are queued again, lost start messages are
+    sent again, and a finalize whose worker died is taken over."""
+    now = timezone.now()
+    from jobs.tasks import job_run
+
+    dead = list(Chunk.objects.filter(status=ChunkStatus.RUNNING,
+                                     heartbeat_at__lt=now - heartbeat_stale())[:500])
+    revived = [chunk.pk for chunk in dead
+               if Chunk.objects.filter(pk=chunk.pk, status=ChunkStatus.RUNNING,
+                                       heartbeat_at=chunk.heartbeat_at).update(
+                   status=ChunkStatus.PENDING) == 1]
+    # Pending chunks whose message went with a dead worker (taken, never acknowledged):
+    # Redis would redeliver them only after its own long maintenance interval.
+    waiting = Chunk.objects.filter(status=ChunkStatus.PENDING,
+                                   queued_at__lt=now - heartbeat_stale())
+    _chunks_send(Chunk.objects.filter(pk__in=revived) | waiting)
+    lost = Job.objects.filter(status=JobStatus.IN_PROGRESS, chunks__isnull=True,
+                              approved_at__lt=now - timedelta(minutes=2))
+    for job_id in lost.values_list("pk", flat=True)[:500]:
+        job_run.send(str(job_id))
+    stale = Job.objects.filter(status=JobStatus.FINALIZING,
+                               finalizing_at__lt=now - heartbeat_stale())
+    for job_id in stale.values_list("pk", flat=True)[:100]:
+        job_finalize(job_id=job_id)
+    return {"requeued": len(revived)}

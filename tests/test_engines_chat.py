@@ -1,0 +1,190 @@
+"""The chat engine on the real vLLM engine and the local tiny-qwen3 checkpoint.
+
+Random weights make the words meaningless: these tests assert structure, lengths,
+validity and where things land (reasoning vs content), never what is said.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from inference.engines import ChatEngine, ChatOutcome, ChatRow, ChatSettings
+from inference.engines.chat import BUDGET_NOTICE
+
+USER = [{"role": "user", "content": "Say hello in French."}]
+OFF = {"enable_thinking": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "string", "enum": ["yes", "no"]},
+                   "score": {"type": "integer", "minimum": 0, "maximum": 9}},
+    "required": ["answer", "score"],
+    "additionalProperties": False,
+}
+JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": SCHEMA}}
+
+pytest_plugins = ["tests.engine_fixtures"]
+
+
+def ok(outcome: ChatOutcome) -> ChatOutcome:
+    assert outcome.error is None, outcome.error
+    assert outcome.prompt_tokens > 0
+    assert outcome.completion_tokens >= outcome.reasoning_tokens >= 0
+    return outcome
+
+
+def test_thinking_follows_each_rows_own_template_kwargs(chat_engine: ChatEngine) -> None:
+    rows = [ChatRow(messages=USER),  # the model's default: thinking on
+            ChatRow(messages=USER, chat_template_kwargs=OFF),
+            ChatRow(messages=USER, chat_template_kwargs={"enable_thinking": True,
+                                                         "reasoning_effort": "low"})]
+    on, off, low = chat_engine.generate(rows, ChatSettings(max_tokens=64, reasoning_budget=16))
+    for outcome in (on, low):
+        ok(outcome)
+        assert outcome.reasoning is not None and outcome.reasoning_tokens > 0
+    ok(off)
+    assert off.reasoning is None and off.reasoning_tokens == 0
+    assert off.content is not None
+    # The effort is read into the prompt; thinking off renders the empty trace instead.
+    assert low.prompt_tokens > on.prompt_tokens
+    assert off.prompt_tokens > on.prompt_tokens
+
+
+def test_reasoning_is_split_out_of_the_content(chat_engine: ChatEngine) -> None:
+    [outcome] = chat_engine.generate([ChatRow(messages=USER)],
+                                     ChatSettings(max_tokens=64, reasoning_budget=8))
+    ok(outcome)
+    assert outcome.reasoning is not None and outcome.content is not None
+    for text in (outcome.reasoning, outcome.content):
+        assert "<think>" not in text and "</think>" not in text
+        assert "<|im_end|>" not in text
+
+
+def test_a_budget_closes_the_trace_with_its_notice_and_the_answer_follows(
+        chat_engine: ChatEngine) -> None:
+    budget = 12
+    [outcome] = chat_engine.generate([ChatRow(messages=USER)],
+                                     ChatSettings(max_tokens=80, reasoning_budget=budget))
+    ok(outcome)
+    assert outcome.reasoning is not None
+    assert outcome.reasoning.splitlines()[-1] == BUDGET_NOTICE
+    # The budget's tokens, then the notice closing the trace, all ordinary output tokens.
+    assert outcome.reasoning_tokens == budget + chat_engine.budget_notice_tokens
+    assert outcome.content is not None
+    assert outcome.completion_tokens > outcome.reasoning_tokens
+
+
+def test_without_a_budget_thinking_can_spend_the_whole_cap(chat_engine: ChatEngine) -> None:
+    [outcome] = chat_engine.generate([ChatRow(messages=USER)],
+                                     ChatSettings(max_tokens=24, reasoning_budget=None))
+    ok(outcome)
+    assert outcome.finish_reason == "length"
+    assert outcome.content is None  # the answer never started
+    assert outcome.reasoning is not None
+    assert outcome.reasoning_tokens == outcome.completion_tokens == 24
+
+
+def test_the_output_cap_gives_finish_reason_length(chat_engine: ChatEngine) -> None:
+    [outcome] = chat_engine.generate([ChatRow(messages=USER, chat_template_kwargs=OFF)],
+                                     ChatSettings(max_tokens=10))
+    ok(outcome)
+    assert outcome.finish_reason == "length"
+    assert outcome.completion_tokens == 10
+
+
+def test_structured_output_yields_schema_valid_json(chat_engine: ChatEngine) -> None:
+    rows = [ChatRow(messages=USER, chat_template_kwargs=OFF, response_format=JSON_SCHEMA),
+            # thinking first, then the grammar from the end of the trace on
+            ChatRow(messages=USER, response_format=JSON_SCHEMA)]
+    off, thinking = chat_engine.generate(rows, ChatSettings(max_tokens=96, reasoning_budget=8))
+    for outcome in (off, thinking):
+        ok(outcome)
+        assert outcome.finish_reason == "stop"
+        assert outcome.format_error is False
+        assert outcome.content is not None
+        jsonschema.validate(json.loads(outcome.content), SCHEMA)
+    assert thinking.reasoning is not None
+    assert thinking.reasoning.splitlines()[-1] == BUDGET_NOTICE
+
+
+def test_json_object_and_text_formats(chat_engine: ChatEngine) -> None:
+    rows = [ChatRow(messages=USER, chat_template_kwargs=OFF,
+                    response_format={"type": "json_object"}),
+            ChatRow(messages=USER, chat_template_kwargs=OFF, response_format={"type": "text"})]
+    as_json, as_text = chat_engine.generate(rows, ChatSettings(max_tokens=24))
+    ok(as_json)
+    ok(as_text)
+    assert as_text.format_error is False
+    # Constrained, a weak model can still run out of room inside a string: then, and only
+    # then, the row is a format error.
+    assert as_json.content is not None and as_json.content.startswith("{")
+    try:
+        valid = isinstance(json.loads(as_json.content), dict)
+    except ValueError:
+        valid = False
+    assert as_json.format_error is (not valid)
+
+
+def test_a_row_that_cannot_fit_fails_alone(chat_engine: ChatEngine) -> None:
+    too_long = [{"role": "user", "content": "refund the invoice today " * 800}]
+    rows = [ChatRow(messages=USER, chat_template_kwargs=OFF),
+            ChatRow(messages=too_long, chat_template_kwargs=OFF),
+            ChatRow(messages=USER)]
+    first, refused, last = chat_engine.generate(rows, ChatSettings(max_tokens=8))
+    ok(first)
+    ok(last)
+    assert refused.error is not None
+    assert refused.error.type == "invalid_request_error"
+    assert refused.error.status_code == 400
+    assert refused.error.code == "context_length_exceeded"
+    assert "2,048-token context" in refused.error.message
+    assert refused.content is None and refused.completion_tokens == 0
+
+
+def test_a_schema_the_engine_cannot_compile_fails_alone(chat_engine: ChatEngine) -> None:
+    broken = {"type": "json_schema", "json_schema": {"name": "broken", "schema": {
+        "type": "object", "properties": {"a": {"$ref": "#/definitions/missing"}}}}}
+    rows = [ChatRow(messages=USER, chat_template_kwargs=OFF, response_format=JSON_SCHEMA),
+            ChatRow(messages=USER, chat_template_kwargs=OFF, response_format=broken),
+            ChatRow(messages=USER, chat_template_kwargs=OFF)]
+    good, refused, plain = chat_engine.generate(rows, ChatSettings(max_tokens=48))
+    ok(good)
+    ok(plain)
+    assert good.content is not None
+    jsonschema.validate(json.loads(good.content), SCHEMA)
+    assert refused.error is not None
+    assert refused.error.type == "invalid_request_error"
+    assert refused.error.param == "response_format"
+
+
+@pytest.mark.parametrize("response_format", [{"type": "xml"},
+                                             {"type": "json_schema", "json_schema": {}}])
+def test_a_malformed_response_format_fails_its_row(chat_engine: ChatEngine,
+                                                   response_format: dict[str, object]) -> None:
+    [outcome] = chat_engine.generate([ChatRow(messages=USER, response_format=response_format)],
+                                     ChatSettings(max_tokens=4))
+    assert outcome.error is not None and outcome.error.param == "response_format"
+
+
+def test_the_same_chunk_gives_the_same_answers(chat_engine: ChatEngine) -> None:
+    # Greedy by default: a redelivered chunk writes the same results.
+    rows = [ChatRow(messages=USER, chat_template_kwargs=OFF), ChatRow(messages=USER)]
+    settings = ChatSettings(max_tokens=16, reasoning_budget=4)
+    assert chat_engine.generate(rows, settings) == chat_engine.generate(rows, settings)
+
+
+def test_text_parts_are_read_and_other_parts_refused(chat_engine: ChatEngine) -> None:
+    parts = [{"type": "text", "text": "Say hello "}, {"type": "text", "text": "in French."}]
+    image = [{"type": "text", "text": "What is this?"},
+             {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]
+    as_parts, as_text, refused = chat_engine.generate(
+        [ChatRow(messages=[{"role": "user", "content": parts}], chat_template_kwargs=OFF),
+         ChatRow(messages=USER, chat_template_kwargs=OFF),
+         ChatRow(messages=[{"role": "user", "content": image}], chat_template_kwargs=OFF)],
+        ChatSettings(max_tokens=4))
+    assert ok(as_parts).prompt_tokens == ok(as_text).prompt_tokens
+    assert as_parts.content == as_text.content
+    assert refused.error is not None and refused.error.param == "messages"
+    assert "'image_url'" in refused.error.message
