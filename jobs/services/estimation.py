@@ -153,14 +153,18 @@ def job_estimate_run(*, job_id: uuid.UUID | str) -> JobStatus | None:
 
         queue_send(job_sample, run_queue(job.data_residency, job.model), str(job.pk))
         return JobStatus.ESTIMATING
+    return job_cost_ready(job=job, estimate={"row_count": report.rows, **fields})
+
+
+def job_cost_ready(*, job: Job, estimate: dict[str, object]) -> JobStatus | None:
+    """estimating -> cost_ready with the estimate (guarded), then what follows at once: a
+    data deletion asked for meanwhile stops it unbilled; auto-approve approves it."""
     moved = Job.objects.filter(pk=job.pk, status=JobStatus.ESTIMATING).update(
-        status=JobStatus.COST_READY, cost_ready_at=timezone.now(), row_count=report.rows,
-        **fields)
+        status=JobStatus.COST_READY, cost_ready_at=timezone.now(), **estimate)
     if not moved:
         return None
     job.refresh_from_db()
     if job.data_delete_requested:
-        # DELETE /jobs/{id}/data arrived while it was estimating: it stops here, unbilled.
         job_finish(job=job, status=JobStatus.CANCELLED)
         job_data_delete_if_requested(job=job)
         return JobStatus.CANCELLED

@@ -17,14 +17,12 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from django.utils import timezone
-
 from billing.pricing import Usage, price
 from inference.catalog import CatalogModel, model_get
 from jobs.constants import FailureCode, JobStatus, TaskType
 from jobs.models import Job
 from jobs.services.data import job_data_delete_if_requested
-from jobs.services.estimation import STARTUP_SECONDS, job_auto_approve
+from jobs.services.estimation import STARTUP_SECONDS, job_cost_ready
 from jobs.services.lifecycle import job_finish
 from jobs.services.rows import InputRow, chat_kwargs, row_response_format, rows_read
 from jobs.services.running import chunks_plan
@@ -156,21 +154,10 @@ def job_sample_run(*, job_id: uuid.UUID | str) -> JobStatus | None:
                   output_tokens=rows * result.max_output_tokens)
     seconds = STARTUP_SECONDS[TaskType.CHAT] + int(
         (usage.input_tokens + usage.output_tokens) / max(result.tokens_per_second, 1.0))
-    moved = Job.objects.filter(pk=job.pk, status=JobStatus.ESTIMATING).update(
-        status=JobStatus.COST_READY, cost_ready_at=timezone.now(),
-        max_output_tokens=result.max_output_tokens,
-        reasoning_budget=result.reasoning_budget if result.reasoning_budget is not None
+    return job_cost_ready(job=job, estimate={
+        "max_output_tokens": result.max_output_tokens,
+        "reasoning_budget": result.reasoning_budget if result.reasoning_budget is not None
         else job.reasoning_budget,
-        est_output_tok=usage.output_tokens, est_cost_cents=price(model, usage).cents,
-        est_processing_seconds=seconds)
-    if not moved:
-        return None
-    job.refresh_from_db()
-    if job.data_delete_requested:
-        job_finish(job=job, status=JobStatus.CANCELLED)
-        job_data_delete_if_requested(job=job)
-        return JobStatus.CANCELLED
-    if job.organization.auto_approve:
-        job_auto_approve(job=job)
-    return JobStatus.COST_READY
+        "est_output_tok": usage.output_tokens, "est_cost_cents": price(model, usage).cents,
+        "est_processing_seconds": seconds})
 
