@@ -5,12 +5,11 @@ from __future__ import annotations
 import uuid
 
 from django.contrib.auth.models import User
-from django.db.models import QuerySet
 from django.utils import timezone
 
 from anex.tenancy import scoped_get
 from console.keys import key_parse, secret_matches
-from console.models import ApiKey, AuditEvent, Membership, Organization
+from console.models import ApiKey, Membership, Organization
 
 
 def api_key_for_plaintext(raw: str) -> ApiKey | None:
@@ -32,19 +31,9 @@ def api_key_get(*, organization: Organization, id: uuid.UUID | str) -> ApiKey:
     return scoped_get(ApiKey.objects.all(), organization=organization, id=id, noun="API key")
 
 
-def api_key_list(*, organization: Organization) -> QuerySet[ApiKey]:
-    return ApiKey.objects.for_org(organization)
-
-
-def audit_event_list(*, organization: Organization) -> QuerySet[AuditEvent]:
-    return AuditEvent.objects.for_org(organization).select_related("actor_key", "actor_user")
 
 
 def membership_current(*, user: User) -> Membership | None:
     """The membership the console acts in: the user's first organization."""
     return (Membership.objects.filter(user=user).select_related("organization")
             .order_by("created_at").first())
-
-
-def organization_list_for_user(*, user: User) -> QuerySet[Organization]:
-    return Organization.objects.filter(memberships__user=user).distinct()

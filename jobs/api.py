@@ -14,6 +14,7 @@ from anex.api.errors import ApiError
 from anex.regions import region_require, request_region, residency_resolve
 from billing.services import credits_require_positive
 from jobs.constants import InputFormat
+from jobs.models import Job
 from jobs.selectors import input_get, job_get
 from jobs.serializers import (
     INPUT_INGEST_SCHEMA,
@@ -128,7 +129,12 @@ class JobsView(APIView):
                 data_residency=data.get("data_residency"),
             ),
         )
-        return Response({"id": str(job.pk), "status": job.status})
+        return _state(job)
+
+
+def _state(job: Job) -> Response:
+    """The reference's answer to submit, approve and cancel: the id and the new status."""
+    return Response({"id": str(job.pk), "status": job.status})
 
 
 class JobView(APIView):
@@ -147,8 +153,7 @@ class JobApproveView(APIView):
                    summary="Approve the estimate: holds est_cost_cents and starts the job")
     def post(self, request: Request, job_id: str) -> Response:
         job = job_get(organization=request_organization(request), id=job_id)
-        job = job_approve(job=job, actor=request_actor(request))
-        return Response({"id": str(job.pk), "status": job.status})
+        return _state(job_approve(job=job, actor=request_actor(request)))
 
 
 class JobCancelView(APIView):
@@ -158,8 +163,7 @@ class JobCancelView(APIView):
                    summary="Cancel a job")
     def post(self, request: Request, job_id: str) -> Response:
         job = job_get(organization=request_organization(request), id=job_id)
-        job = job_cancel(job=job, actor=request_actor(request))
-        return Response({"id": str(job.pk), "status": job.status})
+        return _state(job_cancel(job=job, actor=request_actor(request)))
 
 
 RESULT_SCHEMA = {
