@@ -1,7 +1,7 @@
 """Pricing: one function turns a model and its usage into a charge.
 
 The estimate (est_cost_cents) and the final charge both come from `price`, so they can
-never disagree about a rate. The rules (DECISIONS.md, "Credits and billing"): 1 credit is
+never disagree about a rate. The rules (docs/decisions.md, "Credits and billing"): 1 credit is
 1 US cent; a job's charge is its exact cost rounded up to a whole credit, at least 1 credit
 when it did any work, and at least the model's minimum job price; a job that did no work
 is not charged.
@@ -27,9 +27,9 @@ class Usage:
     input_tokens    text input tokens; on an embedding model, those of text-only rows
     media_tokens    tokens that images, audio and video frames encode to (chat models)
     output_tokens   generated tokens, thinking included
-    image_row_tokens, video_row_tokens
-                    embedding models: all input tokens of rows carrying images (and no
-                    video), and of rows carrying video; those rows have their own rates
+    media_row_tokens
+                    embedding models: all input tokens (text included) of rows carrying
+                    any image or video, billed at the model's media-row rate
     images, clips   counts, for the flat per-item charges (clips: audio and video)
     media_seconds   the audio and video duration billed by the per-minute surcharge
     """
@@ -37,8 +37,7 @@ class Usage:
     input_tokens: int = 0
     media_tokens: int = 0
     output_tokens: int = 0
-    image_row_tokens: int = 0
-    video_row_tokens: int = 0
+    media_row_tokens: int = 0
     images: int = 0
     clips: int = 0
     media_seconds: Decimal = Decimal(0)
@@ -65,8 +64,7 @@ def usage_cost_usd(model: CatalogModel, usage: Usage) -> Decimal:
         usage.input_tokens * rates.input_per_mtok
         + usage.media_tokens * rates.media_input_rate
         + usage.output_tokens * rates.output_per_mtok
-        + usage.image_row_tokens * rates.image_row_rate
-        + usage.video_row_tokens * rates.video_row_rate
+        + usage.media_row_tokens * rates.media_row_rate
     ) / MILLION
     per_item = usage.images * rates.per_image + usage.clips * rates.per_clip
     # Pro rata by the second (multiplied before dividing, to keep the most precision).
@@ -153,11 +151,13 @@ def pricing_markdown() -> str:
         "",
         "## Embedding models",
         "",
-        "Input tokens only; a row's rate follows what it carries.",
+        "A row is billed by its input tokens at one of two rates: text-only, or with media",
+        "when it carries any image or video (its text included). Each image and video clip",
+        "also adds a flat charge for the fetch and decode work it forces.",
         "",
-        "| Model | Text-only rows (per 1M tokens) | Rows with images | Rows with video "
+        "| Model | Text-only rows (per 1M tokens) | Rows with media (per 1M tokens) "
         "| Per 1M images | Per 1M video clips | Realtime (per 1M tokens) | Minimum job |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for m in models:
         if m.task != "embed":
@@ -166,8 +166,7 @@ def pricing_markdown() -> str:
         media = "image" in m.modalities or "video" in m.modalities
         lines.append(
             f"| `{m.id}` | {_usd(p.input_per_mtok)} "
-            f"| {_usd(p.image_row_rate) if media else '-'} "
-            f"| {_usd(p.video_row_rate) if media else '-'} | {_per_million(p.per_image)} "
+            f"| {_usd(p.media_row_rate) if media else '-'} | {_per_million(p.per_image)} "
             f"| {_per_million(p.per_clip)} | {_usd(p.realtime_input_per_mtok)} "
             f"| {_usd(p.minimum_job) if p.minimum_job else '-'} |"
         )

@@ -25,8 +25,7 @@ class ModelPrice:
     input_per_mtok: Decimal = ZERO
     media_input_per_mtok: Decimal | None = None  # None: media tokens at the input rate
     output_per_mtok: Decimal = ZERO
-    image_row_per_mtok: Decimal | None = None  # None: such rows at the input rate
-    video_row_per_mtok: Decimal | None = None
+    media_row_per_mtok: Decimal | None = None  # None: such rows at the input rate
     per_image: Decimal = ZERO
     per_clip: Decimal = ZERO
     per_media_minute: Decimal = ZERO
@@ -40,14 +39,9 @@ class ModelPrice:
             else self.media_input_per_mtok
 
     @property
-    def image_row_rate(self) -> Decimal:
-        return self.input_per_mtok if self.image_row_per_mtok is None \
-            else self.image_row_per_mtok
-
-    @property
-    def video_row_rate(self) -> Decimal:
-        return self.input_per_mtok if self.video_row_per_mtok is None \
-            else self.video_row_per_mtok
+    def media_row_rate(self) -> Decimal:
+        return self.input_per_mtok if self.media_row_per_mtok is None \
+            else self.media_row_per_mtok
 
 
 @dataclass(frozen=True)

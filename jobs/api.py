@@ -108,7 +108,8 @@ class InputView(APIView):
 class JobsView(APIView):
     @extend_schema(operation_id="submitJob", request=JobCreateIn,
                    responses={200: JOB_STATE_SCHEMA, 409: OpenApiResponse(
-                       description="Input not ready"), **ERRORS},
+                       description="Input not ready yet"), 410: OpenApiResponse(
+                       description="Input expired: its file is deleted"), **ERRORS},
                    summary="Submit a job: an input plus a model")
     def post(self, request: Request) -> Response:
         body = JobCreateIn(data=request.data)

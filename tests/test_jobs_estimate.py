@@ -4,8 +4,10 @@ counts, cost_ready (or failed with the reference's reason); auto-approve; recove
 from __future__ import annotations
 
 import json
+import math
 import time
 from datetime import timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,10 @@ from jobs.services.estimation import (
     job_estimate_run,
     jobs_estimate_recover,
 )
+from jobs.services.lifecycle import job_finish
+from jobs.validation.embeddings import MEDIA_ROW_PREFIX, MEDIA_ROW_SUFFIX
 from tests.factories import input_ready, organization_make
+from tests.test_jobs_submit import uploaded
 from tests.workers import running_worker
 
 JOBS = "/batch/v1/jobs"
@@ -189,6 +194,113 @@ def test_a_model_with_no_checkpoint_cannot_be_priced(api: APIClient, organizatio
     assert job_estimate_run(job_id=job.pk) == JobStatus.FAILED
     job.refresh_from_db()
     assert (job.failure_code, job.failure_reason) == ("invalid_input", CANNOT_PRICE)
+
+
+CLIP_7 = chat_row("clip-7", [{"type": "video_url", "video_url": {
+    "url": "https://example.com/clip.mp4", "duration_seconds": 45}}])
+GEMMA_AUDIO = chat_row("x", [{"type": "audio_url", "audio_url": {
+    "url": "https://example.com/clip.mp3", "duration_seconds": 45}}])
+AUDIO_PART = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}
+IMAGE_PART = {"type": "image_url", "image_url": {"url": "https://example.com/photo.jpg"}}
+NO_TOKENIZER_FIELDS: dict[str, dict[str, Any]] = {
+    "qwen3.8-27b": {"video_fps": 20, "max_output_tokens": 100, "reasoning": False},
+    "gemma4-12b": {"max_output_tokens": 100},
+    "qwen3-embedding-8b": {},
+}
+
+
+def estimated_through_the_api(api: APIClient, content: bytes, model: str) -> dict[str, Any]:
+    """Upload, submit and estimate as a customer's job goes; the job as GET /jobs answers."""
+    input_id = uploaded(api, content)
+    response = api.post(JOBS, {"input_id": input_id, "model": model,
+                               **NO_TOKENIZER_FIELDS[model]}, format="json")
+    assert response.status_code == 200, response.content
+    job_id = response.json()["id"]
+    assert job_estimate_run(job_id=job_id) == JobStatus.FAILED
+    return dict(api.get(f"{JOBS}/{job_id}").json())
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("model,row,reason", [
+    ("qwen3.8-27b", CLIP_7,
+     "Row 'clip-7': video is 45 s; at the requested 20 fps the longest clip qwen3.8-27b "
+     "takes is 38 s. Shorten the clip or lower video_fps."),
+    ("gemma4-12b", GEMMA_AUDIO,
+     "Row 'x': audio duration 45s exceeds the 30s maximum for model 'gemma4-12b'. Shorten "
+     "or split this audio input."),
+    ("qwen3-embedding-8b", embedding_row("a", [AUDIO_PART]),
+     "Row 'a': model 'qwen3-embedding-8b' has no encoder for audio input: no embedding "
+     "model takes audio"),
+    ("qwen3-embedding-8b", embedding_row("i", [IMAGE_PART]),
+     "Row 'i': model 'qwen3-embedding-8b' has no encoder for image input (it takes text); "
+     "choose a model that takes image"),
+    ("qwen3-embedding-8b", {**embedding_row("f", "x"), "body": {
+        "input": "x", "encoding_format": "base64"}},
+     "Row 'f': encoding_format must be \"float\", not 'base64'; vectors are returned as "
+     "floats"),
+])
+def test_row_checks_come_before_pricing_on_a_model_with_no_tokenizer(
+        api: APIClient, organization: Organization, settings: Settings, model: str,
+        row: dict[str, Any], reason: str) -> None:
+    # No tokenizer for any model here: the reference's ids without weights in a deployment.
+    settings.ANEX_CHECKPOINTS = {}
+    before = credits_summary(organization=organization)
+    valid = chat_row("ok", "Say hello in French.") if model != "qwen3-embedding-8b" \
+        else embedding_row("ok", "a plain text string")
+    body = estimated_through_the_api(api, jsonl(valid, row), model)
+    assert (body["status"], body["failure_code"]) == ("failed", "invalid_input")
+    assert body["failure_reason"] == reason
+    # The same file without the broken row passes its checks, and only then lacks a price.
+    body = estimated_through_the_api(api, jsonl(valid), model)
+    assert (body["status"], body["failure_code"]) == ("failed", "invalid_input")
+    assert body["failure_reason"] == CANNOT_PRICE
+    assert credits_summary(organization=organization) == before
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("model_id,text_rate,media_rate,per_image,per_clip", [
+    # "Embedding jobs", which wins over the models table (docs/decisions.md, "Models, limits
+    # and pricing").
+    ("qwen3-vl-embedding-8b", "0.03", "0.08", "4", "60"),
+    ("qwen3-vl-embedding-2b", "0.007", "0.02", "2", "20"),
+])
+def test_a_vl_embedding_job_is_priced_text_only_or_with_media_plus_per_item(
+        api: APIClient, organization: Organization, checkpoints: Path, model_id: str,
+        text_rate: str, media_rate: str, per_image: str, per_clip: str) -> None:
+    text = "a plain text string " * 2_500
+    video = {"type": "video_url", "video_url": {"url": "https://example.com/clip.mp4",
+                                                "duration_seconds": 10}}
+    rows = [embedding_row(f"t{i}", text) for i in range(100)] + [
+        embedding_row(f"i{i}", [IMAGE_PART]) for i in range(1_000)] + [
+        embedding_row(f"v{i}", [{"type": "text", "text": "a caption"}, video])
+        for i in range(1_000)]
+    job = submitted(api, organization, jsonl(*rows), model=model_id)
+    assert job_estimate_run(job_id=job.pk) == JobStatus.COST_READY
+    # A string row gets one end-of-text token; a media row is the chat template around its
+    # text, plus 1,280 tokens an image or 11 frames of 256 (10 s at the fixed 1 fps).
+    text_row = count(checkpoints, text) + 1
+    image_row = count(checkpoints, MEDIA_ROW_PREFIX + MEDIA_ROW_SUFFIX) + 1_280
+    video_row = count(checkpoints, MEDIA_ROW_PREFIX + "a caption" + MEDIA_ROW_SUFFIX) \
+        + 11 * 256
+    text_tokens, media_tokens = 100 * text_row, 1_000 * (image_row + video_row)
+    exact = (text_tokens * Decimal(text_rate) + media_tokens * Decimal(media_rate)
+             + 1_000 * Decimal(per_image) + 1_000 * Decimal(per_clip)) / 1_000_000
+    job.refresh_from_db()
+    assert (job.est_input_tok, job.est_output_tok) == (text_tokens + media_tokens, 0)
+    assert job.est_cost_cents == math.ceil(exact * 100)
+    # The charge goes through the same function: a run that consumed exactly what was
+    # counted is charged exactly the estimate, and the ledger moves by that and no more.
+    model = model_get(model_id)
+    assert model is not None
+    served = Usage(input_tokens=text_tokens, media_row_tokens=media_tokens, images=1_000,
+                   clips=1_000, media_seconds=Decimal(10_000))
+    assert price(model, served).exact_usd == exact
+    before = credits_summary(organization=organization)
+    assert api.post(f"{JOBS}/{job.pk}/approve").status_code == 200
+    assert credits_summary(organization=organization).held == job.est_cost_cents
+    job_finish(job=job, status=JobStatus.DONE, cost_cents=price(model, served).cents)
+    after = credits_summary(organization=organization)
+    assert (after.held, before.balance - after.balance) == (0, job.est_cost_cents)
 
 
 @pytest.mark.django_db

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.test import Client
 from pytest_django import Settings
 from rest_framework.test import APIClient
 
+from billing.services import credits_summary
 from console.models import ApiKey, Organization
 from jobs.constants import JobStatus
 from jobs.models import Input, Job
@@ -25,6 +29,16 @@ def ready(organization: Organization) -> Input:
 
 def submit(api: APIClient, body: dict[str, Any], **extra: Any):  # type: ignore[no-untyped-def]
     return api.post(JOBS, body, format="json", **extra)
+
+
+def uploaded(api: APIClient, content: bytes, fmt: str = "jsonl") -> str:
+    """An input through the HTTP API, as the reference's curl does it: POST /inputs for an
+    upload target, then the form POST with every field and the file last. Its id."""
+    created = api.post("/batch/v1/inputs", {"format": fmt}, format="json").json()
+    form = {**created["fields"], "file": SimpleUploadedFile(f"data.{fmt}", content)}
+    landed = Client().post(urlsplit(created["upload_url"]).path, form)
+    assert landed.status_code == 204, landed.content
+    return str(created["id"])
 
 
 def test_a_valid_submit_creates_a_submitted_job(api: APIClient, ready: Input) -> None:
@@ -197,11 +211,53 @@ def test_an_input_not_ready_is_409(api: APIClient, organization: Organization) -
                                          "it to be ready, then submit.")
 
 
-def test_an_expired_input_is_409(api: APIClient, ready: Input) -> None:
+@pytest.mark.parametrize("status", ["pending", "copying"])
+def test_an_ingest_still_copying_is_409(api: APIClient, ready: Input, status: str) -> None:
+    Input.objects.filter(pk=ready.pk).update(status=status)
+    response = submit(api, {"input_id": str(ready.pk), "model": "laya"})
+    assert (response.status_code, response.json()["detail"]) == (
+        409, f"The input is {status}, not ready: wait for it to be ready, then submit.")
+
+
+def test_an_expired_input_is_410(api: APIClient, ready: Input) -> None:
+    # The reference: "the input reports expired and a submit against it is refused - create
+    # a new input instead". It will never be ready (409 is for "not ready yet"): its file
+    # is gone, as a purged result's is (410).
     Input.objects.filter(pk=ready.pk).update(status="expired")
     response = submit(api, {"input_id": str(ready.pk), "model": "laya"})
-    assert response.status_code == 409
-    assert response.json()["detail"] == "The input is expired, not ready: create a new input."
+    assert response.status_code == 410
+    assert response.json()["detail"] == (
+        "The input has expired and its file is deleted (an upload is kept 7 days, an upload "
+        "window open about an hour): create a new input.")
+    assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize("content,fmt,why", [
+    (b"custom_id,prompt\nrow-1,Say hello in French.\n", "jsonl",
+     "the file is not JSONL: its first line is not a JSON object"),
+    (b'["not", "an object"]\n', "jsonl",
+     "the file is not JSONL: its first line is not a JSON object"),
+    (b'{"custom_id": "row-1"}\n', "parquet",
+     "the file is not parquet: it does not start with the PAR1 magic bytes"),
+])
+def test_a_file_that_is_not_its_format_is_400_at_submit(api: APIClient, content: bytes,
+                                                        fmt: str, why: str) -> None:
+    # Errors, 400: "a file that is not JSONL". It will never be ready, so not a 409.
+    input_id = uploaded(api, content, fmt)
+    response = submit(api, {"input_id": input_id, "model": "gemma4-12b"})
+    assert (response.status_code, response.json()["detail"]) == (
+        400, f"The input failed - {why}. Create a new input.")
+    assert not Job.objects.exists()
+    assert api.get(f"/batch/v1/inputs/{input_id}").json()["status"] == "failed"
+
+
+def test_an_ingest_whose_copy_failed_is_400_with_its_reason(api: APIClient,
+                                                           ready: Input) -> None:
+    Input.objects.filter(pk=ready.pk).update(status="failed",
+                                             error="The source answered HTTP 404.")
+    response = submit(api, {"input_id": str(ready.pk), "model": "laya"})
+    assert (response.status_code, response.json()["detail"]) == (
+        400, "The input failed - the source answered HTTP 404. Create a new input.")
 
 
 def test_an_upload_that_landed_is_settled_by_the_submit(api: APIClient,
@@ -229,6 +285,44 @@ def test_no_credits_is_402(settings: Settings, client_for) -> None:  # type: ign
     response = submit(client_for(plaintext), {"input_id": str(item.pk), "model": "laya"})
     assert response.status_code == 402
     assert not Job.objects.exists()
+
+
+@pytest.fixture
+def broke(settings: Settings, client_for) -> APIClient:  # type: ignore[no-untyped-def]
+    """A key of an organization whose balance is zero."""
+    settings.ANEX_FREE_GRANT_CENTS = 0
+    organization = organization_make()
+    assert credits_summary(organization=organization).balance == 0
+    return client_for(api_key_make(organization)[1])
+
+
+def test_no_credits_is_402_before_the_input_is_looked_at(broke: APIClient) -> None:
+    # "A credit balance of zero or below answers 402, before any of your input is read".
+    pending = broke.post("/batch/v1/inputs", {"format": "jsonl"}, format="json")
+    assert pending.status_code == 402  # no upload target for it either
+    theirs = input_ready(organization_make(), CHAT_ROW)
+    for body in ({"input_id": "00000000-0000-0000-0000-000000000000"},
+                 {"input_id": "not-even-a-uuid"},
+                 {"input_s3_uri": "s3://anex-local-world/inputs/nowhere.jsonl"},
+                 {"input_id": str(theirs.pk)}):
+        response = submit(broke, {**body, "model": "laya"})
+        assert response.status_code == 402, (body, response.content)
+        assert "balance is zero or below" in response.json()["detail"]
+    assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize("body,status", [
+    ({}, 422),  # no model: the body's shape
+    ({"model": "gpt-4"}, 422),  # an unknown model
+    ({"model": "qwen3-embedding-8b", "max_output_tokens": 10}, 422),  # a field rule
+    ({"model": "qwen3.8-27b", "response_format": {"type": "text"}}, 400),
+    ({"model": "laya", "data_residency": "eu"}, 403),
+])
+def test_the_request_itself_is_judged_before_the_balance(broke: APIClient,
+                                                        body: dict[str, Any],
+                                                        status: int) -> None:
+    response = submit(broke, {"input_id": "00000000-0000-0000-0000-000000000000", **body})
+    assert response.status_code == status, response.content
 
 
 def test_eu_without_routing_is_403(api: APIClient, ready: Input) -> None:

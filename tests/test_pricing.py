@@ -34,16 +34,18 @@ def test_qwen3_embedding_8b_is_three_cents_per_million_tokens() -> None:
     assert price(m, Usage(input_tokens=M)).cents == 3
 
 
-@pytest.mark.parametrize("model_id,text,images,video", [
-    ("qwen3-vl-embedding-8b", "0.02", "0.03", "0.10"),
-    ("qwen3-vl-embedding-2b", "0.005", "0.01", "0.05"),
+@pytest.mark.parametrize("model_id,text,media", [
+    # "Embedding jobs", which wins over the models table (docs/decisions.md, "Models, limits and
+    # pricing"): "$0.03 per 1M input tokens on text-only rows and $0.08 on rows carrying any
+    # media", "$0.007 and $0.02".
+    ("qwen3-vl-embedding-8b", "0.03", "0.08"),
+    ("qwen3-vl-embedding-2b", "0.007", "0.02"),
 ])
-def test_vl_embedding_rows_are_priced_by_what_they_carry(model_id: str, text: str, images: str,
-                                                        video: str) -> None:
+def test_vl_embedding_rows_are_priced_text_only_or_with_media(model_id: str, text: str,
+                                                             media: str) -> None:
     m = model(model_id)
     assert usage_cost_usd(m, Usage(input_tokens=M)) == Decimal(text)
-    assert usage_cost_usd(m, Usage(image_row_tokens=M)) == Decimal(images)
-    assert usage_cost_usd(m, Usage(video_row_tokens=M)) == Decimal(video)
+    assert usage_cost_usd(m, Usage(media_row_tokens=M)) == Decimal(media)
 
 
 @pytest.mark.parametrize("model_id,per_million_images,per_million_clips", [
@@ -130,7 +132,8 @@ def test_the_pricing_page_is_generated_from_the_catalog() -> None:
     page = Client().get("/docs/pricing", HTTP_ACCEPT="text/markdown").content.decode()
     assert "| `qwen3-embedding-8b` | $0.03 |" in page
     assert "| `laya` | $0.005 | $0.01 | $0.05 |" in page
-    assert "| `qwen3-vl-embedding-8b` | $0.02 | $0.03 | $0.10 | $4.00 | $60.00 |" in page
+    assert "| `qwen3-vl-embedding-8b` | $0.03 | $0.08 | $4.00 | $60.00 |" in page
+    assert "| `qwen3-vl-embedding-2b` | $0.007 | $0.02 | $2.00 | $20.00 |" in page
     assert "40 minutes of audio on `nemotron-3-nano-omni-30b`" in page
     html = Client().get("/docs/pricing")
     assert html.status_code == 200 and "<table>" in html.content.decode()

@@ -289,3 +289,17 @@ def test_the_reaper_requeues_the_chunks_of_dead_workers(organization: Organizati
     assert Chunk.objects.get(pk=dead.pk).status == ChunkStatus.PENDING
 
 
+
+
+def test_chunk_usage_round_trips_and_old_media_row_keys_still_settle() -> None:
+    from decimal import Decimal
+
+    from billing.pricing import Usage
+    from jobs.services.running import _usage_dump, _usage_load
+
+    usage = Usage(input_tokens=5, media_row_tokens=7, images=2, media_seconds=Decimal("1.5"))
+    assert _usage_load(_usage_dump(usage)) == usage
+    # a chunk stored before media rows were billed at one rate (images and video apart)
+    stored = {"input_tokens": 5, "image_row_tokens": 3, "video_row_tokens": 4, "images": 2,
+              "media_seconds": "1.5"}
+    assert _usage_load(stored) == usage

@@ -1,5 +1,5 @@
 """Embedding rows: the input contract and its exact messages, per-row dimensions, media on
-the VL models, and row-class usage that prices each row by what it carries."""
+the VL models, and usage that prices each row text-only or with media."""
 
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ def test_embedding_rows_that_pass(model_id: str, line: dict[str, object]) -> Non
 def test_the_job_level_video_fps_does_not_reach_embedding_rows() -> None:
     clip = {"type": "video_url", "video_url": {"url": data_uri("video/mp4", mp4_bytes(20))}}
     report = check(VL8, [embed_line("e", [clip])], video_fps=20)
-    assert report.usage.video_row_tokens == 7 + 21 * 256  # 1 fps: 21 frames
+    assert report.usage.media_row_tokens == 7 + 21 * 256  # 1 fps: 21 frames
 
 
 def test_embedding_usage_is_sorted_by_what_each_row_carries() -> None:
@@ -126,15 +126,16 @@ def test_embedding_usage_is_sorted_by_what_each_row_carries() -> None:
     video_row = 7 + 11 * 256
     both_row = 7 + 1280 + 11 * 256
     text_part_row = 8
-    assert report.usage == Usage(input_tokens=4 + text_part_row, image_row_tokens=image_row,
-                                 video_row_tokens=video_row + both_row, images=2, clips=2,
-                                 media_seconds=Decimal(20))
+    media_rows = image_row + video_row + both_row
+    assert report.usage == Usage(input_tokens=4 + text_part_row, media_row_tokens=media_rows,
+                                 images=2, clips=2, media_seconds=Decimal(20))
     assert report.endpoint == "/v1/embeddings"
     assert report.output_headroom is None and report.media_rows == 3
+    # Text-only rows at $0.03 per 1M, rows with any media at $0.08 (their text included),
+    # plus $4 per million images and $60 per million video clips.
     cost = usage_cost_usd(model(VL8), report.usage)
-    assert cost == (Decimal(12) * Decimal("0.02") + Decimal(image_row) * Decimal("0.03")
-                    + Decimal(video_row + both_row) * Decimal("0.10")) / 1_000_000 \
-        + 2 * Decimal("0.000004") + 2 * Decimal("0.00006")
+    assert cost == (Decimal(12) * Decimal("0.03") + Decimal(media_rows) * Decimal("0.08")
+                    ) / 1_000_000 + 2 * Decimal("0.000004") + 2 * Decimal("0.00006")
 
 
 def test_a_text_embedding_job_bills_input_tokens_only() -> None:

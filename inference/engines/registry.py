@@ -15,6 +15,7 @@ from inference.catalog import model_get
 from inference.engines.chat import ChatEngine
 from inference.engines.decisions import DecisionEngine
 from inference.engines.embeddings import EmbeddingEngine
+from inference.warmth import engine_used
 
 Engine = ChatEngine | EmbeddingEngine | DecisionEngine
 
@@ -35,7 +36,9 @@ def engine_for(model_id: str) -> Engine:
         engine = _engines.get(model_id)
         if engine is None:
             engine = _engines[model_id] = _build(model_id)
-        return engine
+    # What estimates read for their start-up part (inference/warmth.py).
+    engine_used(model_id=model_id, load_seconds=engine.load_seconds)
+    return engine
 
 
 def _build(model_id: str) -> Engine:

@@ -24,6 +24,7 @@ from billing.pricing import Usage, price
 from console.actors import Actor
 from inference.catalog import CatalogModel, model_get
 from inference.tokens import token_counter
+from inference.warmth import startup_seconds
 from jobs.constants import FailureCode, InputFormat, JobStatus, TaskType
 from jobs.models import Job
 from jobs.services.data import job_data_delete_if_requested
@@ -37,9 +38,8 @@ CANNOT_PRICE = "We could not prepare a price for this job automatically."
 # A claimed estimate that has not finished in this long belongs to a dead worker.
 ESTIMATE_LEASE = timedelta(minutes=30)
 ESTIMATE_ATTEMPTS = 3
-# Until the fleet's own measurements are recorded (the inference issue), processing time
-# is a fixed start-up plus generation at a conservative rate per task.
-STARTUP_SECONDS = {TaskType.CHAT: 180, TaskType.EMBED: 60, TaskType.DECIDE: 30}
+# Processing time is the start-up the workers measured (inference/warmth.py) plus the
+# tokens at a conservative rate per task (a chat job's sample measures its own rate).
 TOKENS_PER_SECOND = {TaskType.CHAT: 2_000, TaskType.EMBED: 50_000, TaskType.DECIDE: 100_000}
 
 
@@ -110,11 +110,11 @@ def _estimate_fields(job: Job, model: CatalogModel, report: FileReport) -> dict[
                 f"{report.output_headroom:,} tokens of '{model.id}''s context for the output. "
                 "Lower max_output_tokens, or shorten or split the longest rows.")
         usage = usage + Usage(output_tokens=output_per_row * report.rows)
-    input_tokens = (usage.input_tokens + usage.media_tokens + usage.image_row_tokens
-                    + usage.video_row_tokens)
+    input_tokens = usage.input_tokens + usage.media_tokens + usage.media_row_tokens
     task = TaskType(model.task)
     generated = input_tokens + usage.output_tokens
-    seconds = STARTUP_SECONDS[task] + generated // TOKENS_PER_SECOND[task]
+    seconds = (startup_seconds(model_id=model.id, task=task)
+               + generated // TOKENS_PER_SECOND[task])
     return {
         "est_input_tok": input_tokens,
         "est_output_tok": usage.output_tokens,
@@ -129,19 +129,18 @@ def job_estimate_run(*, job_id: uuid.UUID | str) -> JobStatus | None:
         return None
     job = Job.objects.select_related("input", "organization").get(pk=job_id)
     model = model_get(job.model)
+    if model is None:
+        return _failed(job, CANNOT_PRICE)
     count_tokens = token_counter(job.model)
-    if model is None or count_tokens is None:
-        job_finish(job=job, status=JobStatus.FAILED, failure_code=FailureCode.INVALID_INPUT,
-                   failure_reason=CANNOT_PRICE)
-        return JobStatus.FAILED
     try:
-        report = _validate(job, model, count_tokens)
+        # Every row check runs first, tokenizer or not: a row that breaks a rule fails the
+        # job with its own reason; only a file that passes can fail for want of a price.
+        report = _validate(job, model, count_tokens or _uncounted)
+        if count_tokens is None:
+            return _failed(job, CANNOT_PRICE)
         fields = {} if needs_sample(job, model) else _estimate_fields(job, model, report)
     except InputRejected as rejected:
-        job_finish(job=job, status=JobStatus.FAILED, failure_code=FailureCode.INVALID_INPUT,
-                   failure_reason=rejected.message)
-        job_data_delete_if_requested(job=job)
-        return JobStatus.FAILED
+        return _failed(job, rejected.message)
     if not fields:
         # Checked and counted; the sampled estimate takes it from here, on a worker that
         # serves the model.
@@ -154,6 +153,22 @@ def job_estimate_run(*, job_id: uuid.UUID | str) -> JobStatus | None:
         queue_send(job_sample, run_queue(job.data_residency, job.model), str(job.pk))
         return JobStatus.ESTIMATING
     return job_cost_ready(job=job, estimate={"row_count": report.rows, **fields})
+
+
+def _uncounted(text: str) -> int:
+    """The token count on a model with no tokenizer here: none, a lower bound. A row is
+    then refused only for a rule it breaks whatever its text counts to (its shape, a media
+    cap, media alone over the context), never for a count that could not be made."""
+    return 0
+
+
+def _failed(job: Job, reason: str) -> JobStatus:
+    """Fails the job unbilled (invalid_input, the reason as its failure_reason); a data
+    deletion asked for while it was estimating happens now."""
+    job = job_finish(job=job, status=JobStatus.FAILED, failure_code=FailureCode.INVALID_INPUT,
+                     failure_reason=reason)
+    job_data_delete_if_requested(job=job)
+    return JobStatus.FAILED
 
 
 def job_cost_ready(*, job: Job, estimate: dict[str, object]) -> JobStatus | None:

@@ -81,9 +81,17 @@ def _usage_dump(usage: Usage) -> dict[str, Any]:
             for k, v in dataclasses.asdict(usage).items()}
 
 
+# Chunk usage written before embedding rows with media were billed at one media-row rate
+# split those tokens by images and video; a chunk stored then still settles.
+_USAGE_RENAMED = {"image_row_tokens": "media_row_tokens", "video_row_tokens": "media_row_tokens"}
+
+
 def _usage_load(raw: dict[str, Any]) -> Usage:
-    fields: dict[str, Any] = {k: Decimal(v) if k == "media_seconds" else v
-                              for k, v in raw.items()}
+    fields: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = _USAGE_RENAMED.get(key, key)
+        amount = Decimal(value) if name == "media_seconds" else value
+        fields[name] = fields.get(name, 0) + amount
     return Usage(**fields)
 
 

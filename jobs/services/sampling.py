@@ -19,10 +19,11 @@ from dataclasses import dataclass
 
 from billing.pricing import Usage, price
 from inference.catalog import CatalogModel, model_get
+from inference.warmth import startup_seconds
 from jobs.constants import FailureCode, JobStatus, TaskType
 from jobs.models import Job
 from jobs.services.data import job_data_delete_if_requested
-from jobs.services.estimation import STARTUP_SECONDS, job_cost_ready
+from jobs.services.estimation import job_cost_ready
 from jobs.services.lifecycle import job_finish
 from jobs.services.rows import InputRow, chat_kwargs, row_response_format, rows_read
 from jobs.services.running import chunks_plan
@@ -152,7 +153,8 @@ def job_sample_run(*, job_id: uuid.UUID | str) -> JobStatus | None:
     rows = job.row_count
     usage = Usage(input_tokens=job.est_input_tok or 0,
                   output_tokens=rows * result.max_output_tokens)
-    seconds = STARTUP_SECONDS[TaskType.CHAT] + int(
+    # The sample just ran on this worker's engine, so the start-up is a warm one.
+    seconds = startup_seconds(model_id=model.id, task=model.task) + int(
         (usage.input_tokens + usage.output_tokens) / max(result.tokens_per_second, 1.0))
     return job_cost_ready(job=job, estimate={
         "max_output_tokens": result.max_output_tokens,

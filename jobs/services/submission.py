@@ -141,6 +141,27 @@ def _input_for(request: JobRequest, organization: Organization) -> Input:
     return item
 
 
+def _require_ready(item: Input) -> None:
+    """409 for an input that is not ready yet (the reference's 409); 400 for one that
+    failed, which never becomes ready: its file is not the format it claims, empty or over
+    the cap, or its copy failed (the reference's 400: "a file that is not JSONL"); 410 for
+    one that expired (the reference: "a submit against it is refused - create a new input
+    instead"): its file is deleted, as a purged result's is (docs/decisions.md, "Inputs and
+    results")."""
+    if item.status == InputStatus.READY:
+        return
+    if item.status == InputStatus.FAILED:
+        why = item.error.rstrip(".") or "it could not be stored"
+        raise ApiError(400, f"The input failed - {why[:1].lower()}{why[1:]}. Create a new "
+                            "input.")
+    if item.status in (InputStatus.AWAITING_UPLOAD, InputStatus.PENDING,
+                       InputStatus.COPYING):
+        raise ApiError(409, f"The input is {item.status}, not ready: wait for it to be "
+                            "ready, then submit.")
+    raise ApiError(410, "The input has expired and its file is deleted (an upload is kept 7 "
+                        "days, an upload window open about an hour): create a new input.")
+
+
 def job_submit(*, organization: Organization, actor: Actor, request: JobRequest,
                host_region: Region) -> Job:
     """Create a job from a checked request, in `submitted`; estimating starts after commit.
@@ -155,24 +176,22 @@ def job_submit(*, organization: Organization, actor: Actor, request: JobRequest,
         if problem:
             raise ApiError(400, problem)
     residency = residency_resolve(organization=organization, requested=request.data_residency)
+    region_check(host_region=host_region, residency=residency, noun="job")
+    # The reference: "A credit balance of zero or below answers 402, before any of your
+    # input is read and before a job is ever priced". Only the request itself (auth, body
+    # shape, model and field rules, residency and host) is judged before it.
+    credits_require_positive(organization=organization)
     item = _input_for(request, organization)
     if item.data_residency != residency:
         raise _unprocessable(
             f"The input is stored in the {item.data_residency} region and the job asks for "
             f"{residency.value}: a job's data_residency must match its input's.")
-    region_check(host_region=host_region, residency=residency, noun="job")
     if model.task == "decide" and item.format != InputFormat.JSONL:
         raise _unprocessable(f"'{model.id}' takes JSONL input only; this input is "
                              f"{item.format}.")
     # Submission settles an upload's readiness itself (no separate poll needed).
     item = input_refresh(item=item)
-    if item.status != InputStatus.READY:
-        raise ApiError(409, f"The input is {item.status}, not ready: "
-                            + ("wait for it to be ready, then submit."
-                               if item.status in (InputStatus.AWAITING_UPLOAD,
-                                                  InputStatus.PENDING, InputStatus.COPYING)
-                               else "create a new input."))
-    credits_require_positive(organization=organization)
+    _require_ready(item)
     with transaction.atomic():
         # Counted under the organization lock, so concurrent submits cannot overshoot.
         organization_lock(organization.pk)

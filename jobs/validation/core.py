@@ -90,15 +90,16 @@ class RowRef:
 @dataclass(slots=True)
 class RowCost:
     """What one valid row consumes, in the terms of billing.pricing.Usage plus the facts
-    the estimator needs. `row_class` sorts an embedding row onto its rate (text, image,
-    video); chat and decision rows are always "text" and keep media apart in media_tokens."""
+    the estimator needs. `media_row` puts an embedding row carrying any image or video on
+    the media-row rate, text included; chat and decision rows never set it and keep media
+    apart in media_tokens."""
 
     text_tokens: int
     media_tokens: int = 0
     images: int = 0
     clips: int = 0
     media_seconds: Decimal = ZERO
-    row_class: str = "text"
+    media_row: bool = False
     estimated_clips: int = 0
     context_limit: int | None = None  # the row's own input budget (chat): output headroom
     thinking: bool = False
@@ -118,7 +119,7 @@ class FileReport:
 
     usage              billing.pricing.Usage as its docstring defines it (chat: text in
                        input_tokens, media in media_tokens; embeddings: a row's tokens in
-                       input/image_row/video_row_tokens by what it carries; decisions: the
+                       input_tokens or media_row_tokens by what it carries; decisions: the
                        text counted once per question, in input_tokens). No output tokens:
                        those are estimated later.
     max_input_tokens   the largest row's input tokens, media included
@@ -198,8 +199,7 @@ class Tally:
         self.rows = 0
         self.input_tokens = 0
         self.media_tokens = 0
-        self.image_row_tokens = 0
-        self.video_row_tokens = 0
+        self.media_row_tokens = 0
         self.images = 0
         self.clips = 0
         self.media_seconds = ZERO
@@ -215,10 +215,8 @@ class Tally:
     def add(self, cost: RowCost) -> None:
         self.rows += 1
         total = cost.input_tokens
-        if cost.row_class == "video":
-            self.video_row_tokens += total
-        elif cost.row_class == "image":
-            self.image_row_tokens += total
+        if cost.media_row:
+            self.media_row_tokens += total
         elif self.endpoint == EMBEDDINGS:
             self.input_tokens += total
         else:
@@ -248,8 +246,7 @@ class Tally:
             raise InputRejected("The input file has no rows: a job needs at least one "
                                 "request.")
         usage = Usage(input_tokens=self.input_tokens, media_tokens=self.media_tokens,
-                      image_row_tokens=self.image_row_tokens,
-                      video_row_tokens=self.video_row_tokens, images=self.images,
+                      media_row_tokens=self.media_row_tokens, images=self.images,
                       clips=self.clips, media_seconds=self.media_seconds)
         return FileReport(
             rows=self.rows, endpoint=self.endpoint, usage=usage,

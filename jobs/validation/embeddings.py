@@ -46,7 +46,7 @@ def dimensions_check(value: object, *, job: JobContext, row: RowRef) -> None:
 
 
 def embedding_input(value: object, *, job: JobContext, row: RowRef) -> RowCost:
-    """One row's input: its tokens, sorted onto the rate of what it carries."""
+    """One row's input: its tokens, on the text-only or the media-row rate."""
     if isinstance(value, str):
         if not value:
             raise row.reject("embeddings input must be a non-empty string")
@@ -77,9 +77,9 @@ def embedding_input(value: object, *, job: JobContext, row: RowRef) -> RowCost:
     text = MEDIA_ROW_PREFIX + "".join(parts.texts) + MEDIA_ROW_SUFFIX
     cost = row_fitted(job.count_tokens(text), parts.media, job=job, row=row)
     cost.context_limit = None
-    modalities = {m.modality for m in parts.media}
-    cost.row_class = "video" if "video" in modalities else \
-        "image" if "image" in modalities else "text"
+    # The reference prices a row "carrying any media (images, video, or both)" at the media
+    # rate; a list of text parts alone stays a text-only row.
+    cost.media_row = bool(parts.media)
     return cost
 
 
