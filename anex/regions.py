@@ -1,4 +1,4 @@
-"""Data residency (DECISIONS.md, "Data residency"; the reference's 403 and 421).
+"""Data residency (docs/decisions.md, "Data residency"; the reference's 403 and 421).
 
 One deployment answers both API hosts. The host a request reached is its region; data
 kept in the other region is refused with 421 naming the API to use.

@@ -1,4 +1,4 @@
-"""Request ids (DECISIONS.md, "From the peer reference").
+"""Request ids (docs/decisions.md, "Adopted from the peer API").
 
 Every response carries X-Anex-Request-ID, ours, quoted to support. A caller's own
 X-Request-ID is echoed back unchanged when it is well formed; one that is not (too long,

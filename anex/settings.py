@@ -24,7 +24,7 @@ if ANEX_ENCRYPTION_KEY is not None:
     env.secret("ANEX_ENCRYPTION_KEY", min_length=32)
 DEBUG = env.boolean("DEBUG", False)
 
-# Region API origins (DECISIONS.md, "Data residency"): one deployment answers both hosts,
+# Region API origins (docs/decisions.md, "Data residency"): one deployment answers both hosts,
 # and the host a request reached decides which region's data it may read or store.
 ANEX_API_ORIGIN = env.origin("ANEX_API_ORIGIN", "https://api.anex.sh")
 ANEX_EU_API_ORIGIN = env.origin("ANEX_EU_API_ORIGIN", "https://api-eu.anex.sh")
@@ -137,7 +137,7 @@ STORAGES = {
 # first `make run`), so the admin and the docs are styled either way.
 WHITENOISE_USE_FINDERS = True
 
-# Object storage for inputs and results (DECISIONS.md, "Inputs and results"): "local" is
+# Object storage for inputs and results (docs/decisions.md, "Inputs and results"): "local" is
 # the embedded default's signed-link backend, "s3" the production one, one bucket a region.
 ANEX_STORAGE_BACKEND = env.choice("ANEX_STORAGE_BACKEND", "local", ("local", "s3"))
 ANEX_STORAGE_ROOT = Path(env.string("ANEX_STORAGE_ROOT", str(BASE_DIR / ".run" / "storage")))
@@ -158,7 +158,7 @@ if ANEX_STORAGE_BACKEND == "s3":
     if ANEX_S3_ENDPOINT_URL is not None:
         env.origin("ANEX_S3_ENDPOINT_URL", ANEX_S3_ENDPOINT_URL)
 
-# Which checkpoint serves which model id (DECISIONS.md: deployment configuration):
+# Which checkpoint serves which model id (docs/decisions.md, "Models, limits and pricing"):
 # "model-id=/path/to/checkpoint;…". A checkpoint directory holds the model's tokenizer.json,
 # which the estimator counts input tokens with.
 ANEX_CHECKPOINTS = env.path_mapping("ANEX_CHECKPOINTS")
@@ -189,7 +189,7 @@ STRIPE_API_BASE = env.optional_str("STRIPE_API_BASE")
 if STRIPE_API_BASE is not None:
     env.origin("STRIPE_API_BASE", STRIPE_API_BASE)
 
-# Credits every new organization is granted (DECISIONS.md, "Credits and billing").
+# Credits every new organization is granted (docs/decisions.md, "Credits and billing").
 ANEX_FREE_GRANT_CENTS = env.integer("ANEX_FREE_GRANT_CENTS", 100, minimum=0)
 
 # The SSRF-safe fetcher (anex/net.py). Loopback is for tests only; a CA bundle path lets
@@ -197,7 +197,7 @@ ANEX_FREE_GRANT_CENTS = env.integer("ANEX_FREE_GRANT_CENTS", 100, minimum=0)
 ANEX_FETCH_ALLOW_LOOPBACK = env.boolean("ANEX_FETCH_ALLOW_LOOPBACK", False)
 ANEX_FETCH_CA_BUNDLE = env.optional_str("ANEX_FETCH_CA_BUNDLE")
 
-# The per-key request rate when a key sets none (DECISIONS.md, "From the peer reference").
+# The per-key request rate when a key sets none (docs/decisions.md, "Adopted from the peer API").
 ANEX_DEFAULT_RATE_LIMIT_PER_MINUTE = env.integer(
     "ANEX_DEFAULT_RATE_LIMIT_PER_MINUTE", 600, minimum=1
 )

@@ -7,7 +7,7 @@ class Role(models.TextChoices):
 
 
 class Region(models.TextChoices):
-    """Where an object's data is stored and processed (DECISIONS.md, "Data residency")."""
+    """Where an object's data is stored and processed (docs/decisions.md, "Data residency")."""
 
     WORLD = "world", "World"
     EU = "eu", "EU (EEA)"

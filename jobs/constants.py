@@ -2,7 +2,7 @@ from django.db import models
 
 
 class JobStatus(models.TextChoices):
-    """The lifecycle (DECISIONS.md, "Job lifecycle")."""
+    """The lifecycle (docs/decisions.md, "Job lifecycle")."""
 
     SUBMITTED = "submitted"
     ESTIMATING = "estimating"

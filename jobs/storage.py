@@ -1,4 +1,4 @@
-"""Object storage, one per region (DECISIONS.md, "Inputs and results"; "Data residency").
+"""Object storage, one per region (docs/decisions.md, "Inputs and results"; "Data residency").
 
 Two backends with one contract:
 - "s3": django-storages' S3Storage (boto3): presigned POST upload targets whose policy

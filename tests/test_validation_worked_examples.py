@@ -1,5 +1,5 @@
 """The reference's worked examples (batch-api-reference.txt, GET /jobs/{id} and Errors;
-DECISIONS.md), reproduced word for word from the one catalog."""
+docs/decisions.md, "Models, limits and pricing"), reproduced word for word from the one catalog."""
 
 from __future__ import annotations
 

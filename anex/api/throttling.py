@@ -1,4 +1,4 @@
-"""Per-key request rate limit (DECISIONS.md, "From the peer reference").
+"""Per-key request rate limit (docs/decisions.md, "Adopted from the peer API").
 
 A fixed one-minute window counted in Redis, so every web process shares the count. When
 Redis cannot be reached the request is let through: a limiter outage must not take the

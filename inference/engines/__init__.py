@@ -1,4 +1,4 @@
-"""The inference engines: what a worker runs a chunk of rows through (DECISIONS.md,
+"""The inference engines: what a worker runs a chunk of rows through (docs/decisions.md,
 "Inference").
 
     engine = engine_for(job.model)           # built once per process, then kept

@@ -1,4 +1,4 @@
-"""One vLLM engine per checkpoint per worker process (DECISIONS.md, "Inference").
+"""One vLLM engine per checkpoint per worker process (docs/decisions.md, "Inference").
 
 Engines are built on first use and kept for the life of the process: a worker loads its
 model once and runs every chunk through it. The cache is keyed by the checkpoint directory
@@ -52,7 +52,7 @@ def on_cpu() -> bool:
 def _prepare_environment() -> bool:
     """Set what vLLM reads when an engine is built (a deployment's own value wins); True on
     a CPU machine."""
-    # Weights come from local directories only: never reach for a hub (DECISIONS.md).
+    # Weights come from local directories only, never a hub (docs/decisions.md, "Inference").
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

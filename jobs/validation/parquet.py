@@ -1,4 +1,4 @@
-"""Parquet inputs (DECISIONS.md, "Inputs and results"): chat rows from a `prompt` column
+"""Parquet inputs (docs/decisions.md, "Inputs and results"): chat rows from a `prompt` column
 (text) or a `messages` column (JSON text, or a native list of message structs), embedding
 rows from an `input` column; an `id` column is the row identity, else the row's row_index.
 
