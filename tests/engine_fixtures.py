@@ -1,15 +1,20 @@
-"""Session fixtures for the engine tests: the local checkpoints built once into a temporary
-directory with the management command's own function, and each real vLLM engine loaded
-once per test session (an engine takes seconds to start; a chunk, milliseconds).
+"""Session fixtures for the engine tests: the local checkpoints built with the management
+command's own function, and each real vLLM engine loaded once per test session (an engine
+takes seconds to start; a chunk, milliseconds).
+
+The checkpoints go to the run directory's checkpoints/ (ANEX_RUN_DIR: .run/test under `make
+test`; git-ignored), not to a temporary one: training tiny-qwen3 takes about a minute, so
+it happens once per recipe, not once per session. The build is idempotent by its stamp,
+moved into place whole and serialised by a lock, so concurrent sessions share it. A fresh
+clone (CI) trains it once.
 
 A test module takes them in as a plugin, so that every module shares one instance of each:
 
     pytest_plugins = ["tests.engine_fixtures"]
 
 (A fixture imported by name instead is a separate definition in each module that imports
-it. That still works and stays cheap: the build goes to one fixed directory of the session
-and is idempotent, and vLLM engines are cached per checkpoint by the process, as a worker's
-are.)
+it. That still works and stays cheap: the build goes to one fixed directory and is
+idempotent, and vLLM engines are cached per checkpoint by the process, as a worker's are.)
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from inference.catalog import CatalogModel, model_get
-from inference.checkpoints import checkpoints_build
+from inference.checkpoints import checkpoints_build, checkpoints_dest_default
 from inference.engines import ChatEngine, DecisionEngine, EmbeddingEngine
 
 
@@ -30,8 +35,8 @@ def catalog_model(model_id: str) -> CatalogModel:
 
 
 @pytest.fixture(scope="session")
-def checkpoint_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return checkpoints_build(dest=tmp_path_factory.getbasetemp() / "checkpoints")
+def checkpoint_dirs() -> dict[str, Path]:
+    return checkpoints_build(dest=checkpoints_dest_default())
 
 
 @pytest.fixture(scope="session")

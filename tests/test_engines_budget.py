@@ -1,6 +1,6 @@
 """The thinking-budget processor's bookkeeping, token by token (the engine tests run it for
-real; here the cases a random model never produces: a trace it closes itself, a trace it
-opens itself, rows moving in vLLM's batch)."""
+real; here every case on chosen tokens, those the local model never produces included: a
+trace it opens itself, rows moving in vLLM's batch)."""
 
 from __future__ import annotations
 

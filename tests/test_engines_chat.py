@@ -1,7 +1,9 @@
 """The chat engine on the real vLLM engine and the local tiny-qwen3 checkpoint.
 
-Random weights make the words meaningless: these tests assert structure, lengths,
-validity and where things land (reasoning vs content), never what is said.
+The checkpoint is trained for a minute to behave like a small real model (a short trace it
+closes, a short answer, its end token), not to be right: these tests assert structure,
+lengths, validity and where things land (reasoning vs content), never what is said. Where a
+limit must bite (a budget, a cap), it is set below what the model writes on its own.
 """
 
 from __future__ import annotations
@@ -35,6 +37,47 @@ def ok(outcome: ChatOutcome) -> ChatOutcome:
     return outcome
 
 
+# The prompts a newcomer's first job sends (README), the e2e tests' and some the model never
+# saw the like of.
+QUESTIONS = ("Say hello in French.", "Name three colours.", "What is two plus two?", "a",
+             "Think, then answer.", "Write a long poem about the sea.",
+             "Привет, как дела?", "We were billed twice for March. Please refund it today.")
+CAP = 256
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"enable_thinking": True, "reasoning_effort": "xhigh"},
+                                    {"reasoning_effort": "low"}])
+def test_the_model_closes_its_trace_answers_and_stops_on_its_own(
+        chat_engine: ChatEngine, kwargs: dict[str, object]) -> None:
+    rows = [ChatRow(messages=[{"role": "user", "content": text}], chat_template_kwargs=kwargs)
+            for text in QUESTIONS]
+    for outcome in chat_engine.generate(rows, ChatSettings(max_tokens=CAP)):
+        ok(outcome)
+        # "stop" with no stop string set: the model wrote its end token, far below the cap.
+        assert outcome.finish_reason == "stop"
+        assert outcome.completion_tokens < CAP // 4
+        assert outcome.reasoning and outcome.content  # the trace closed, an answer followed
+        assert 0 < outcome.reasoning_tokens < outcome.completion_tokens
+        for text in (outcome.reasoning, outcome.content):
+            assert not [mark for mark in ("<think>", "</think>", "<|im_end|>") if mark in text]
+
+
+def test_with_thinking_off_the_model_answers_and_stops_on_its_own(
+        chat_engine: ChatEngine) -> None:
+    rows = [ChatRow(messages=[{"role": "user", "content": text}], chat_template_kwargs=OFF)
+            for text in QUESTIONS]
+    rows.append(ChatRow(messages=[  # a conversation, with a system turn
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello!"},
+        {"role": "assistant", "content": "Hello! How can I help you today?"},
+        {"role": "user", "content": "Name three fruits."}], chat_template_kwargs=OFF))
+    for outcome in chat_engine.generate(rows, ChatSettings(max_tokens=CAP)):
+        ok(outcome)
+        assert outcome.finish_reason == "stop"
+        assert outcome.completion_tokens < CAP // 8
+        assert outcome.reasoning is None and outcome.reasoning_tokens == 0
+        assert outcome.content and outcome.content.strip()
+
+
 def test_thinking_follows_each_rows_own_template_kwargs(chat_engine: ChatEngine) -> None:
     rows = [ChatRow(messages=USER),  # the model's default: thinking on
             ChatRow(messages=USER, chat_template_kwargs=OFF),
@@ -64,7 +107,7 @@ def test_reasoning_is_split_out_of_the_content(chat_engine: ChatEngine) -> None:
 
 def test_a_budget_closes_the_trace_with_its_notice_and_the_answer_follows(
         chat_engine: ChatEngine) -> None:
-    budget = 12
+    budget = 4  # well inside the model's own trace (test_the_model_closes_its_trace_...)
     [outcome] = chat_engine.generate([ChatRow(messages=USER)],
                                      ChatSettings(max_tokens=80, reasoning_budget=budget))
     ok(outcome)
@@ -77,28 +120,31 @@ def test_a_budget_closes_the_trace_with_its_notice_and_the_answer_follows(
 
 
 def test_without_a_budget_thinking_can_spend_the_whole_cap(chat_engine: ChatEngine) -> None:
+    # A cap shorter than the model's own trace: it ends the row inside the trace.
     [outcome] = chat_engine.generate([ChatRow(messages=USER)],
-                                     ChatSettings(max_tokens=24, reasoning_budget=None))
+                                     ChatSettings(max_tokens=6, reasoning_budget=None))
     ok(outcome)
     assert outcome.finish_reason == "length"
     assert outcome.content is None  # the answer never started
     assert outcome.reasoning is not None
-    assert outcome.reasoning_tokens == outcome.completion_tokens == 24
+    assert outcome.reasoning_tokens == outcome.completion_tokens == 6
 
 
 def test_the_output_cap_gives_finish_reason_length(chat_engine: ChatEngine) -> None:
+    # A cap shorter than the model's own answer.
     [outcome] = chat_engine.generate([ChatRow(messages=USER, chat_template_kwargs=OFF)],
-                                     ChatSettings(max_tokens=10))
+                                     ChatSettings(max_tokens=3))
     ok(outcome)
     assert outcome.finish_reason == "length"
-    assert outcome.completion_tokens == 10
+    assert outcome.completion_tokens == 3
+    assert outcome.content
 
 
 def test_structured_output_yields_schema_valid_json(chat_engine: ChatEngine) -> None:
     rows = [ChatRow(messages=USER, chat_template_kwargs=OFF, response_format=JSON_SCHEMA),
             # thinking first, then the grammar from the end of the trace on
             ChatRow(messages=USER, response_format=JSON_SCHEMA)]
-    off, thinking = chat_engine.generate(rows, ChatSettings(max_tokens=96, reasoning_budget=8))
+    off, thinking = chat_engine.generate(rows, ChatSettings(max_tokens=96, reasoning_budget=4))
     for outcome in (off, thinking):
         ok(outcome)
         assert outcome.finish_reason == "stop"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from inference.engines import (
     EngineNotConfigured,
     engine_for,
 )
+from inference.engines.chat import BUDGET_NOTICE
 from inference.engines.runtime import llm_load
 from inference.tokens import token_counter
 
@@ -69,6 +71,32 @@ def test_the_chat_template_renders_thinking_on_and_off(checkpoint_dirs: dict[str
     rendered = str(tokenizer.apply_chat_template(history, tokenize=False,
                                                  add_generation_prompt=True))
     assert "hm" not in rendered and "<|im_start|>assistant\nSalut<|im_end|>" in rendered
+
+
+def test_the_training_conversations_teach_the_turns_the_engine_renders(
+        checkpoint_dirs: dict[str, Path]) -> None:
+    from inference import checkpoints
+
+    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint_dirs["tiny-qwen3"]))
+    rng = random.Random(0)
+    for conversation in (checkpoints._conversation(rng) for _ in range(400)):
+        ids, start = checkpoints._tokenized(conversation, tokenizer)
+        prompt, learnt = str(tokenizer.decode(ids[:start])), str(tokenizer.decode(ids[start:]))
+        # The prompt is the chat engine's own rendering; what is learnt is one assistant
+        # turn, whole (nothing cut by the length limit), ending on the end token.
+        assert prompt.startswith(str(tokenizer.apply_chat_template(
+            conversation.messages, tokenize=False, add_generation_prompt=True,
+            **conversation.kwargs)))
+        assert learnt.endswith("<|im_end|>") and learnt.count("<|im_end|>") == 1
+        assert "<think>" not in learnt and "<|im_start|>" not in learnt
+        if not conversation.kwargs["enable_thinking"]:
+            assert prompt.endswith("<think>\n\n</think>\n\n") and "</think>" not in learnt
+        elif conversation.forced:  # a trace the budget closed: only the answer is learnt
+            assert prompt.endswith(f"{BUDGET_NOTICE}\n</think>") and "</think>" not in learnt
+        else:  # the model's own trace, closed once, then the answer
+            assert prompt.endswith("<think>\n") and learnt.count("\n</think>\n\n") == 1
+            reasoning, answer = learnt.split("\n</think>\n\n")
+            assert reasoning.strip() and answer.removesuffix("<|im_end|>").strip()
 
 
 def test_the_build_is_idempotent(checkpoint_dirs: dict[str, Path]) -> None:

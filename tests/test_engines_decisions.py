@@ -1,6 +1,6 @@
 """The decision engine (laya) on the real vLLM engine; the embedded default routes both
-checkpoints to tiny-qwen3. Random weights make the probabilities meaningless: the tests
-hold the reference's answer shape, the billing rule and the refusals."""
+checkpoints to tiny-qwen3. A minute's training makes its probabilities little better than
+a guess: the tests hold the reference's answer shape, the billing rule and the refusals."""
 
 from __future__ import annotations
 

@@ -152,7 +152,7 @@ def test_a_job_without_a_cap_is_priced_from_a_sample(client, worker) -> None:  #
     api, organization = client
     item = input_ready(organization, chat_lines("a", "b", "c", "d",
                                                 chat_template_kwargs={"enable_thinking": False}))
-    # Random weights rarely end an answer on their own; a closed schema makes them.
+    # A closed schema: the sample is generated under the job's own response_format.
     closed = {"type": "json_schema", "json_schema": {"name": "yes", "schema": {
         "type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
         "additionalProperties": False}}}
@@ -165,6 +165,46 @@ def test_a_job_without_a_cap_is_priced_from_a_sample(client, worker) -> None:  #
     assert job.max_output_tokens and job.max_output_tokens < 64  # from the sample, not 1,024
     assert job.est_output_tok == 4 * job.max_output_tokens
     assert job.est_cost_cents and job.est_processing_seconds
+
+
+def test_a_chat_job_with_only_the_model_set_is_estimated_and_done(client, worker,  # type: ignore[no-untyped-def]
+                                                                  settings: Settings) -> None:
+    # given a newcomer's first job: 50 rows, nothing but the model (thinking on, no cap,
+    # no budget), so both caps come from a sample of the model's own answers
+    settings.ANEX_CHUNK_ROWS = 25
+    api, organization = client
+    questions = ["Say hello in French.", "Name three colours.", "What is two plus two?",
+                 "Is the invoice urgent?", "Summarize: we were billed twice for March.",
+                 "Write a long story about a dragon.", "hi", "Was ist das?", "a", "Bye."]
+    item = input_ready(organization, chat_lines(*(questions * 5)))
+    job_id = api.post(JOBS, {"input_id": str(item.pk), "model": "tiny-qwen3"},
+                      format="json").json()["id"]
+    # when it is estimated
+    worker(lambda: status(job_id) in ("cost_ready", "failed"))
+    job = Job.objects.get(pk=job_id)
+    # then from the sample, far below the catalog's 1,024-token maximum
+    assert job.status == "cost_ready", job.failure_reason
+    assert job.max_output_tokens_requested is None and job.reasoning_budget_requested is None
+    assert job.reasoning_budget and job.max_output_tokens
+    assert job.reasoning_budget < job.max_output_tokens <= 128
+    assert job.est_output_tok == 50 * job.max_output_tokens
+    assert job.est_cost_cents and job.est_processing_seconds
+    # and approved, it runs to done with an answer on every row
+    assert api.post(f"{JOBS}/{job_id}/approve").json()["status"] == "in_progress"
+    worker(lambda: status(job_id) in ("done", "failed", "cancelled"))
+    body = api.get(f"{JOBS}/{job_id}").json()
+    assert body["status"] == "done", body
+    assert body["success_rows"] == 50 and body["error_rows"] == body["truncated_rows"] == 0
+    lines = [json.loads(line) for line in download(api, job_id).splitlines()]
+    assert len(lines) == 50
+    for line in lines:
+        choice = line["response"]["body"]["choices"][0]
+        assert choice["finish_reason"] == "stop"
+        assert choice["message"]["content"].strip()
+        assert choice["message"]["reasoning"].strip()
+        usage = line["response"]["body"]["usage"]
+        assert usage["completion_tokens"] <= job.max_output_tokens
+    one_charge(organization, job_id)
 
 
 def test_a_parquet_chat_job_keeps_its_columns(client, worker) -> None:  # type: ignore[no-untyped-def]

@@ -272,12 +272,8 @@ class DecisionEngine:
         return text if len(ids) <= tokens else str(reader.tokenizer.decode(ids[:tokens]))
 
     def _prompt(self, text: str, question: _Question, reader: _Reader) -> list[int]:
-        lines = [f"Text:\n{text}", "", f"Question: {question.instructions}", "Options:"]
-        lines += [f"{label}. {option}"
-                  for (label, _), option in zip(reader.labels, question.texts, strict=False)]
-        lines.append("Answer with the label of one option.")
-        messages = [{"role": "system", "content": SYSTEM_PROMPT},
-                    {"role": "user", "content": "\n".join(lines)}]
+        messages = question_messages(text, question.instructions, list(zip(
+            [label for label, _ in reader.labels], question.texts, strict=False)))
         rendered = reader.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=True, enable_thinking=False)
         ids = list(reader.tokenizer.encode(str(rendered), add_special_tokens=False))
@@ -286,6 +282,17 @@ class DecisionEngine:
                 f"Question '{question.name}' does not fit the model's context with its text.",
                 code="invalid_question", param=f"questions.{question.name}"))
         return ids
+
+
+def question_messages(text: str, instructions: str,
+                      options: list[tuple[str, str]]) -> list[dict[str, str]]:
+    """The conversation one question is read as, options given as (label, text). The local
+    checkpoint is trained on conversations built here (inference/checkpoints.py)."""
+    lines = [f"Text:\n{text}", "", f"Question: {instructions}", "Options:"]
+    lines += [f"{label}. {option}" for label, option in options]
+    lines.append("Answer with the label of one option.")
+    return [{"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": "\n".join(lines)}]
 
 
 # -- routing -------------------------------------------------------------------------------
