@@ -233,6 +233,14 @@ def fetch(
             request_headers = _without(request_headers, _BODY_HEADERS)
 
 
+def url_check(url: str) -> None:
+    """Refuse, without connecting, a URL that `fetch` would refuse (steps 1 and 2 above):
+    for a URL saved now and fetched later, such as a webhook endpoint, so a bad one is
+    refused when it is set. `fetch` checks again, since DNS answers change."""
+    allow_loopback: bool = getattr(settings, "ANEX_FETCH_ALLOW_LOOPBACK", False)
+    _resolve(_parse(url, allow_loopback=allow_loopback), allow_loopback=allow_loopback)
+
+
 def _parse(url: str, *, allow_loopback: bool) -> _Target:
     if _UNSAFE_URL_CHARS.search(url):
         raise UnsafeURL("the URL contains whitespace, control characters or backslashes")

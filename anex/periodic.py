@@ -27,11 +27,10 @@ class Periodic:
 
 
 SCHEDULE = (
-    Periodic("jobs.tasks.inputs_recover", 30),
-    Periodic("jobs.tasks.webhooks_recover", 30),
-    Periodic("jobs.tasks.inputs_purge", 600),
-    Periodic("jobs.tasks.jobs_recover", 60),
-    Periodic("jobs.tasks.runs_recover", 60),
+    # The one recovery pass: every lease in jobs.services.recovery.
+    Periodic("jobs.tasks.recover_task", 30),
+    Periodic("jobs.tasks.inputs_expire_task", 600),
+    Periodic("jobs.tasks.results_purge_expired_task", 600),
 )
 
 

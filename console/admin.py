@@ -8,12 +8,13 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.db import models
+from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.forms import ModelForm
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
+from anex.net import FetchError
 from billing.services import credits_grant, credits_summary
 from console.actors import Actor
 from console.models import ApiKey, AuditEvent, Membership, Organization
@@ -22,7 +23,9 @@ from console.services import (
     api_key_revoke,
     organization_create,
     organization_update,
+    organization_webhook_set,
 )
+from jobs.services.webhooks import webhook_url_check
 
 
 class ReadOnlyInline(admin.TabularInline):
@@ -48,8 +51,28 @@ class ApiKeyInline(ReadOnlyInline):
                                 "expires_at")
 
 
+class OrganizationForm(ModelForm):
+    # A webhook URL typed without a scheme is https: deliveries are https-only.
+    webhook_url = forms.URLField(max_length=2000, required=False, assume_scheme="https")
+
+    class Meta:
+        model = Organization
+        fields = ["name", "webhook_url", "auto_approve", "eu_data_routing"]
+
+    def clean_webhook_url(self) -> str:
+        # The same check organization_webhook_set makes, shown on the field.
+        url: str = self.cleaned_data["webhook_url"]
+        if url:
+            try:
+                webhook_url_check(url)
+            except FetchError as exc:
+                raise ValidationError(f"The webhook endpoint cannot be used: {exc}.") from None
+        return url
+
+
 @admin.register(Organization)
 class OrganizationAdmin(admin.ModelAdmin):
+    form = OrganizationForm
     list_display = ["name", "id", "eu_data_routing", "auto_approve", "created_at"]
     list_filter = ["eu_data_routing", "auto_approve"]
     search_fields = ["name", "id"]
@@ -58,8 +81,6 @@ class OrganizationAdmin(admin.ModelAdmin):
     readonly_fields = ["id", "created_at", "credits"]
     inlines = [MembershipInline, ApiKeyInline]
     actions = ["grant_credits"]
-    # A webhook URL typed without a scheme is https: deliveries are https-only.
-    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
 
     def save_model(self, request: HttpRequest, obj: Organization, form: ModelForm,
                    change: bool) -> None:
@@ -69,6 +90,8 @@ class OrganizationAdmin(admin.ModelAdmin):
                 organization=obj, actor=actor,
                 **{name: form.cleaned_data[name] for name in ORGANIZATION_SETTINGS},
             )
+            organization_webhook_set(organization=obj, actor=actor,
+                                     url=form.cleaned_data["webhook_url"])
         else:
             created = organization_create(
                 name=form.cleaned_data["name"], actor=actor,
@@ -76,8 +99,8 @@ class OrganizationAdmin(admin.ModelAdmin):
                 auto_approve=form.cleaned_data["auto_approve"],
             )
             if form.cleaned_data["webhook_url"]:
-                organization_update(organization=created, actor=actor,
-                                    webhook_url=form.cleaned_data["webhook_url"])
+                organization_webhook_set(organization=created, actor=actor,
+                                         url=form.cleaned_data["webhook_url"])
             obj.pk = created.pk
             obj._state.adding = False
             obj._state.db = created._state.db

@@ -16,6 +16,9 @@ class Region(models.TextChoices):
 class AuditAction(models.TextChoices):
     ORGANIZATION_CREATED = "organization.created"
     ORGANIZATION_UPDATED = "organization.updated"
+    WEBHOOK_ENDPOINT_SET = "webhook.endpoint_set"
+    WEBHOOK_SECRET_ROTATED = "webhook.secret_rotated"  # noqa: S105 - an action name
+    WEBHOOK_TEST_SENT = "webhook.test_sent"
     MEMBER_ADDED = "member.added"
     API_KEY_CREATED = "api_key.created"
     API_KEY_REVOKED = "api_key.revoked"

@@ -18,6 +18,12 @@ class Organization(models.Model):
     name = models.CharField(max_length=200)
     created_at = models.DateTimeField(auto_now_add=True)
     webhook_url = models.URLField(max_length=2000, blank=True, default="")
+    # The endpoint's signing secret, encrypted (anex/crypto.py): it must be read back to
+    # sign and to show to owners. After a rotation the previous one keeps signing beside
+    # it until webhook_secret_previous_until, so a receiver can switch without a gap.
+    webhook_secret_encrypted = models.TextField(blank=True, default="")
+    webhook_secret_previous_encrypted = models.TextField(blank=True, default="")
+    webhook_secret_previous_until = models.DateTimeField(null=True, blank=True)
     auto_approve = models.BooleanField(
         default=False,
         help_text="Approve every estimate at cost_ready as if the API call were made.",

@@ -7,6 +7,7 @@ import uuid
 from django.contrib.auth.models import User
 from django.utils import timezone
 
+from anex.crypto import secret_decrypt
 from anex.tenancy import scoped_get
 from console.keys import key_parse, secret_matches
 from console.models import ApiKey, Membership, Organization
@@ -31,6 +32,12 @@ def api_key_get(*, organization: Organization, id: uuid.UUID | str) -> ApiKey:
     return scoped_get(ApiKey.objects.all(), organization=organization, id=id, noun="API key")
 
 
+
+def organization_webhook_secret(*, organization: Organization) -> str | None:
+    """The endpoint's signing secret, for its owners to see (the Settings page)."""
+    encrypted = Organization.objects.values_list(
+        "webhook_secret_encrypted", flat=True).get(pk=organization.pk)
+    return secret_decrypt(encrypted) if encrypted else None
 
 
 def membership_current(*, user: User) -> Membership | None:

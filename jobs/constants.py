@@ -17,6 +17,33 @@ class JobStatus(models.TextChoices):
 
 TERMINAL_STATUSES = frozenset({JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCELLED})
 
+# Every move a job's status can make, from -> to (docs/decisions.md, "Job lifecycle"). The
+# one writer of Job.status (jobs.services.lifecycle.job_transition) refuses any other.
+JOB_TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
+    JobStatus.SUBMITTED: frozenset({JobStatus.ESTIMATING, JobStatus.FAILED,
+                                    JobStatus.CANCELLED}),
+    JobStatus.ESTIMATING: frozenset({JobStatus.COST_READY, JobStatus.FAILED,
+                                     JobStatus.CANCELLED}),
+    JobStatus.COST_READY: frozenset({JobStatus.IN_PROGRESS, JobStatus.CANCELLED}),
+    JobStatus.IN_PROGRESS: frozenset({JobStatus.CANCELLING, JobStatus.FINALIZING,
+                                      JobStatus.FAILED, JobStatus.CANCELLED}),
+    JobStatus.CANCELLING: frozenset({JobStatus.FINALIZING, JobStatus.FAILED}),
+    JobStatus.FINALIZING: frozenset({JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCELLED}),
+    JobStatus.DONE: frozenset(),
+    JobStatus.FAILED: frozenset(),
+    JobStatus.CANCELLED: frozenset(),
+}
+
+# Where a cancel stops a job at once (an in_progress job with rows running goes to
+# cancelling instead). The reference refuses a cancel while estimating, except for a job
+# whose data stays in the EEA: it can wait about an hour for a machine to estimate it.
+# Keyed by the job's data_residency; DELETE /jobs/{id}/data cancels by the same rule.
+CANCELLABLE: dict[str, frozenset[JobStatus]] = {
+    "world": frozenset({JobStatus.COST_READY, JobStatus.IN_PROGRESS}),
+    "eu": frozenset({JobStatus.SUBMITTED, JobStatus.ESTIMATING, JobStatus.COST_READY,
+                     JobStatus.IN_PROGRESS}),
+}
+
 
 class TaskType(models.TextChoices):
     CHAT = "chat"
@@ -57,9 +84,10 @@ class DeliveryStatus(models.TextChoices):
     GAVE_UP = "gave_up"
 
 
-# Seconds between webhook delivery attempts: widening, about a day in all (the reference:
-# "retried on a widening backoff for about a day, then given up").
-DELIVERY_BACKOFF_SECONDS = (5, 60, 300, 1800, 7200, 18000, 36000, 21600)
+# Seconds between webhook delivery attempts: each gap wider than the last by more than the
+# +-10% jitter, about 22 hours in all (the reference: "retried on a widening backoff for
+# about a day, then given up"); ten attempts.
+DELIVERY_BACKOFF_SECONDS = (5, 30, 120, 600, 1800, 5400, 14400, 21600, 36000)
 
 
 class ChunkStatus(models.TextChoices):

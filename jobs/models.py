@@ -4,6 +4,7 @@ import uuid
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 from anex.tenancy import OrgScopedQuerySet
 from console.constants import Region
@@ -40,9 +41,13 @@ class Job(models.Model):
     created_by_key = models.ForeignKey(
         "console.ApiKey", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
-    estimating_at = models.DateTimeField(null=True, blank=True)
-    finalizing_at = models.DateTimeField(null=True, blank=True)
-    estimate_attempts = models.PositiveSmallIntegerField(default=0)
+    # The lease on the work the job's status waits for (its estimate, its sample, its
+    # start, its finalize): when it was last handed out, whether a worker has taken it, and
+    # how many times the recovery pass has had to hand it out again. Every transition resets
+    # them; jobs.services.recovery reads them (docs/decisions.md, "Job lifecycle").
+    leased_at = models.DateTimeField(default=timezone.now)
+    claimed = models.BooleanField(default=False)
+    attempts = models.PositiveSmallIntegerField(default=0)
     cost_ready_at = models.DateTimeField(null=True, blank=True)
     approved_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -102,6 +107,25 @@ class Job(models.Model):
         return f"{self.model} job {self.pk} ({self.status})"
 
 
+class JobEvent(models.Model):
+    """One move of a job's status, written in the commit that makes it (append-only)."""
+
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    # Blank for the job's creation.
+    from_status = models.CharField(max_length=16, choices=JobStatus.choices, blank=True)
+    to_status = models.CharField(max_length=16, choices=JobStatus.choices)
+    at = models.DateTimeField(default=timezone.now)
+    # Who moved it, as console.actors.Actor.label reads: "key ...", "user ...", "system: ...".
+    actor_label = models.CharField(max_length=255)
+
+    class Meta:
+        ordering = ["job", "id"]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id}: {self.from_status or '-'} -> {self.to_status}"
+
+
 class Input(models.Model):
     """An input file: uploaded straight to storage, or copied in from a customer URL."""
 
@@ -127,6 +151,8 @@ class Input(models.Model):
     )
     upload_expires_at = models.DateTimeField(null=True, blank=True)
     copy_started_at = models.DateTimeField(null=True, blank=True)
+    # Copies started: one whose worker keeps dying fails past INGEST_ATTEMPTS.
+    attempts = models.PositiveSmallIntegerField(default=0)
     ready_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
     deleted_at = models.DateTimeField(null=True, blank=True)
@@ -151,6 +177,10 @@ class WebhookDelivery(models.Model):
     # The ingest this callback reports on; its own callback secret signs it.
     input = models.ForeignKey(Input, null=True, blank=True, on_delete=models.CASCADE,
                               related_name="callbacks")
+    # The job this event reports on: its events are delivered in the order recorded, and
+    # a result link is made for it at each attempt.
+    job = models.ForeignKey(Job, null=True, blank=True, on_delete=models.CASCADE,
+                            related_name="webhook_deliveries")
     url = models.URLField(max_length=2000)
     event_type = models.CharField(max_length=64)
     payload = models.JSONField()

@@ -1,26 +1,28 @@
 """The jobs app's Dramatiq actors. Each takes ids, is sent after commit, and is safe to
-run twice (STYLE.md rule 6): the service it calls claims its work with a guarded update."""
+run twice (STYLE.md rule 6): the service it calls claims its work with a guarded update.
+An actor is named for its service (`job_start` / `job_start_task`) or shares its verb."""
 
 from __future__ import annotations
 
 import dramatiq
 
 from jobs.services.data import results_purge_expired
-from jobs.services.estimation import job_estimate_run, jobs_estimate_recover
-from jobs.services.inputs import input_copy, inputs_expire, inputs_sweep
-from jobs.services.lifecycle import jobs_expire_unapproved
+from jobs.services.estimation import job_estimate_run
+from jobs.services.inputs import input_copy, inputs_expire
+from jobs.services.recovery import recover
 from jobs.services.running import chunk_run as chunk_run_service
-from jobs.services.running import chunks_recover, job_start
+from jobs.services.running import job_start
 from jobs.services.sampling import job_sample_run
-from jobs.services.webhooks import deliveries_sweep, delivery_attempt
+from jobs.services.webhooks import delivery_attempt
 
-# Time limits are explicit: a copy streams up to the input cap from a slow source.
+# Time limits are explicit: a copy streams up to the input cap from a slow source. Each is
+# within its lease in jobs.services.recovery, so a live worker is never doubled.
 INGEST_TIME_LIMIT_MS = 65 * 60 * 1000
 DELIVERY_TIME_LIMIT_MS = 60 * 1000
 SWEEP_TIME_LIMIT_MS = 5 * 60 * 1000
 ESTIMATE_TIME_LIMIT_MS = 30 * 60 * 1000
 # One chunk is one engine call: generous, since a slow model on long rows takes a while;
-# a worker that dies is caught sooner by the heartbeat reaper.
+# a worker that dies is caught sooner by the heartbeat lease.
 CHUNK_TIME_LIMIT_MS = 60 * 60 * 1000
 START_TIME_LIMIT_MS = 15 * 60 * 1000
 
@@ -37,34 +39,28 @@ def webhook_deliver(delivery_id: str) -> None:
 
 
 @dramatiq.actor(queue_name="periodic", max_retries=0, time_limit=SWEEP_TIME_LIMIT_MS)
-def inputs_recover() -> None:
-    inputs_sweep()
+def recover_task() -> None:
+    recover()
 
 
 @dramatiq.actor(queue_name="periodic", max_retries=0, time_limit=SWEEP_TIME_LIMIT_MS)
-def inputs_purge() -> None:
+def inputs_expire_task() -> None:
     inputs_expire()
 
 
 @dramatiq.actor(queue_name="periodic", max_retries=0, time_limit=SWEEP_TIME_LIMIT_MS)
-def webhooks_recover() -> None:
-    deliveries_sweep()
+def results_purge_expired_task() -> None:
+    results_purge_expired()
 
 
 @dramatiq.actor(queue_name="estimate", max_retries=0, time_limit=ESTIMATE_TIME_LIMIT_MS)
 def job_estimate(job_id: str) -> None:
-    # A crash leaves the job claimed in estimating; jobs_recover re-sends it after its lease.
+    # A crash leaves the estimate claimed; the recovery pass hands it out after its lease.
     job_estimate_run(job_id=job_id)
 
 
-@dramatiq.actor(queue_name="periodic", max_retries=0, time_limit=SWEEP_TIME_LIMIT_MS)
-def jobs_recover() -> None:
-    jobs_estimate_recover()
-    jobs_expire_unapproved()
-
-
 @dramatiq.actor(queue_name="jobs", max_retries=3, time_limit=START_TIME_LIMIT_MS)
-def job_run(job_id: str) -> None:
+def job_start_task(job_id: str) -> None:
     job_start(job_id=job_id)
 
 
@@ -73,12 +69,6 @@ def job_run(job_id: str) -> None:
 @dramatiq.actor(queue_name="run", max_retries=0, time_limit=CHUNK_TIME_LIMIT_MS)
 def chunk_run(chunk_id: str) -> None:
     chunk_run_service(chunk_id=chunk_id)
-
-
-@dramatiq.actor(queue_name="periodic", max_retries=0, time_limit=SWEEP_TIME_LIMIT_MS)
-def runs_recover() -> None:
-    chunks_recover()
-    results_purge_expired()
 
 
 # Sent to the model's run queue like chunks: the sample needs the model's engine.

@@ -18,7 +18,8 @@ from tests.servers import LocalServer
 # engine module or one that takes a real engine through its fixtures; an end-to-end test
 # starts the product's own processes. `make test` (and CI) runs both tiers.
 ENGINE_MODULES = ("test_engines_*.py",)
-E2E_MODULES = ("test_devstack.py", "test_run_e2e.py", "test_run_kill.py", "test_first_job.py")
+E2E_MODULES = ("test_devstack.py", "test_run_e2e.py", "test_run_kill.py", "test_first_job.py",
+               "test_webhooks_e2e.py")
 ENGINE_FIXTURES = {"checkpoint_dirs", "chat_engine", "embedding_engine", "decision_engine"}
 
 

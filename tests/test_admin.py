@@ -117,3 +117,16 @@ def test_the_ledger_admin_is_read_only(staff: Client, organization: Organization
     assert staff.get("/admin/billing/ledgerentry/add/").status_code == 403
     assert staff.post(f"/admin/billing/ledgerentry/{entry.pk}/delete/",
                       {"post": "yes"}).status_code == 403
+
+
+def test_staff_cannot_save_a_webhook_url_that_is_not_https(staff: Client,
+                                                           organization: Organization) -> None:
+    response = staff.post(f"/admin/console/organization/{organization.pk}/change/", {
+        "name": organization.name, "webhook_url": "http://example.com/hooks",
+        "memberships-TOTAL_FORMS": "0", "memberships-INITIAL_FORMS": "0",
+        "api_keys-TOTAL_FORMS": "0", "api_keys-INITIAL_FORMS": "0",
+    })
+    assert response.status_code == 200
+    assert "only https URLs are allowed" in response.content.decode()
+    organization.refresh_from_db()
+    assert organization.webhook_url == ""

@@ -13,7 +13,7 @@ from rest_framework.test import APIClient
 from billing.models import LedgerEntry
 from billing.services import credits_summary
 from console.models import AuditEvent, Organization
-from console.selectors import api_key_for_plaintext
+from console.selectors import api_key_for_plaintext, organization_webhook_secret
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.urls")]
 
@@ -88,3 +88,22 @@ def test_demoorg_creates_once_and_reprints_the_same_key(tmp_path) -> None:  # ty
     state.write_text(json.dumps({"organization_id": first["organization_id"],
                                  "api_key": "sk-stale"}))
     assert demoorg()["api_key"] != "sk-stale"
+
+
+def test_webhook_url_sets_the_endpoint_and_prints_its_secret(loopback: None) -> None:
+    created = createorg("--name", "Hooked", "--webhook-url", "https://127.0.0.1:8443/hooks")
+    assert set(created) == {"organization_id", "api_key", "webhook_secret"}
+    organization = Organization.objects.get(pk=created["organization_id"])
+    assert organization.webhook_url == "https://127.0.0.1:8443/hooks"
+    assert created["webhook_secret"].startswith("whsec_")
+    assert organization_webhook_secret(organization=organization) == created["webhook_secret"]
+    assert created["webhook_secret"] not in organization.webhook_secret_encrypted
+    assert AuditEvent.objects.for_org(organization).get(
+        action="webhook.endpoint_set").actor_label == "system: createorg"
+
+
+@pytest.mark.parametrize("url", ["http://example.com/hooks", "https://10.1.2.3/hooks"])
+def test_a_webhook_url_that_is_not_https_and_public_creates_nothing(url: str) -> None:
+    with pytest.raises(CommandError, match="--webhook-url: The webhook endpoint cannot be used"):
+        createorg("--name", "Refused", "--webhook-url", url)
+    assert not Organization.objects.filter(name="Refused").exists()

@@ -7,7 +7,7 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import dramatiq
 import pytest
@@ -20,7 +20,7 @@ from anex.crypto import secret_decrypt
 from jobs.constants import DELIVERY_BACKOFF_SECONDS, DeliveryStatus, InputStatus
 from jobs.models import Input, WebhookDelivery
 from jobs.services.inputs import input_copy, inputs_sweep
-from jobs.services.webhooks import delivery_attempt, webhook_sign
+from jobs.services.webhooks import delivery_attempt, webhook_signature
 from jobs.storage import storage_for
 from tests.servers import LocalServer, _Handler, reply, tls_context
 from tests.workers import running_worker
@@ -216,8 +216,8 @@ def test_a_redirecting_callback_is_not_followed(api: APIClient, source: LocalSer
 def test_signatures_follow_the_standard_webhooks_scheme() -> None:
     secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
     body = b'{"test": 2432232314}'
-    signature = webhook_sign(secret=secret, msg_id="msg_p5jXN8AQM9LWM0D4loKWxJek",
-                             timestamp=1614265330, body=body)
+    signature = webhook_signature(secrets_=[secret], msg_id="msg_p5jXN8AQM9LWM0D4loKWxJek",
+                                  when=datetime.fromtimestamp(1614265330, UTC), body=body)
     # The example from the Standard Webhooks specification.
     assert signature == "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
 

@@ -24,13 +24,9 @@ from console.models import Organization
 from inference.catalog import model_get
 from jobs.constants import JobStatus
 from jobs.models import Job
-from jobs.services.estimation import (
-    CANNOT_PRICE,
-    ESTIMATE_ATTEMPTS,
-    job_estimate_run,
-    jobs_estimate_recover,
-)
+from jobs.services.estimation import CANNOT_PRICE, job_estimate_run
 from jobs.services.lifecycle import job_finish
+from jobs.services.recovery import ESTIMATE, SUBMITTED, lease_recover
 from jobs.validation.embeddings import MEDIA_ROW_PREFIX, MEDIA_ROW_SUFFIX
 from tests.factories import input_ready, organization_make
 from tests.test_jobs_submit import uploaded
@@ -298,6 +294,7 @@ def test_a_vl_embedding_job_is_priced_text_only_or_with_media_plus_per_item(
     before = credits_summary(organization=organization)
     assert api.post(f"{JOBS}/{job.pk}/approve").status_code == 200
     assert credits_summary(organization=organization).held == job.est_cost_cents
+    Job.objects.filter(pk=job.pk).update(status=JobStatus.FINALIZING)  # its rows have run
     job_finish(job=job, status=JobStatus.DONE, cost_cents=price(model, served).cents)
     after = credits_summary(organization=organization)
     assert (after.held, before.balance - after.balance) == (0, job.est_cost_cents)
@@ -327,11 +324,13 @@ def test_lost_and_abandoned_estimates_are_recovered(api: APIClient, organization
     dead = submitted(api, organization, rows, model="qwen3-embedding-8b")
     hopeless = submitted(api, organization, rows, model="qwen3-embedding-8b")
     long_ago = timezone.now() - timedelta(hours=2)
-    Job.objects.filter(pk=lost.pk).update(created_at=long_ago)
+    Job.objects.filter(pk=lost.pk).update(leased_at=long_ago)
     Job.objects.filter(pk__in=[dead.pk, hopeless.pk]).update(
-        status=JobStatus.ESTIMATING, estimating_at=long_ago, estimate_attempts=1)
-    Job.objects.filter(pk=hopeless.pk).update(estimate_attempts=ESTIMATE_ATTEMPTS)
-    assert sorted(jobs_estimate_recover()) == sorted([str(lost.pk), str(dead.pk)])
+        status=JobStatus.ESTIMATING, leased_at=long_ago, claimed=True, attempts=1)
+    Job.objects.filter(pk=hopeless.pk).update(attempts=ESTIMATE.attempts)
+    now = timezone.now()
+    assert lease_recover(SUBMITTED, now) + lease_recover(ESTIMATE, now) == 3
+    assert sorted(sent) == sorted([str(lost.pk), str(dead.pk)])
     hopeless.refresh_from_db()
     assert (hopeless.status, hopeless.failure_code) == (JobStatus.FAILED, "internal_error")
     # The abandoned one is claimed again and finishes.

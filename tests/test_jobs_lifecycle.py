@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
 import pytest
 from django.utils import timezone
@@ -11,10 +14,10 @@ from rest_framework.test import APIClient
 
 from billing.services import credits_grant, credits_summary
 from console.models import ApiKey, AuditEvent, Organization
-from jobs.constants import JobStatus
-from jobs.models import Job
-from jobs.services.estimation import job_auto_approve
-from jobs.services.lifecycle import jobs_expire_unapproved
+from jobs.constants import CANCELLABLE, JOB_TRANSITIONS, TERMINAL_STATUSES, JobStatus
+from jobs.models import Job, JobEvent
+from jobs.services.lifecycle import job_approve, job_auto_approve, job_transition
+from jobs.services.recovery import APPROVAL, lease_recover
 from tests.factories import SYSTEM, api_key_make, job_make, organization_make
 
 pytestmark = pytest.mark.django_db
@@ -144,7 +147,7 @@ def test_estimates_left_unapproved_for_24_hours_cancel_free(organization: Organi
     Job.objects.filter(pk=stale.pk).update(cost_ready_at=timezone.now() - timedelta(hours=25))
     Job.objects.filter(pk=fresh.pk).update(cost_ready_at=timezone.now() - timedelta(hours=23))
     before = credits_summary(organization=organization)
-    assert jobs_expire_unapproved() == 1
+    assert lease_recover(APPROVAL, timezone.now()) == 1
     stale.refresh_from_db()
     fresh.refresh_from_db()
     assert (stale.status, fresh.status) == (JobStatus.CANCELLED, JobStatus.COST_READY)
@@ -168,3 +171,130 @@ def test_auto_approve_that_is_not_covered_leaves_the_estimate(settings: Settings
     job_auto_approve(job=job)
     job.refresh_from_db()
     assert job.status == JobStatus.COST_READY
+
+
+# --- the one writer of Job.status (issue 10) ---------------------------------------------
+
+
+def _job_in(organization: Organization, status: JobStatus) -> Job:
+    """A job in `status`; past approval it holds its estimate, as a real one does."""
+    job = job_make(organization, est_cost_cents=50)
+    if status in (JobStatus.IN_PROGRESS, JobStatus.CANCELLING, JobStatus.FINALIZING):
+        job = job_approve(job=job, actor=SYSTEM)
+    Job.objects.filter(pk=job.pk).update(status=status, data_delete_requested=True)
+    return Job.objects.get(pk=job.pk)
+
+
+MOVES = [(src, to) for src, targets in JOB_TRANSITIONS.items() for to in sorted(targets)]
+
+
+@pytest.mark.parametrize("src,to", MOVES, ids=[f"{s}->{t}" for s, t in MOVES])
+def test_every_allowed_transition_writes_its_event_and_its_states_effects(
+        organization: Organization, monkeypatch: pytest.MonkeyPatch,
+        django_capture_on_commit_callbacks: Any, src: JobStatus, to: JobStatus) -> None:
+    hooks: list[tuple[str, str]] = []
+    monkeypatch.setattr("jobs.services.webhooks.job_webhook_enqueue",
+                        lambda *, job, status: hooks.append((status, job.status)))
+    balance = credits_summary(organization=organization).balance
+    job = _job_in(organization, src)
+    events = JobEvent.objects.filter(job=job).count()  # an approval, for a job past it
+    hooks.clear()
+    cost = 20 if to == JobStatus.DONE else 0
+    with django_capture_on_commit_callbacks(execute=True):
+        moved = job_transition(job=job, to=to, actor=SYSTEM, cost_cents=cost)
+    assert moved is not None and moved.status == to
+    moved.refresh_from_db()
+    assert JobEvent.objects.filter(job=job).count() == events + 1
+    event = JobEvent.objects.filter(job=job).last()
+    assert event is not None
+    assert (event.from_status, event.to_status, event.actor_label) == (src, to, "system: tests")
+    assert hooks == [(to, to)]  # the webhook sees the job as it now is
+    credits = credits_summary(organization=organization)
+    if to in TERMINAL_STATUSES:
+        assert moved.finished_at is not None and moved.data_expires_at == \
+            moved.finished_at + timedelta(days=30)
+        assert moved.data_deleted_at is not None  # deletion was requested: purged on commit
+        assert (credits.held, balance - credits.balance, moved.cost_cents) == (0, cost, cost)
+    else:
+        assert (moved.data_expires_at, moved.data_deleted_at) == (None, None)
+        assert credits.balance == balance
+    # A repeat is refused and writes nothing, settles nothing.
+    assert job_transition(job=job, to=to, actor=SYSTEM, cost_cents=cost) is None
+    assert JobEvent.objects.filter(job=job).count() == events + 1
+    assert credits_summary(organization=organization) == credits
+
+
+@pytest.mark.parametrize("src,to", [(s, t) for s in JobStatus for t in JobStatus
+                                    if t not in JOB_TRANSITIONS[s]])
+def test_every_other_move_is_refused(organization: Organization, src: JobStatus,
+                                     to: JobStatus) -> None:
+    job = _job_in(organization, src)
+    events = JobEvent.objects.filter(job=job).count()
+    assert job_transition(job=job, to=to, actor=SYSTEM) is None
+    assert Job.objects.get(pk=job.pk).status == src
+    assert JobEvent.objects.filter(job=job).count() == events
+
+
+def test_job_status_is_written_only_by_job_transition() -> None:
+    """Issue 10: status was written in lifecycle, estimation and running. Any
+    `Job.objects….update(status=…)` in the product's code but job_transition's fails this
+    (tests and benchmarks make their fixtures in a state directly)."""
+    root = Path(__file__).resolve().parent.parent
+    writers = []
+    for app in ("anex", "billing", "console", "inference", "jobs"):
+        for path in (root / app).rglob("*.py"):
+            if "migrations" in path.parts:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                        and node.func.attr in ("update", "bulk_update")):
+                    continue
+                receiver = node.func.value
+                while isinstance(receiver, (ast.Attribute, ast.Call)):
+                    receiver = receiver.func if isinstance(receiver, ast.Call) \
+                        else receiver.value
+                if isinstance(receiver, ast.Name) and receiver.id == "Job" and any(
+                        k.arg == "status" for k in node.keywords):
+                    writers.append(str(path.relative_to(root)))
+    assert writers == ["jobs/services/lifecycle.py"]
+
+
+def test_a_submitted_job_records_its_creation(api: APIClient, organization: Organization) -> None:
+    from tests.factories import input_ready
+    from tests.test_jobs_estimate import embedding_row, jsonl
+
+    item = input_ready(organization, jsonl(embedding_row("a", "x")))
+    response = api.post(JOBS, {"input_id": str(item.pk), "model": "qwen3-embedding-8b"},
+                        format="json")
+    event = JobEvent.objects.get(job_id=response.json()["id"])
+    assert (event.from_status, event.to_status) == ("", "submitted")
+    assert event.actor_label.startswith("key ")
+
+
+@pytest.mark.parametrize("residency", ["world", "eu"])
+@pytest.mark.parametrize("status", list(JobStatus))
+def test_cancel_and_delete_data_agree_on_what_stops_now(
+        api: APIClient, client_for: Any, status: JobStatus, residency: str) -> None:
+    """Issue 10: "can this job be cancelled now" was decided twice (lifecycle, data)."""
+    organization = organization_make(eu_data_routing=residency == "eu")
+    _key, plaintext = api_key_make(organization)
+    client = client_for(plaintext)
+    by_cancel, by_delete = (job_make(organization, status=status) for _ in range(2))
+    Job.objects.filter(pk__in=[by_cancel.pk, by_delete.pk]).update(data_residency=residency)
+    cancelled = client.post(f"{JOBS}/{by_cancel.pk}/cancel").status_code == 200 \
+        and status != JobStatus.CANCELLING
+    client.delete(f"{JOBS}/{by_delete.pk}/data")
+    stopped = Job.objects.get(pk=by_delete.pk).status != status
+    assert cancelled == stopped == (status in CANCELLABLE[residency])
+
+
+def test_a_cancelled_or_expired_job_has_its_data_expiry(api: APIClient,
+                                                        organization: Organization) -> None:
+    """Issue 10: data_expires_at stayed null on failed and cancelled jobs."""
+    job = job_make(organization)
+    api.post(f"{JOBS}/{job.pk}/cancel")
+    assert api.get(f"{JOBS}/{job.pk}").json()["data_expires_at"] is not None
+    stale = job_make(organization)
+    Job.objects.filter(pk=stale.pk).update(cost_ready_at=timezone.now() - timedelta(hours=25))
+    lease_recover(APPROVAL, timezone.now())
+    assert api.get(f"{JOBS}/{stale.pk}").json()["data_expires_at"] is not None

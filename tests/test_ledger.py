@@ -21,6 +21,7 @@ from billing.services import (
 from console.actors import Actor
 from console.models import AuditEvent, Organization
 from jobs.constants import JobStatus
+from jobs.models import Job
 from jobs.services.lifecycle import job_approve, job_finish
 from tests.factories import SYSTEM, api_key_make, job_make, organization_make
 
@@ -152,12 +153,18 @@ def test_a_key_spend_budget_caps_what_its_approvals_hold() -> None:
     job_approve(job=job_make(organization, est_cost_cents=40), actor=Actor(key=other))
 
 
+def ran(job: Job) -> Job:
+    """An approved job whose rows have run: it finishes from finalizing."""
+    Job.objects.filter(pk=job.pk).update(status=JobStatus.FINALIZING)
+    return job
+
+
 def test_finishing_charges_the_cost_and_releases_the_rest() -> None:
     organization = funded(100)
     key, _ = api_key_make(organization, spend_budget_cents=1000)
     job = job_approve(job=job_make(organization, est_cost_cents=60), actor=Actor(key=key))
     assert key_spend_cents(api_key=key) == 60
-    finished = job_finish(job=job, status=JobStatus.DONE, cost_cents=25)
+    finished = job_finish(job=ran(job), status=JobStatus.DONE, cost_cents=25)
     assert (finished.status, finished.cost_cents) == (JobStatus.DONE, 25)
     assert finished.finished_at is not None
     assert credits_summary(organization=organization) == Credits(balance=75, held=0)
@@ -179,7 +186,7 @@ def test_failed_and_cancelled_jobs_settle_too(status: JobStatus) -> None:
 def test_finishing_twice_settles_once() -> None:
     organization = funded(100)
     job = job_approve(job=job_make(organization, est_cost_cents=60), actor=SYSTEM)
-    job_finish(job=job, status=JobStatus.DONE, cost_cents=20)
+    job_finish(job=ran(job), status=JobStatus.DONE, cost_cents=20)
     again = job_finish(job=job, status=JobStatus.FAILED, cost_cents=50)
     assert (again.status, again.cost_cents) == (JobStatus.DONE, 20)
     assert hold_settle(job=job, cost_cents=59) == 20
@@ -189,7 +196,7 @@ def test_finishing_twice_settles_once() -> None:
 def test_a_job_never_charges_more_than_its_hold() -> None:
     organization = funded(100)
     job = job_approve(job=job_make(organization, est_cost_cents=30), actor=SYSTEM)
-    assert job_finish(job=job, status=JobStatus.DONE, cost_cents=45).cost_cents == 30
+    assert job_finish(job=ran(job), status=JobStatus.DONE, cost_cents=45).cost_cents == 30
     assert credits_summary(organization=organization) == Credits(balance=70, held=0)
 
 

@@ -16,7 +16,7 @@ from pytest_django.fixtures import Settings as SettingsWrapper
 from anex.api.errors import ApiError
 from billing.models import LedgerEntry
 from billing.services import credits_grant, credits_summary, hold_open_cents
-from jobs.constants import TERMINAL_STATUSES, JobStatus
+from jobs.constants import JOB_TRANSITIONS, TERMINAL_STATUSES, JobStatus
 from jobs.models import Job
 from jobs.services.lifecycle import job_approve, job_finish
 from tests.factories import SYSTEM, job_make, organization_make
@@ -71,10 +71,13 @@ def run(ops: list[tuple]) -> None:  # type: ignore[type-arg]
             if index not in jobs:
                 continue
             job = jobs[index]
+            if status == JobStatus.DONE:  # only a job whose rows have run is done
+                Job.objects.filter(pk=job.pk, status=JobStatus.IN_PROGRESS).update(
+                    status=JobStatus.FINALIZING)
             job.refresh_from_db()
-            was_terminal = job.status in TERMINAL_STATUSES
+            moves = status in JOB_TRANSITIONS[JobStatus(job.status)]
             finished = job_finish(job=job, status=status, cost_cents=cost)
-            if not was_terminal:
+            if moves:
                 charged = min(cost, holds.pop(index, 0))
                 assert finished.cost_cents == charged
                 balance -= charged

@@ -18,6 +18,7 @@ from billing.constants import EntryKind
 from billing.models import LedgerEntry
 from billing.services import credits_grant, credits_summary
 from jobs.constants import JobStatus
+from jobs.models import Job
 from jobs.services.lifecycle import job_approve, job_finish
 from tests.factories import SYSTEM, job_make, organization_make
 from tests.stripe_helpers import WEBHOOK_SECRET, checkout_completed_event, signed_headers
@@ -94,6 +95,7 @@ def test_twenty_concurrent_settlements_charge_and_release_once(settings: Setting
     organization = organization_make()
     credits_grant(organization=organization, cents=1000, reason="race", actor=SYSTEM)
     job = job_approve(job=job_make(organization, est_cost_cents=600), actor=SYSTEM)
+    Job.objects.filter(pk=job.pk).update(status=JobStatus.FINALIZING)  # its rows have run
 
     results = race(lambda: job_finish(job=job, status=JobStatus.DONE, cost_cents=250))
 

@@ -25,7 +25,7 @@ from jobs.constants import ChunkStatus, JobStatus
 from jobs.models import Chunk, Job
 from jobs.results import result_key
 from jobs.services.lifecycle import job_approve
-from jobs.services.running import chunks_recover
+from jobs.services.recovery import recover
 from jobs.storage import storage_for
 from tests.engine_fixtures import checkpoint_dirs  # noqa: F401
 from tests.factories import SYSTEM, input_ready, organization_make
@@ -86,7 +86,7 @@ def test_a_killed_worker_loses_no_row_and_charges_once(
     dramatiq.get_broker().flush_all()
     first = start_worker(env)
     try:
-        job_approve(job=job, actor=SYSTEM)  # sends job_run after commit
+        job_approve(job=job, actor=SYSTEM)  # sends job_start_task after commit
         wait(lambda: Chunk.objects.filter(job=job, status=ChunkStatus.DONE).exists(), 300)
         # Kill it mid-job, as a machine dies: no goodbye, messages unacknowledged.
         os.killpg(first.pid, signal.SIGKILL)
@@ -99,7 +99,7 @@ def test_a_killed_worker_loses_no_row_and_charges_once(
     second = start_worker(env)
     try:
         def recovered() -> bool:
-            chunks_recover()  # the periodic reaper's work, run here on a short period
+            recover()  # the periodic recovery pass, run here on a short period
             return Job.objects.get(pk=job.pk).status in (JobStatus.DONE, JobStatus.FAILED)
 
         wait(recovered, 400)

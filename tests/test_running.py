@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.utils import timezone
@@ -22,10 +23,10 @@ from jobs.models import Chunk, Job
 from jobs.results import chunk_key
 from jobs.services.data import results_purge_expired
 from jobs.services.lifecycle import job_approve
+from jobs.services.recovery import CHUNK, lease_recover
 from jobs.services.running import (
     _usage_dump,
     chunks_plan,
-    chunks_recover,
     job_finalize,
     job_start,
     run_queue,
@@ -234,9 +235,9 @@ def test_deleting_a_finished_jobs_data_removes_every_object(organization: Organi
     assert polled["success_rows"] == 2  # the record stays
 
 
-def test_deleting_a_running_jobs_data_cancels_it_first(organization: Organization,
-                                                       api: APIClient,
-                                                       sent: list[tuple[str, str]]) -> None:
+def test_deleting_a_running_jobs_data_cancels_it_first(
+        organization: Organization, api: APIClient, sent: list[tuple[str, str]],
+        django_capture_on_commit_callbacks: Any) -> None:
     job = approved_job(organization, rows=4)
     job_start(job_id=job.pk)
     first, second = list(job.chunks.order_by("index"))
@@ -253,7 +254,8 @@ def test_deleting_a_running_jobs_data_cancels_it_first(organization: Organizatio
 
     chunk_run(chunk_id=second.pk)
     complete(Chunk.objects.get(pk=first.pk), [RowOutcome.SUCCESS, RowOutcome.SUCCESS])
-    job_finalize(job_id=job.pk)
+    with django_capture_on_commit_callbacks(execute=True):  # the purge follows the commit
+        job_finalize(job_id=job.pk)
     job.refresh_from_db()
     assert job.status == JobStatus.CANCELLED and job.data_deleted_at is not None
     assert not storage_for("world").exists(job.result_key)
@@ -284,7 +286,7 @@ def test_the_reaper_requeues_the_chunks_of_dead_workers(organization: Organizati
     Chunk.objects.filter(pk=dead.pk).update(status=ChunkStatus.RUNNING, heartbeat_at=long_ago)
     Chunk.objects.filter(pk=alive.pk).update(status=ChunkStatus.RUNNING,
                                              heartbeat_at=timezone.now())
-    assert chunks_recover() == {"requeued": 1}
+    assert lease_recover(CHUNK, timezone.now()) == 1
     assert sent == [("run.world.gemma4-12b", str(dead.pk))]
     assert Chunk.objects.get(pk=dead.pk).status == ChunkStatus.PENDING
 

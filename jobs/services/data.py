@@ -11,10 +11,10 @@ from django.utils import timezone
 
 from anex.api.errors import ApiError
 from console.actors import Actor
-from jobs.constants import TERMINAL_STATUSES, JobStatus
+from jobs.constants import TERMINAL_STATUSES
 from jobs.models import Job
 from jobs.results import chunk_key
-from jobs.services.lifecycle import job_cancel
+from jobs.services.lifecycle import job_cancel, job_cancellable
 from jobs.storage import storage_for
 
 RESULT_LINK_SECONDS = 3600
@@ -61,24 +61,15 @@ def job_data_delete(*, job: Job, actor: Actor) -> tuple[Job, bool]:
     with transaction.atomic():
         Job.objects.filter(pk=job.pk).update(data_delete_requested=True)
         job.refresh_from_db()
-        if job.status not in TERMINAL_STATUSES:
-            if job.status in (JobStatus.IN_PROGRESS, JobStatus.COST_READY) or (
-                    job.status in (JobStatus.SUBMITTED, JobStatus.ESTIMATING)
-                    and job.data_residency == "eu"):
-                job = job_cancel(job=job, actor=actor)
+        if job_cancellable(job):
+            job = job_cancel(job=job, actor=actor)
     if job.status in TERMINAL_STATUSES:
+        # A job that stopped just now was purged on the cancel's commit; this purge keeps
+        # that first time (and covers a job that was already terminal).
         return job_data_purge(job=job), True
-    # Still stopping (or still estimating: it is cancelled the moment its estimate is
-    # ready, see jobs.services.estimation); the purge follows when it stops.
+    # Still stopping, or still estimating (a job_transition into any terminal state purges
+    # it: cancelled when its estimate is ready, or failed).
     return job, False
-
-
-def job_data_delete_if_requested(*, job: Job) -> Job:
-    """Called whenever a job stops: a deletion asked for while it ran happens now."""
-    job.refresh_from_db()
-    if job.data_delete_requested and job.status in TERMINAL_STATUSES:
-        return job_data_purge(job=job)
-    return job
 
 
 def results_purge_expired() -> int:

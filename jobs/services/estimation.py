@@ -13,31 +13,29 @@ import logging
 import shutil
 import tempfile
 import uuid
-from datetime import timedelta
 
-from django.db.models import F, Q
 from django.utils import timezone
 
-from anex.api.errors import ApiError
 from anex.net import FetchError, fetch
 from billing.pricing import Usage, price
-from console.actors import Actor
 from inference.catalog import CatalogModel, model_get
 from inference.tokens import token_counter
 from inference.warmth import startup_seconds
 from jobs.constants import FailureCode, InputFormat, JobStatus, TaskType
 from jobs.models import Job
-from jobs.services.data import job_data_delete_if_requested
-from jobs.services.lifecycle import job_approve, job_finish
+from jobs.services.lifecycle import (
+    WORKER,
+    job_cost_ready,
+    job_fail,
+    job_lease_claim,
+    job_transition,
+)
 from jobs.storage import storage_for
 from jobs.validation import FileReport, InputRejected, JobOptions, validate_jsonl, validate_parquet
 
 logger = logging.getLogger(__name__)
 
 CANNOT_PRICE = "We could not prepare a price for this job automatically."
-# A claimed estimate that has not finished in this long belongs to a dead worker.
-ESTIMATE_LEASE = timedelta(minutes=30)
-ESTIMATE_ATTEMPTS = 3
 # Processing time is the start-up the workers measured (inference/warmth.py) plus the
 # tokens at a conservative rate per task (a chat job's sample measures its own rate).
 TOKENS_PER_SECOND = {TaskType.CHAT: 2_000, TaskType.EMBED: 50_000, TaskType.DECIDE: 100_000}
@@ -68,15 +66,11 @@ def needs_sample(job: Job, model: CatalogModel) -> bool:
             and job.reasoning_budget_requested is None)
 
 
-def _claim(job_id: uuid.UUID | str) -> bool:
-    now = timezone.now()
-    fresh = Q(status=JobStatus.SUBMITTED)
-    # A worker died mid-estimate: its lease ran out, the rows were never counted.
-    abandoned = Q(status=JobStatus.ESTIMATING, row_count__isnull=True,
-                  estimating_at__lt=now - ESTIMATE_LEASE)
-    return Job.objects.filter(fresh | abandoned, pk=job_id).update(
-        status=JobStatus.ESTIMATING, estimating_at=now,
-        estimate_attempts=F("estimate_attempts") + 1) == 1
+def _claim(job: Job) -> bool:
+    """submitted -> estimating; or an estimate the recovery pass handed out again (its
+    worker died before the rows were counted)."""
+    return job_transition(job=job, to=JobStatus.ESTIMATING, actor=WORKER) is not None or \
+        job_lease_claim(job_id=job.pk, status=JobStatus.ESTIMATING, row_count__isnull=True)
 
 
 def _validate(job: Job, model: CatalogModel, count_tokens: object) -> FileReport:
@@ -125,9 +119,22 @@ def _estimate_fields(job: Job, model: CatalogModel, report: FileReport) -> dict[
 
 def job_estimate_run(*, job_id: uuid.UUID | str) -> JobStatus | None:
     """The job_estimate actor's work; a job already past this stage is left alone."""
-    if not _claim(job_id):
-        return None
     job = Job.objects.select_related("input", "organization").get(pk=job_id)
+    if not _claim(job):
+        return None
+    try:
+        return _estimate(job)
+    except Exception:
+        # Storage, a tokenizer that will not load: handed out again, then failed past the
+        # cap (jobs.services.recovery), never left estimating.
+        logger.exception("estimate of job %s failed", job.pk)
+        from jobs.services.recovery import ESTIMATE, lease_retry
+
+        lease_retry(ESTIMATE, Job.objects.get(pk=job.pk))
+        return None
+
+
+def _estimate(job: Job) -> JobStatus | None:
     model = model_get(job.model)
     if model is None:
         return _failed(job, CANNOT_PRICE)
@@ -143,10 +150,10 @@ def job_estimate_run(*, job_id: uuid.UUID | str) -> JobStatus | None:
         return _failed(job, rejected.message)
     if not fields:
         # Checked and counted; the sampled estimate takes it from here, on a worker that
-        # serves the model.
+        # serves the model, under a lease of its own.
         Job.objects.filter(pk=job.pk, status=JobStatus.ESTIMATING).update(
             row_count=report.rows, est_input_tok=report.usage.input_tokens
-            + report.usage.media_tokens)
+            + report.usage.media_tokens, leased_at=timezone.now(), claimed=False, attempts=0)
         from jobs.services.running import queue_send, run_queue
         from jobs.tasks import job_sample
 
@@ -163,56 +170,6 @@ def _uncounted(text: str) -> int:
 
 
 def _failed(job: Job, reason: str) -> JobStatus:
-    """Fails the job unbilled (invalid_input, the reason as its failure_reason); a data
-    deletion asked for while it was estimating happens now."""
-    job = job_finish(job=job, status=JobStatus.FAILED, failure_code=FailureCode.INVALID_INPUT,
-                     failure_reason=reason)
-    job_data_delete_if_requested(job=job)
+    """Fails the job unbilled, invalid_input with the reason as its failure_reason."""
+    job_fail(job=job, code=FailureCode.INVALID_INPUT, reason=reason)
     return JobStatus.FAILED
-
-
-def job_cost_ready(*, job: Job, estimate: dict[str, object]) -> JobStatus | None:
-    """estimating -> cost_ready with the estimate (guarded), then what follows at once: a
-    data deletion asked for meanwhile stops it unbilled; auto-approve approves it."""
-    moved = Job.objects.filter(pk=job.pk, status=JobStatus.ESTIMATING).update(
-        status=JobStatus.COST_READY, cost_ready_at=timezone.now(), **estimate)
-    if not moved:
-        return None
-    job.refresh_from_db()
-    if job.data_delete_requested:
-        job_finish(job=job, status=JobStatus.CANCELLED)
-        job_data_delete_if_requested(job=job)
-        return JobStatus.CANCELLED
-    if job.organization.auto_approve:
-        job_auto_approve(job=job)
-    return JobStatus.COST_READY
-
-
-def job_auto_approve(*, job: Job) -> None:
-    """The organization's auto-approve: the approval made as if the API call were made.
-    One that cannot be covered leaves the job in cost_ready for a person to top up."""
-    try:
-        job_approve(job=job, actor=Actor(system="auto-approve"))
-    except ApiError as error:
-        logger.info("auto-approve of job %s refused: %s", job.pk, error.status)
-
-
-def jobs_estimate_recover() -> list[str]:
-    """Estimates whose message was lost or whose worker died are sent again; after
-    ESTIMATE_ATTEMPTS the job fails (internal_error, nothing billed)."""
-    now = timezone.now()
-    lost = Job.objects.filter(status=JobStatus.SUBMITTED,
-                              created_at__lt=now - timedelta(minutes=1))
-    dead = Job.objects.filter(status=JobStatus.ESTIMATING, row_count__isnull=True,
-                              estimating_at__lt=now - ESTIMATE_LEASE)
-    for job in dead.filter(estimate_attempts__gte=ESTIMATE_ATTEMPTS):
-        job_finish(job=job, status=JobStatus.FAILED, failure_code=FailureCode.INTERNAL_ERROR,
-                   failure_reason="We could not check this job's input. Nothing was billed; "
-                                  "please submit it again.")
-    from jobs.tasks import job_estimate
-
-    resent = [str(pk) for pk in (lost | dead.filter(estimate_attempts__lt=ESTIMATE_ATTEMPTS))
-              .values_list("pk", flat=True)[:500]]
-    for job_id in resent:
-        job_estimate.send(job_id)
-    return resent

@@ -11,13 +11,13 @@ import logging
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import PurePosixPath
 from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from anex.api.errors import ApiError
@@ -34,8 +34,10 @@ from jobs.storage import StorageTooLarge, storage_for
 
 logger = logging.getLogger(__name__)
 
-# How long one copy may take before the sweeper calls its worker dead and starts again.
+# How long one copy may take before the recovery pass calls its worker dead and starts
+# again; after INGEST_ATTEMPTS copies the ingest fails.
 COPY_TIME_LIMIT = timedelta(minutes=60)
+INGEST_ATTEMPTS = 3
 # The slowest source we wait for: a copy whose source stalls this long fails.
 COPY_READ_TIMEOUT_SECONDS = 60
 SNIFF_BYTES = 512
@@ -189,7 +191,7 @@ def input_copy(*, input_id: uuid.UUID | str) -> InputStatus | None:
     a redelivered message finds it no longer pending and does nothing."""
     now = timezone.now()
     claimed = Input.objects.filter(pk=input_id, status=InputStatus.PENDING).update(
-        status=InputStatus.COPYING, copy_started_at=now)
+        status=InputStatus.COPYING, copy_started_at=now, attempts=F("attempts") + 1)
     if claimed != 1:
         return None
     item = Input.objects.select_related("organization").get(pk=input_id)
@@ -209,41 +211,61 @@ def input_copy(*, input_id: uuid.UUID | str) -> InputStatus | None:
         error = f"The source is larger than the input cap of {cap:,} bytes."
     except (FetchError, _CopyFailed) as exc:
         error = str(exc)
-    with transaction.atomic():
-        fields = _ready_fields(size) if not error else {"status": InputStatus.FAILED,
-                                                         "error": error}
-        # The source URL may carry the customer's credentials: keep it no longer than needed.
-        updated = Input.objects.filter(pk=item.pk, status=InputStatus.COPYING).update(
-            source_url="", **fields)
-        if updated and item.callback_url:
-            item.refresh_from_db()
-            delivery_enqueue(
-                organization=item.organization, url=item.callback_url, input=item,
-                event_type="input.ready" if not error else "input.failed",
-                data={"input_id": str(item.pk), "status": item.status,
-                      "input_s3_uri": item.input_s3_uri, "error": item.error or None},
-            )
+    _copy_settle(item, error=error, size=size, started=now)
     if error:
         logger.info("ingest %s failed: %s", item.pk, error)
     return InputStatus.FAILED if error else InputStatus.READY
 
 
-def inputs_sweep() -> int:
-    """Recover ingests whose queue message was lost (still pending a while after commit)
-    or whose worker died mid-copy (copying past the time limit): they are queued again."""
-    now = timezone.now()
-    stuck = Input.objects.filter(status=InputStatus.COPYING,
-                                 copy_started_at__lt=now - COPY_TIME_LIMIT)
-    stuck.update(status=InputStatus.PENDING)
-    waiting = Input.objects.filter(status=InputStatus.PENDING,
-                                   created_at__lt=now - timedelta(seconds=30))
+@transaction.atomic
+def _copy_settle(item: Input, *, error: str, size: int, started: datetime) -> bool:
+    """copying -> ready or failed (guarded on this copy's claim) and its callback."""
+    fields = _ready_fields(size) if not error else {"status": InputStatus.FAILED,
+                                                     "error": error}
+    # The source URL may carry the customer's credentials: keep it no longer than needed.
+    updated = Input.objects.filter(pk=item.pk, status=InputStatus.COPYING,
+                                   copy_started_at=started).update(source_url="", **fields)
+    if updated and item.callback_url:
+        item.refresh_from_db()
+        delivery_enqueue(
+            organization=item.organization, url=item.callback_url, input=item,
+            event_type="input.ready" if not error else "input.failed",
+            data={"input_id": str(item.pk), "status": item.status,
+                  "input_s3_uri": item.input_s3_uri, "error": item.error or None},
+        )
+    return bool(updated)
+
+
+def input_copy_resend(item: Input) -> None:
+    """The recovery pass: an ingest still pending (its message lost) is sent again."""
     from jobs.tasks import input_ingest
 
-    count = 0
-    for input_id in waiting.values_list("pk", flat=True)[:500]:
-        input_ingest.send(str(input_id))
-        count += 1
-    return count
+    input_ingest.send(str(item.pk))
+
+
+def input_copy_revive(item: Input) -> None:
+    """The recovery pass: a copy whose worker died (copying past its time limit) starts
+    again, once per dead claim."""
+    if Input.objects.filter(pk=item.pk, status=InputStatus.COPYING,
+                            copy_started_at=item.copy_started_at).update(
+            status=InputStatus.PENDING) == 1:
+        input_copy_resend(item)
+
+
+def input_copy_give_up(item: Input) -> None:
+    """The recovery pass: a copy that died INGEST_ATTEMPTS times fails, with its callback."""
+    assert item.copy_started_at is not None
+    _copy_settle(Input.objects.select_related("organization").get(pk=item.pk),
+                 error=f"The copy was interrupted {item.attempts} times before it finished. "
+                       "Create the input again.", size=0, started=item.copy_started_at)
+
+
+def inputs_sweep() -> int:
+    """The ingest rows of the recovery pass alone (jobs.services.recovery)."""
+    from jobs.services.recovery import INGEST_COPY, INGEST_QUEUED, lease_recover
+
+    now = timezone.now()
+    return lease_recover(INGEST_QUEUED, now) + lease_recover(INGEST_COPY, now)
 
 
 def inputs_expire() -> int:

@@ -1,11 +1,19 @@
-"""Every job state change (STYLE.md rules 1 and 3): guarded transitions, one per change,
-called alike by the API, the console and the workers."""
+"""The job state machine (STYLE.md rules 1 and 3). `job_transition` is the one writer of
+Job.status; the named services below (created, cost_ready, approve, cancel, finish) are a
+few lines each around it, called alike by the API, the console and the workers.
+
+The moves it allows and where a cancel stops a job are data (jobs.constants
+JOB_TRANSITIONS, CANCELLABLE); what happens on entering a state is written once, here.
+"""
 
 from __future__ import annotations
 
+import logging
+import uuid
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -13,15 +21,134 @@ from anex.api.errors import ApiError
 from billing.services import hold_place, hold_settle, organization_lock
 from console.actors import Actor
 from console.audit import audit_record
-from console.constants import AuditAction, Region
-from jobs.constants import TERMINAL_STATUSES, ChunkStatus, FailureCode, JobStatus
-from jobs.models import Job
+from console.constants import AuditAction
+from jobs.constants import (
+    CANCELLABLE,
+    JOB_TRANSITIONS,
+    TERMINAL_STATUSES,
+    ChunkStatus,
+    FailureCode,
+    JobStatus,
+)
+from jobs.models import Job, JobEvent
+from jobs.services import webhooks
+
+logger = logging.getLogger(__name__)
+
+# The system as it acts on a job: the workers' own moves, and the recovery pass's.
+WORKER = Actor(system="worker")
+RECOVERY = Actor(system="recovery")
+# The state's own work starts with the move (the worker that moves a job to estimating or
+# finalizing is the one running it), so its lease is held from that moment.
+CLAIMED_ON_ENTRY = frozenset({JobStatus.ESTIMATING, JobStatus.FINALIZING})
 
 
-def _job_lock(job: Job) -> Job:
-    # Fixed order: the organization row first, then the job (billing.services).
-    organization_lock(job.organization_id)
-    return Job.objects.select_for_update().get(pk=job.pk)
+def _sources(to: JobStatus) -> frozenset[JobStatus]:
+    return frozenset(src for src, targets in JOB_TRANSITIONS.items() if to in targets)
+
+
+@transaction.atomic
+def job_transition(*, job: Job, to: JobStatus, actor: Actor,
+                   sources: frozenset[JobStatus] | None = None, cost_cents: int = 0,
+                   **fields: Any) -> Job | None:
+    """Move the job to `to` when its status is one the table allows (narrowed to
+    `sources` when given); None, and nothing written, when it is not - a repeat is a no-op.
+
+    In the same commit: the other `fields`, a JobEvent, a fresh lease for the new state's
+    work (jobs.services.recovery), the state's own effects, and the webhook:
+    - cost_ready: cost_ready_at. cancelling: cancel_requested.
+    - in_progress: approved_at and the hold on est_cost_cents (402 when it is not covered,
+      and then nothing of the move is kept); the run is sent on commit.
+    - done, failed, cancelled: finished_at and data_expires_at (the reference: set once
+      the job is terminal, the result kept ANEX_RESULT_RETENTION_DAYS); the hold settled on
+      `cost_cents` (released in full at 0); a data deletion asked for meanwhile, on commit.
+    """
+    allowed = _sources(to)
+    if sources is not None:
+        if not sources <= allowed:
+            raise ValueError(f"{sorted(sources - allowed)} -> {to} is not a job transition")
+        allowed = sources
+    terminal = to in TERMINAL_STATUSES
+    if to == JobStatus.IN_PROGRESS or terminal:
+        # It moves credits: the organization row first, then the job (billing.services).
+        organization_lock(job.organization_id)
+    current = Job.objects.select_for_update().values_list("status", flat=True).get(pk=job.pk)
+    if current not in allowed:
+        return None
+    now = timezone.now()
+    values: dict[str, Any] = {"leased_at": now, "claimed": to in CLAIMED_ON_ENTRY,
+                              "attempts": 0}
+    if to == JobStatus.COST_READY:
+        values["cost_ready_at"] = now
+    elif to == JobStatus.IN_PROGRESS:
+        values["approved_at"] = now
+    elif to == JobStatus.CANCELLING:
+        values["cancel_requested"] = True
+    elif terminal:
+        values["finished_at"] = now
+        values["data_expires_at"] = now + timedelta(days=settings.ANEX_RESULT_RETENTION_DAYS)
+    moved = Job.objects.filter(pk=job.pk, status=current).update(status=to, **values,
+                                                                  **fields)
+    assert moved == 1, "the job row is locked; its status cannot have moved"
+    JobEvent.objects.create(job_id=job.pk, from_status=current, to_status=to, at=now,
+                            actor_label=actor.label)
+    entered = Job.objects.select_related("organization").get(pk=job.pk)
+    if to == JobStatus.IN_PROGRESS:
+        hold_place(job=entered)
+        _start_after_commit(entered.pk)
+    elif terminal:
+        entered.cost_cents = hold_settle(job=entered, cost_cents=cost_cents)
+        Job.objects.filter(pk=job.pk).update(cost_cents=entered.cost_cents)
+        if entered.data_delete_requested:
+            _purge_after_commit(entered.pk)
+    webhooks.job_webhook_enqueue(job=entered, status=to)
+    return entered
+
+
+def _start_after_commit(job_id: uuid.UUID) -> None:
+    from jobs.tasks import job_start_task
+
+    transaction.on_commit(lambda: job_start_task.send(str(job_id)))
+
+
+def _purge_after_commit(job_id: uuid.UUID) -> None:
+    # Storage deletes are not transactional: they follow the commit. A process that dies
+    # in between leaves the deletion to the recovery pass ("requested data deletion").
+    def purge() -> None:
+        from jobs.services.data import job_data_purge
+
+        job_data_purge(job=Job.objects.select_related("input").get(pk=job_id))
+
+    transaction.on_commit(purge)
+
+
+def job_lease_claim(*, job_id: uuid.UUID | str, status: JobStatus, **conditions: Any) -> bool:
+    """A worker takes the work the job's status waits for, once: a duplicate or redelivered
+    message finds it taken. The recovery pass hands it out again when its lease runs out."""
+    return Job.objects.filter(pk=job_id, status=status, claimed=False, **conditions).update(
+        claimed=True, leased_at=timezone.now()) == 1
+
+
+@transaction.atomic
+def job_created(*, job: Job, actor: Actor) -> None:
+    """A new job's first event (the submit's transaction): created in submitted."""
+    JobEvent.objects.create(job=job, from_status="", to_status=JobStatus.SUBMITTED,
+                            at=job.created_at, actor_label=actor.label)
+    webhooks.job_webhook_enqueue(job=job, status=JobStatus.SUBMITTED)
+
+
+def job_cost_ready(*, job: Job, estimate: dict[str, Any]) -> JobStatus | None:
+    """estimating -> cost_ready with the estimate, then what follows at once: a data
+    deletion asked for meanwhile stops it unbilled; auto-approve approves it."""
+    ready = job_transition(job=job, to=JobStatus.COST_READY, actor=WORKER, **estimate)
+    if ready is None:
+        return None
+    if ready.data_delete_requested:
+        job_finish(job=ready, status=JobStatus.CANCELLED)
+        return JobStatus.CANCELLED
+    if ready.organization.auto_approve:
+        job_auto_approve(job=ready)
+    return JobStatus.COST_READY
 
 
 @transaction.atomic
@@ -31,58 +158,29 @@ def job_approve(*, job: Job, actor: Actor) -> Job:
     409 from any other state (a retried approval included: it holds nothing twice), 402
     when the balance or the approving key's budget does not cover the estimate.
     """
-    locked = _job_lock(job)
-    if locked.status != JobStatus.COST_READY:
-        raise ApiError(
-            409, f"This job is {locked.status}: only a job in cost_ready can be approved."
-        )
-    locked.approved_by_key = actor.key
-    locked.approved_by_user = actor.user
-    hold_place(job=locked)
-    updated = Job.objects.filter(pk=locked.pk, status=JobStatus.COST_READY).update(
-        status=JobStatus.IN_PROGRESS, approved_at=timezone.now(),
-        approved_by_key=actor.key, approved_by_user=actor.user,
-    )
-    assert updated == 1, "the job row is locked; its status cannot have moved"
-    _run_after_commit(locked)
-    locked.refresh_from_db()
-    audit_record(organization=locked.organization, actor=actor,
-                 action=AuditAction.JOB_APPROVED, target=locked,
-                 data={"est_cost_cents": locked.est_cost_cents})
-    return locked
+    approved = job_transition(job=job, to=JobStatus.IN_PROGRESS, actor=actor,
+                              approved_by_key=actor.key, approved_by_user=actor.user)
+    if approved is None:
+        status = Job.objects.values_list("status", flat=True).get(pk=job.pk)
+        raise ApiError(409, f"This job is {status}: only a job in cost_ready can be approved.")
+    audit_record(organization=approved.organization, actor=actor,
+                 action=AuditAction.JOB_APPROVED, target=approved,
+                 data={"est_cost_cents": approved.est_cost_cents})
+    return approved
 
 
-def _run_after_commit(job: Job) -> None:
-    from jobs.tasks import job_run
-
-    transaction.on_commit(lambda: job_run.send(str(job.pk)))
-
-
-@transaction.atomic
-def job_finish(*, job: Job, status: JobStatus, cost_cents: int = 0,
-               failure_code: FailureCode | str = "", failure_reason: str = "",
-               outcome: dict[str, Any] | None = None) -> Job:
-    """Move a job to a terminal state and settle its hold in the same commit; `outcome`
-    (row counts, the result, partial) is recorded in that same update.
-
-    A job already terminal is returned unchanged: finishing twice settles once.
-    """
-    if status not in TERMINAL_STATUSES:
-        raise ValueError(f"{status} is not a terminal status")
-    locked = _job_lock(job)
-    if locked.status in TERMINAL_STATUSES:
-        return locked
-    charged = hold_settle(job=locked, cost_cents=cost_cents)
-    Job.objects.filter(pk=locked.pk).update(
-        status=status, finished_at=timezone.now(), cost_cents=charged,
-        failure_code=failure_code, failure_reason=failure_reason, **(outcome or {}),
-    )
-    locked.refresh_from_db()
-    return locked
+def job_auto_approve(*, job: Job) -> None:
+    """The organization's auto-approve: the approval made as if the API call were made.
+    One that cannot be covered leaves the job in cost_ready for a person to top up."""
+    try:
+        job_approve(job=job, actor=Actor(system="auto-approve"))
+    except ApiError as error:
+        logger.info("auto-approve of job %s refused: %s", job.pk, error.status)
 
 
-TOO_LATE = frozenset({JobStatus.FINALIZING, *TERMINAL_STATUSES})
-ESTIMATE_WINDOW = timedelta(hours=24)
+def job_cancellable(job: Job) -> bool:
+    """Whether a cancel stops this job now (jobs.constants CANCELLABLE)."""
+    return job.status in CANCELLABLE[job.data_residency]
 
 
 @transaction.atomic
@@ -90,45 +188,55 @@ def job_cancel(*, job: Job, actor: Actor) -> Job:
     """The reference's cancel: immediate when no work is in flight, cancelling while rows
     run, 409 while estimating (except an EU job, which may wait an hour for a machine) and
     once finalizing or terminal. A repeat while cancelling changes nothing."""
-    locked = _job_lock(job)
+    # The organization, then the job, then its chunks: a worker's claim of a pending chunk
+    # waits for this decision instead of racing it.
+    organization_lock(job.organization_id)
+    locked = Job.objects.select_for_update().get(pk=job.pk)
     status = JobStatus(locked.status)
-    if status in TOO_LATE:
-        raise ApiError(409, f"This job is {status.value}: it is too late to cancel it.")
     if status == JobStatus.CANCELLING:
         return locked
-    if status in (JobStatus.SUBMITTED, JobStatus.ESTIMATING) \
-            and locked.data_residency != Region.EU:
-        raise ApiError(409, "This job is estimating: wait for cost_ready and simply never "
-                            "approve it - estimates are free, and an unapproved job cancels "
-                            "itself after 24 hours.")
-    # Lock the chunks too (after the organization and the job): a worker's claim of a
-    # pending chunk waits for this decision instead of racing it.
+    if not job_cancellable(locked):
+        if status in (JobStatus.SUBMITTED, JobStatus.ESTIMATING):
+            raise ApiError(409, "This job is estimating: wait for cost_ready and simply never "
+                                "approve it - estimates are free, and an unapproved job "
+                                "cancels itself after 24 hours.")
+        raise ApiError(409, f"This job is {status.value}: it is too late to cancel it.")
     chunk_states = set(locked.chunks.select_for_update().values_list("status", flat=True))
-    in_flight = chunk_states & {ChunkStatus.RUNNING, ChunkStatus.DONE}
-    if status == JobStatus.IN_PROGRESS and in_flight:
+    if status == JobStatus.IN_PROGRESS and chunk_states & {ChunkStatus.RUNNING,
+                                                           ChunkStatus.DONE}:
         # Rows are running: no new work starts, running rows finish, and the runner settles
         # the job as cancelled with the finished rows as a partial result.
-        Job.objects.filter(pk=locked.pk, status=status).update(
-            status=JobStatus.CANCELLING, cancel_requested=True)
-        locked.refresh_from_db()
+        moved = job_transition(job=locked, to=JobStatus.CANCELLING, actor=actor)
     else:
         # No work in flight: it stops now, and any hold is released in full.
         locked.chunks.filter(status=ChunkStatus.PENDING).update(
             status=ChunkStatus.SKIPPED, finished_at=timezone.now())
-        locked = job_finish(job=locked, status=JobStatus.CANCELLED)
-    audit_record(organization=locked.organization, actor=actor,
-                 action=AuditAction.JOB_CANCELLED, target=locked,
-                 data={"from": status.value, "to": locked.status})
-    return locked
+        moved = job_transition(job=locked, to=JobStatus.CANCELLED, actor=actor)
+    assert moved is not None, "the job row is locked; its status cannot have moved"
+    audit_record(organization=moved.organization, actor=actor,
+                 action=AuditAction.JOB_CANCELLED, target=moved,
+                 data={"from": status.value, "to": moved.status})
+    return moved
 
 
-def jobs_expire_unapproved() -> int:
-    """An estimate waits at most 24 hours: a job left in cost_ready past it is cancelled,
-    free of charge."""
-    cutoff = timezone.now() - ESTIMATE_WINDOW
-    count = 0
-    for job in Job.objects.filter(status=JobStatus.COST_READY, cost_ready_at__lt=cutoff):
-        finished = job_finish(job=job, status=JobStatus.CANCELLED,
-                              failure_reason="The estimate was not approved within 24 hours.")
-        count += finished.status == JobStatus.CANCELLED
-    return count
+def job_finish(*, job: Job, status: JobStatus, cost_cents: int = 0,
+               failure_code: FailureCode | str = "", failure_reason: str = "",
+               outcome: dict[str, Any] | None = None, actor: Actor = WORKER) -> Job:
+    """Move a job to a terminal state, its hold settled on `cost_cents` in the same commit;
+    `outcome` (row counts, the result, partial) is recorded in that same update.
+
+    A job that cannot make that move (already terminal, say) is returned unchanged:
+    finishing twice settles once.
+    """
+    if status not in TERMINAL_STATUSES:
+        raise ValueError(f"{status} is not a terminal status")
+    finished = job_transition(job=job, to=status, actor=actor, cost_cents=cost_cents,
+                              failure_code=failure_code, failure_reason=failure_reason,
+                              **(outcome or {}))
+    return finished or Job.objects.get(pk=job.pk)
+
+
+def job_fail(*, job: Job, code: FailureCode, reason: str, actor: Actor = WORKER) -> Job:
+    """Fail a job, unbilled: invalid_input (the input cannot work) or internal_error."""
+    return job_finish(job=job, status=JobStatus.FAILED, failure_code=code,
+                      failure_reason=reason, actor=actor)

@@ -3,8 +3,9 @@ region, each chunk one engine call, results kept per chunk, then one result file
 
 Safe to run twice everywhere (STYLE.md rule 6): a chunk is claimed by a guarded update and
 its counts are recorded by the guarded move to done; its results object is keyed by the
-chunk, so a re-run overwrites. A heartbeat on running chunks lets the reaper re-queue the
-work of a worker that died; finalizing is claimed once and settles the money once.
+chunk, so a re-run overwrites. A heartbeat on running chunks lets the recovery pass
+(jobs.services.recovery) re-queue the work of a worker that died; finalizing is claimed
+once and settles the money once.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 import dramatiq
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, Q, Sum
+from django.db.models import F, Sum
 from django.utils import timezone
 
 from billing.pricing import Usage, price
@@ -37,7 +38,7 @@ from jobs.constants import (
 )
 from jobs.models import Chunk, Job
 from jobs.results import chunk_key, result_write
-from jobs.services.lifecycle import job_finish
+from jobs.services.lifecycle import WORKER, job_finish, job_lease_claim, job_transition
 from jobs.services.rows import (
     InputRow,
     chat_kwargs,
@@ -141,10 +142,10 @@ def job_start(*, job_id: uuid.UUID | str) -> int:
     if not job.chunks.exists():  # an input with no rows left to run: finish at once
         job_finalize(job_id=job.pk)
         return 0
-    return len(_chunks_send(job.chunks.filter(status=ChunkStatus.PENDING)))
+    return len(chunks_send(job.chunks.filter(status=ChunkStatus.PENDING)))
 
 
-def _chunks_send(chunks: Any) -> list[uuid.UUID]:
+def chunks_send(chunks: Any) -> list[uuid.UUID]:
     """Send these chunks to their model's run queue, noting when."""
     from jobs.tasks import chunk_run as chunk_run_actor
 
@@ -318,19 +319,16 @@ def execute(job: Job, rows: list[InputRow]) -> tuple[list[dict[str, Any]], Usage
 
 def job_finalize(*, job_id: uuid.UUID | str) -> JobStatus | None:
     """Once every chunk has settled: merge the results, count, charge, and end the job.
-    Claimed by one caller (in_progress/cancelling -> finalizing); a stale finalizing claim
-    (its worker died) may be taken again."""
+    Claimed by one caller (in_progress/cancelling -> finalizing); one whose worker died is
+    handed out again by the recovery pass, and taken here once."""
     if Chunk.objects.filter(job_id=job_id).exclude(status__in=CHUNK_SETTLED).exists():
         return None
-    now = timezone.now()
-    claimed = Job.objects.filter(
-        Q(status__in=[JobStatus.IN_PROGRESS, JobStatus.CANCELLING])
-        | Q(status=JobStatus.FINALIZING, finalizing_at__lt=now - heartbeat_stale()),
-        pk=job_id,
-    ).update(finalizing_at=now, status=JobStatus.FINALIZING)
-    if claimed != 1:
-        return None
     job = Job.objects.select_related("input", "organization").get(pk=job_id)
+    claimed = job_transition(job=job, to=JobStatus.FINALIZING, actor=WORKER) is not None \
+        or job_lease_claim(job_id=job_id, status=JobStatus.FINALIZING)
+    if not claimed:
+        return None
+    job.refresh_from_db()
     # Whether it was cancelling is told by its chunks: a cancelled job skipped some.
     chunks = list(job.chunks.order_by("index"))
     done = [chunk for chunk in chunks if chunk.status == ChunkStatus.DONE]
@@ -361,39 +359,6 @@ def job_finalize(*, job_id: uuid.UUID | str) -> JobStatus | None:
             "pending_rows": max(rows - accounted, 0),
             "partial": status != JobStatus.DONE and delivered > 0,
             "result_key": key if delivered or status == JobStatus.DONE else "",
-            "data_expires_at": timezone.now()
-            + timedelta(days=settings.ANEX_RESULT_RETENTION_DAYS),
         },
     )
-    from jobs.services.data import job_data_delete_if_requested
-
-    job_data_delete_if_requested(job=finished)
     return JobStatus(finished.status)
-
-
-def chunks_recover() -> dict[str, int]:
-    """The reaper: chunks whose worker died are queued again, lost start messages are
-    sent again, and a finalize whose worker died is taken over."""
-    now = timezone.now()
-    from jobs.tasks import job_run
-
-    dead = list(Chunk.objects.filter(status=ChunkStatus.RUNNING,
-                                     heartbeat_at__lt=now - heartbeat_stale())[:500])
-    revived = [chunk.pk for chunk in dead
-               if Chunk.objects.filter(pk=chunk.pk, status=ChunkStatus.RUNNING,
-                                       heartbeat_at=chunk.heartbeat_at).update(
-                   status=ChunkStatus.PENDING) == 1]
-    # Pending chunks whose message went with a dead worker (taken, never acknowledged):
-    # Redis would redeliver them only after its own long maintenance interval.
-    waiting = Chunk.objects.filter(status=ChunkStatus.PENDING,
-                                   queued_at__lt=now - heartbeat_stale())
-    _chunks_send(Chunk.objects.filter(pk__in=revived) | waiting)
-    lost = Job.objects.filter(status=JobStatus.IN_PROGRESS, chunks__isnull=True,
-                              approved_at__lt=now - timedelta(minutes=2))
-    for job_id in lost.values_list("pk", flat=True)[:500]:
-        job_run.send(str(job_id))
-    stale = Job.objects.filter(status=JobStatus.FINALIZING,
-                               finalizing_at__lt=now - heartbeat_stale())
-    for job_id in stale.values_list("pk", flat=True)[:100]:
-        job_finalize(job_id=job_id)
-    return {"requeued": len(revived)}

@@ -11,6 +11,7 @@ largest length is exact for every row.
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import time
@@ -22,11 +23,11 @@ from inference.catalog import CatalogModel, model_get
 from inference.warmth import startup_seconds
 from jobs.constants import FailureCode, JobStatus, TaskType
 from jobs.models import Job
-from jobs.services.data import job_data_delete_if_requested
-from jobs.services.estimation import job_cost_ready
-from jobs.services.lifecycle import job_finish
+from jobs.services.lifecycle import job_cost_ready, job_fail, job_lease_claim
 from jobs.services.rows import InputRow, chat_kwargs, row_response_format, rows_read
 from jobs.services.running import chunks_plan
+
+logger = logging.getLogger(__name__)
 
 SAMPLE_ROWS = 64
 QUANTILE = 0.95
@@ -136,21 +137,28 @@ def sample_generate(job: Job, model: CatalogModel) -> SampleResult:
 
 
 def job_sample_run(*, job_id: uuid.UUID | str) -> JobStatus | None:
-    """The sampled estimate (on a worker serving the model); then cost_ready."""
-    job = Job.objects.select_related("input", "organization").get(pk=job_id)
-    if job.status != JobStatus.ESTIMATING or job.row_count is None:
+    """The sampled estimate (on a worker serving the model); then cost_ready. Claimed
+    once; a failure other than the output not fitting (the engine not starting, storage)
+    is handed out again and fails the job past the cap (jobs.services.recovery)."""
+    if not job_lease_claim(job_id=job_id, status=JobStatus.ESTIMATING,
+                           row_count__isnull=False):
         return None
+    job = Job.objects.select_related("input", "organization").get(pk=job_id)
     model = model_get(job.model)
     if model is None or model.task != TaskType.CHAT:
         return None
     try:
         result = sample_generate(job, model)
     except EstimateFailed as failure:
-        job_finish(job=job, status=JobStatus.FAILED, failure_code=FailureCode.INVALID_INPUT,
-                   failure_reason=failure.message)
-        job_data_delete_if_requested(job=job)
+        job_fail(job=job, code=FailureCode.INVALID_INPUT, reason=failure.message)
         return JobStatus.FAILED
-    rows = job.row_count
+    except Exception:
+        logger.exception("sample of job %s failed", job.pk)
+        from jobs.services.recovery import SAMPLE, lease_retry
+
+        lease_retry(SAMPLE, Job.objects.get(pk=job.pk))
+        return None
+    rows = job.row_count or 0
     usage = Usage(input_tokens=job.est_input_tok or 0,
                   output_tokens=rows * result.max_output_tokens)
     # The sample just ran on this worker's engine, so the start-up is a warm one.
@@ -162,4 +170,3 @@ def job_sample_run(*, job_id: uuid.UUID | str) -> JobStatus | None:
         else job.reasoning_budget,
         "est_output_tok": usage.output_tokens, "est_cost_cents": price(model, usage).cents,
         "est_processing_seconds": seconds})
-

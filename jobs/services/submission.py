@@ -25,6 +25,7 @@ from jobs.models import Input, Job
 from jobs.response_format import response_format_problem
 from jobs.selectors import input_get
 from jobs.services.inputs import input_refresh
+from jobs.services.lifecycle import job_created
 
 MAX_OUTPUT_TOKENS = 32_768
 APPROVAL_QUEUE_LIMIT = 10
@@ -218,6 +219,7 @@ def job_submit(*, organization: Organization, actor: Actor, request: JobRequest,
             dimensions=request.dimensions,
             video_fps=request.video_fps,
         )
+        job_created(job=job, actor=actor)
         audit_record(organization=organization, actor=actor, action=AuditAction.JOB_SUBMITTED,
                      target=job, data={"model": model.id, "input": str(item.pk)})
         _estimate_after_commit(job)

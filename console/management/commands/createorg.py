@@ -1,16 +1,19 @@
-"""Create an organization and one API key; print {"organization_id", "api_key"} as JSON."""
+"""Create an organization and one API key; print {"organization_id", "api_key"} as JSON,
+with "webhook_secret" added when --webhook-url sets the organization's endpoint."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
 from billing.services import credits_grant
 from console.actors import Actor
-from console.services import api_key_create, organization_create
+from console.selectors import organization_webhook_secret
+from console.services import api_key_create, organization_create, organization_webhook_set
 
 
 class Command(BaseCommand):
@@ -23,6 +26,9 @@ class Command(BaseCommand):
                             help="Approve every estimate at cost_ready.")
         parser.add_argument("--credits-cents", type=int, default=0, metavar="N",
                             help="Grant N credits (cents) at creation, beside the free grant.")
+        parser.add_argument("--webhook-url", metavar="URL", default="",
+                            help="The https endpoint every job event is POSTed to; its "
+                                 "signing secret is printed as webhook_secret.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         name = options["name"].strip()
@@ -41,6 +47,14 @@ class Command(BaseCommand):
             if options["credits_cents"]:
                 credits_grant(organization=organization, cents=options["credits_cents"],
                               reason="createorg --credits-cents", actor=actor)
-        self.stdout.write(json.dumps(
-            {"organization_id": str(organization.pk), "api_key": plaintext}
-        ))
+            printed = {"organization_id": str(organization.pk), "api_key": plaintext}
+            if options["webhook_url"]:
+                try:
+                    organization_webhook_set(organization=organization, actor=actor,
+                                             url=options["webhook_url"])
+                except ValidationError as exc:
+                    # Raised inside the transaction: nothing is created.
+                    raise CommandError(f"--webhook-url: {exc.messages[0]}") from None
+                printed["webhook_secret"] = organization_webhook_secret(
+                    organization=organization) or ""
+        self.stdout.write(json.dumps(printed))

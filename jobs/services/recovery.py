@@ -1,0 +1,265 @@
+"""The one recovery pass (docs/decisions.md, "Job lifecycle"). Every piece of background
+work holds a lease; the table below says, for each, which rows, which field dates the
+lease, how old it may get, what is done when it runs out, and how many times before giving
+up. Past the cap a job fails with internal_error and a reason in plain words (nothing is
+billed that it did not consume): nothing is retried forever, nothing waits forever.
+
+Attempts: a job's are the times this pass has had to hand its work out again (a lost
+message or a dead worker alike); a chunk's and an ingest's are the times a worker claimed
+it. Every action is a guarded update, so two passes at once act once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Exists, F, OuterRef, Q, QuerySet
+from django.utils import timezone
+
+from jobs.constants import (
+    CHUNK_SETTLED,
+    TERMINAL_STATUSES,
+    ChunkStatus,
+    FailureCode,
+    InputStatus,
+    JobStatus,
+)
+from jobs.models import Chunk, Input, Job
+from jobs.services.data import job_data_purge
+from jobs.services.inputs import (
+    COPY_TIME_LIMIT,
+    INGEST_ATTEMPTS,
+    input_copy_give_up,
+    input_copy_resend,
+    input_copy_revive,
+)
+from jobs.services.lifecycle import RECOVERY, job_fail, job_finish
+from jobs.services.running import (
+    CHUNK_ATTEMPTS,
+    chunks_send,
+    heartbeat_stale,
+    job_finalize,
+    queue_send,
+    run_queue,
+)
+from jobs.services.webhooks import deliveries_sweep
+
+logger = logging.getLogger(__name__)
+BATCH = 500
+NOTHING_BILLED = "Nothing was billed; please submit it again."
+
+
+@dataclass(frozen=True)
+class Lease:
+    what: str
+    rows: Callable[[], QuerySet[Any]]
+    field: str  # the lease's start
+    max_age: Callable[[], timedelta]
+    retry: Callable[[Any], object]
+    # Handed out at most this many times (None: for as long as it waits its turn).
+    attempts: int | None = None
+    give_up: Callable[[Any], object] | None = None
+    # A null lease field means never handed out: due at once.
+    null_is_due: bool = False
+
+    def due(self, now: datetime) -> QuerySet[Any]:
+        stale = Q(**{f"{self.field}__lt": now - self.max_age()})
+        if self.null_is_due:
+            stale |= Q(**{f"{self.field}__isnull": True})
+        return self.rows().filter(stale)
+
+
+def _minutes(n: int) -> Callable[[], timedelta]:
+    return lambda: timedelta(minutes=n)
+
+
+# --- what is done: jobs --------------------------------------------------------------------
+
+
+def _job_renew(job: Job) -> bool:
+    """Count one more hand-out and start a new lease, once however many passes run."""
+    return Job.objects.filter(pk=job.pk, status=job.status, leased_at=job.leased_at).update(
+        leased_at=timezone.now(), claimed=False, attempts=F("attempts") + 1) == 1
+
+
+def _job_resend(send: Callable[[Job], object]) -> Callable[[Job], None]:
+    def retry(job: Job) -> None:
+        if _job_renew(job):
+            send(job)
+    return retry
+
+
+def _job_give_up(reason: str) -> Callable[[Job], None]:
+    def give_up(job: Job) -> None:
+        logger.warning("job %s failed by the recovery pass (%s, %s attempts)", job.pk,
+                       job.status, job.attempts)
+        job_fail(job=job, code=FailureCode.INTERNAL_ERROR, reason=reason, actor=RECOVERY)
+    return give_up
+
+
+def _send_estimate(job: Job) -> None:
+    from jobs.tasks import job_estimate
+
+    job_estimate.send(str(job.pk))
+
+
+def _send_sample(job: Job) -> None:
+    from jobs.tasks import job_sample
+
+    queue_send(job_sample, run_queue(job.data_residency, job.model), str(job.pk),
+               delay_ms=5_000 * job.attempts)
+
+
+def _send_start(job: Job) -> None:
+    from jobs.tasks import job_start_task
+
+    job_start_task.send(str(job.pk))
+
+
+def _finalize(job: Job) -> None:
+    job_finalize(job_id=job.pk)
+
+
+def _refinalize(job: Job) -> None:
+    if _job_renew(job):
+        job_finalize(job_id=job.pk)
+
+
+def _expire(job: Job) -> None:
+    job_finish(job=job, status=JobStatus.CANCELLED, actor=RECOVERY,
+               failure_reason="The estimate was not approved within 24 hours.")
+
+
+def _purge(job: Job) -> None:
+    job_data_purge(job=job)
+
+
+# --- what is done: chunks ------------------------------------------------------------------
+
+
+def _chunk_revive(chunk: Chunk) -> None:
+    if Chunk.objects.filter(pk=chunk.pk, status=ChunkStatus.RUNNING,
+                            heartbeat_at=chunk.heartbeat_at).update(
+            status=ChunkStatus.PENDING) == 1:
+        chunks_send(Chunk.objects.filter(pk=chunk.pk))
+
+
+def _chunk_give_up(chunk: Chunk) -> None:
+    # The job then ends with the rows that finished (running.job_finalize).
+    if Chunk.objects.filter(pk=chunk.pk, status=ChunkStatus.RUNNING,
+                            heartbeat_at=chunk.heartbeat_at).update(
+            status=ChunkStatus.FAILED, finished_at=timezone.now()) == 1:
+        job_finalize(job_id=chunk.job_id)
+
+
+def _chunk_resend(chunk: Chunk) -> None:
+    chunks_send(Chunk.objects.filter(pk=chunk.pk))
+
+
+def _chunks_all_settled() -> QuerySet[Job]:
+    unsettled = Chunk.objects.filter(job=OuterRef("pk")).exclude(status__in=CHUNK_SETTLED)
+    return Job.objects.filter(status__in=[JobStatus.IN_PROGRESS, JobStatus.CANCELLING],
+                              chunks__isnull=False).filter(~Exists(unsettled)).distinct()
+
+
+# --- the table ----------------------------------------------------------------------------
+
+SUBMITTED = Lease(
+    "estimate, never taken", lambda: Job.objects.filter(status=JobStatus.SUBMITTED),
+    "leased_at", _minutes(5), _job_resend(_send_estimate), attempts=12,
+    give_up=_job_give_up("No worker took this job's input check within an hour. "
+                         + NOTHING_BILLED))
+ESTIMATE = Lease(
+    "estimate", lambda: Job.objects.filter(status=JobStatus.ESTIMATING,
+                                           row_count__isnull=True),
+    # The job_estimate actor's time limit (jobs.tasks), so a live worker is never doubled.
+    "leased_at", _minutes(30), _job_resend(_send_estimate), attempts=3,
+    give_up=_job_give_up("We could not check this job's input. " + NOTHING_BILLED))
+SAMPLE = Lease(
+    "sampled estimate", lambda: Job.objects.filter(status=JobStatus.ESTIMATING,
+                                                   row_count__isnull=False),
+    # The run actors' time limit and a margin: an EU job may also wait for a machine.
+    "leased_at", _minutes(65), _job_resend(_send_sample), attempts=3,
+    give_up=_job_give_up(
+        "We could not measure this job's output length on a sample. Nothing was billed; "
+        "set max_output_tokens (and, on a reasoning model, reasoning_budget) to skip the "
+        "sample, or submit it again."))
+APPROVAL = Lease(
+    # The reference: an estimate waits at most 24 hours, then cancels free of charge.
+    "approval", lambda: Job.objects.filter(status=JobStatus.COST_READY),
+    "cost_ready_at", lambda: timedelta(hours=24), _expire, attempts=0, give_up=_expire)
+START = Lease(
+    "start", lambda: Job.objects.filter(status=JobStatus.IN_PROGRESS, chunks__isnull=True),
+    # The job_start_task actor's time limit: planning reads the whole input once.
+    "leased_at", _minutes(16), _job_resend(_send_start), attempts=3,
+    give_up=_job_give_up("We could not start running this job. " + NOTHING_BILLED))
+FINALIZE_UNCLAIMED = Lease(
+    # Every chunk settled, but the worker that settled the last one died before it
+    # could claim the finalize: finalized here (the claim makes this happen once).
+    "finalize, never taken", _chunks_all_settled, "leased_at", heartbeat_stale, _finalize)
+FINALIZE = Lease(
+    "finalize", lambda: Job.objects.filter(status=JobStatus.FINALIZING),
+    "leased_at", heartbeat_stale, _refinalize, attempts=3,
+    give_up=_job_give_up("We could not assemble this job's result. " + NOTHING_BILLED))
+CHUNK = Lease(
+    "chunk", lambda: Chunk.objects.filter(status=ChunkStatus.RUNNING),
+    "heartbeat_at", heartbeat_stale, _chunk_revive, attempts=CHUNK_ATTEMPTS,
+    give_up=_chunk_give_up, null_is_due=True)
+CHUNK_QUEUED = Lease(
+    # Its message went with a dead worker (taken, never acknowledged), and Redis would
+    # redeliver it only after its own long maintenance interval. Waiting behind other
+    # jobs in the model's queue is not a failure: sent again, never given up.
+    "chunk, queued", lambda: Chunk.objects.filter(
+        status=ChunkStatus.PENDING,
+        job__status__in=[JobStatus.IN_PROGRESS, JobStatus.CANCELLING]),
+    "queued_at", heartbeat_stale, _chunk_resend, null_is_due=True)
+INGEST_QUEUED = Lease(
+    "ingest, never taken", lambda: Input.objects.filter(status=InputStatus.PENDING),
+    "created_at", lambda: timedelta(seconds=30), input_copy_resend)
+INGEST_COPY = Lease(
+    "ingest copy", lambda: Input.objects.filter(status=InputStatus.COPYING),
+    "copy_started_at", lambda: COPY_TIME_LIMIT, input_copy_revive,
+    attempts=INGEST_ATTEMPTS, give_up=input_copy_give_up, null_is_due=True)
+DATA_DELETION = Lease(
+    # DELETE /jobs/{id}/data is honoured on the commit that stops the job; this catches
+    # a process that died in between.
+    "requested data deletion", lambda: Job.objects.filter(
+        status__in=TERMINAL_STATUSES, data_delete_requested=True,
+        data_deleted_at__isnull=True).select_related("input"),
+    "finished_at", _minutes(1), _purge)
+
+LEASES: tuple[Lease, ...] = (
+    SUBMITTED, ESTIMATE, SAMPLE, APPROVAL, START, FINALIZE_UNCLAIMED, FINALIZE, CHUNK,
+    CHUNK_QUEUED, INGEST_QUEUED, INGEST_COPY, DATA_DELETION,
+)
+
+
+def lease_retry(lease: Lease, row: Any) -> None:
+    """Hand the work out again, or past its cap do what the table says; also called by a
+    worker whose step failed unexpectedly, so it is retried without waiting out its lease."""
+    if lease.attempts is not None and row.attempts >= lease.attempts:
+        assert lease.give_up is not None
+        lease.give_up(row)
+    else:
+        lease.retry(row)
+
+
+def lease_recover(lease: Lease, now: datetime) -> int:
+    count = 0
+    for row in lease.due(now)[:BATCH]:
+        lease_retry(lease, row)
+        count += 1
+    return count
+
+
+def recover() -> dict[str, int]:
+    """The periodic pass (jobs.tasks.recover_task): every lease in the table, then the
+    webhook outbox, whose deliveries carry their own lease and attempt cap."""
+    now = timezone.now()
+    counts = {lease.what: lease_recover(lease, now) for lease in LEASES}
+    counts["webhook delivery"] = deliveries_sweep()
+    return counts
