@@ -75,11 +75,11 @@ def test_the_chat_template_renders_thinking_on_and_off(checkpoint_dirs: dict[str
 
 def test_the_training_conversations_teach_the_turns_the_engine_renders(
         checkpoint_dirs: dict[str, Path]) -> None:
-    from inference import checkpoints
+    from inference import checkpoints, corpus
 
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint_dirs["tiny-qwen3"]))
     rng = random.Random(0)
-    for conversation in (checkpoints._conversation(rng) for _ in range(400)):
+    for conversation in (corpus.conversation_generate(rng) for _ in range(400)):
         ids, start = checkpoints._tokenized(conversation, tokenizer)
         prompt, learnt = str(tokenizer.decode(ids[:start])), str(tokenizer.decode(ids[start:]))
         # The prompt is the chat engine's own rendering; what is learnt is one assistant
