@@ -1,18 +1,17 @@
 """The jobs app's Dramatiq actors. Each takes ids, is sent after commit, and is safe to
 run twice (STYLE.md rule 6): the service it calls claims its work with a guarded update.
-An actor is named for its service (`job_start` / `job_start_task`) or shares its verb."""
+Each actor is its service's name plus `_task` (`job_start` / `job_start_task`)."""
 
 from __future__ import annotations
 
 import dramatiq
 
 from jobs.services.data import results_purge_expired
-from jobs.services.estimation import job_estimate_run
+from jobs.services.estimation import job_estimate
 from jobs.services.inputs import input_copy, inputs_expire
 from jobs.services.recovery import recover
-from jobs.services.running import chunk_run as chunk_run_service
-from jobs.services.running import job_start
-from jobs.services.sampling import job_sample_run
+from jobs.services.running import chunk_run, job_start
+from jobs.services.sampling import job_sample
 from jobs.services.webhooks import delivery_attempt
 
 # Time limits are explicit: a copy streams up to the input cap from a slow source. Each is
@@ -28,12 +27,12 @@ START_TIME_LIMIT_MS = 15 * 60 * 1000
 
 
 @dramatiq.actor(queue_name="ingest", max_retries=0, time_limit=INGEST_TIME_LIMIT_MS)
-def input_ingest(input_id: str) -> None:
+def input_copy_task(input_id: str) -> None:
     input_copy(input_id=input_id)
 
 
 @dramatiq.actor(queue_name="webhooks", max_retries=0, time_limit=DELIVERY_TIME_LIMIT_MS)
-def webhook_deliver(delivery_id: str) -> None:
+def delivery_attempt_task(delivery_id: str) -> None:
     # Retries are the delivery's own schedule (about a day), not Dramatiq's.
     delivery_attempt(delivery_id=delivery_id)
 
@@ -54,9 +53,9 @@ def results_purge_expired_task() -> None:
 
 
 @dramatiq.actor(queue_name="estimate", max_retries=0, time_limit=ESTIMATE_TIME_LIMIT_MS)
-def job_estimate(job_id: str) -> None:
+def job_estimate_task(job_id: str) -> None:
     # A crash leaves the estimate claimed; the recovery pass hands it out after its lease.
-    job_estimate_run(job_id=job_id)
+    job_estimate(job_id=job_id)
 
 
 @dramatiq.actor(queue_name="jobs", max_retries=3, time_limit=START_TIME_LIMIT_MS)
@@ -67,11 +66,11 @@ def job_start_task(job_id: str) -> None:
 # Sent to "run.<region>.<model>" queues (jobs.services.running.run_queue), which only the
 # workers serving that model consume; the queue named here is only its default.
 @dramatiq.actor(queue_name="run", max_retries=0, time_limit=CHUNK_TIME_LIMIT_MS)
-def chunk_run(chunk_id: str) -> None:
-    chunk_run_service(chunk_id=chunk_id)
+def chunk_run_task(chunk_id: str) -> None:
+    chunk_run(chunk_id=chunk_id)
 
 
 # Sent to the model's run queue like chunks: the sample needs the model's engine.
 @dramatiq.actor(queue_name="run", max_retries=0, time_limit=CHUNK_TIME_LIMIT_MS)
-def job_sample(job_id: str) -> None:
-    job_sample_run(job_id=job_id)
+def job_sample_task(job_id: str) -> None:
+    job_sample(job_id=job_id)

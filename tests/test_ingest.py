@@ -1,4 +1,4 @@
-"""POST /inputs in ingest mode: the size probe, the streamed copy by the input_ingest actor
+"""POST /inputs in ingest mode: the size probe, the streamed copy by the input_copy_task actor
 through the SSRF-safe fetcher, and the signed input.ready / input.failed callbacks."""
 
 from __future__ import annotations
@@ -226,7 +226,7 @@ def test_signatures_follow_the_standard_webhooks_scheme() -> None:
 def test_the_sweeper_requeues_lost_and_stuck_ingests(api: APIClient, source: LocalServer,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     sent: list[str] = []
-    monkeypatch.setattr("jobs.tasks.input_ingest.send", lambda input_id: sent.append(input_id))
+    monkeypatch.setattr("jobs.tasks.input_copy_task.send", lambda input_id: sent.append(input_id))
     lost = ingest(api, source_url=serve(source, "/a.jsonl", ROWS))["id"]
     stuck = ingest(api, source_url=serve(source, "/b.jsonl", ROWS))["id"]
     fresh = ingest(api, source_url=serve(source, "/c.jsonl", ROWS))["id"]

@@ -24,7 +24,7 @@ from console.models import Organization
 from inference.catalog import model_get
 from jobs.constants import JobStatus
 from jobs.models import Job
-from jobs.services.estimation import CANNOT_PRICE, job_estimate_run
+from jobs.services.estimation import CANNOT_PRICE, job_estimate
 from jobs.services.lifecycle import job_finish
 from jobs.services.recovery import ESTIMATE, SUBMITTED, lease_recover
 from jobs.validation.embeddings import MEDIA_ROW_PREFIX, MEDIA_ROW_SUFFIX
@@ -74,7 +74,7 @@ def test_an_embedding_job_is_counted_exactly_and_reaches_cost_ready(
     job = submitted(api, organization,
                     jsonl(*(embedding_row(f"r{i}", t) for i, t in enumerate(texts))),
                     model="qwen3-embedding-8b")
-    assert job_estimate_run(job_id=job.pk) == JobStatus.COST_READY
+    assert job_estimate(job_id=job.pk) == JobStatus.COST_READY
     # Each string row has one end-of-text token appended before it is embedded.
     tokens = sum(count(checkpoints, text) + 1 for text in texts)
     body = api.get(f"{JOBS}/{job.pk}").json()
@@ -85,7 +85,7 @@ def test_an_embedding_job_is_counted_exactly_and_reaches_cost_ready(
     assert body["est_cost_cents"] == price(model, Usage(input_tokens=tokens)).cents == 1
     assert body["max_output_tokens"] == 0
     assert body["est_processing_seconds"] >= 60
-    assert job_estimate_run(job_id=job.pk) is None  # a redelivered message does nothing
+    assert job_estimate(job_id=job.pk) is None  # a redelivered message does nothing
 
 
 @pytest.mark.django_db
@@ -100,7 +100,7 @@ def test_a_decision_job_counts_the_text_once_per_question(api: APIClient,
                      "criteria": {"billing": "invoices, payments, refunds",
                                   "other": "everything else"}}}}}
     job = submitted(api, organization, jsonl(row), model="laya")
-    assert job_estimate_run(job_id=job.pk) == JobStatus.COST_READY
+    assert job_estimate(job_id=job.pk) == JobStatus.COST_READY
     job.refresh_from_db()
     assert job.est_output_tok == 0
     assert job.est_input_tok is not None and job.est_input_tok >= 2 * count(checkpoints, text)
@@ -113,7 +113,7 @@ def test_a_chat_job_with_an_explicit_cap_is_priced_on_it(api: APIClient,
     job = submitted(api, organization, jsonl(chat_row("a", "Say hello in French."),
                                              chat_row("b", "Please refund it today.")),
                     model="gemma4-12b", max_output_tokens=500)
-    assert job_estimate_run(job_id=job.pk) == JobStatus.COST_READY
+    assert job_estimate(job_id=job.pk) == JobStatus.COST_READY
     job.refresh_from_db()
     assert (job.est_output_tok, job.max_output_tokens, job.row_count) == (1000, 500, 2)
     model = model_get("gemma4-12b")
@@ -131,7 +131,7 @@ def test_jobs_that_need_a_sample_wait_in_estimating_checked(api: APIClient,
                                                             organization: Organization,
                                                             fields: dict[str, Any]) -> None:
     job = submitted(api, organization, jsonl(chat_row("a", "hi")), **fields)
-    assert job_estimate_run(job_id=job.pk) == JobStatus.ESTIMATING
+    assert job_estimate(job_id=job.pk) == JobStatus.ESTIMATING
     job.refresh_from_db()
     assert (job.status, job.row_count, job.est_cost_cents) == (JobStatus.ESTIMATING, 1, None)
 
@@ -144,7 +144,7 @@ def test_a_reasoning_job_with_its_budget_settled_is_priced_at_once(
         api: APIClient, organization: Organization, fields: dict[str, Any]) -> None:
     job = submitted(api, organization, jsonl(chat_row("a", "hi")), model="qwen3.8-27b",
                     max_output_tokens=800, **fields)
-    assert job_estimate_run(job_id=job.pk) == JobStatus.COST_READY
+    assert job_estimate(job_id=job.pk) == JobStatus.COST_READY
 
 
 @pytest.mark.django_db
@@ -174,7 +174,7 @@ def test_a_row_that_breaks_a_rule_fails_the_job_unbilled(api: APIClient,
         fields["max_output_tokens"] = 100
     before = credits_summary(organization=organization)
     job = submitted(api, organization, jsonl(*rows), **fields)
-    assert job_estimate_run(job_id=job.pk) == JobStatus.FAILED
+    assert job_estimate(job_id=job.pk) == JobStatus.FAILED
     body = api.get(f"{JOBS}/{job.pk}").json()
     assert (body["status"], body["failure_code"]) == ("failed", "invalid_input")
     assert body["failure_reason"] == reason
@@ -187,7 +187,7 @@ def test_a_model_with_no_checkpoint_cannot_be_priced(api: APIClient, organizatio
     settings.ANEX_CHECKPOINTS = {}
     job = submitted(api, organization, jsonl(embedding_row("a", "x")),
                     model="qwen3-embedding-8b")
-    assert job_estimate_run(job_id=job.pk) == JobStatus.FAILED
+    assert job_estimate(job_id=job.pk) == JobStatus.FAILED
     job.refresh_from_db()
     assert (job.failure_code, job.failure_reason) == ("invalid_input", CANNOT_PRICE)
 
@@ -212,7 +212,7 @@ def estimated_through_the_api(api: APIClient, content: bytes, model: str) -> dic
                                **NO_TOKENIZER_FIELDS[model]}, format="json")
     assert response.status_code == 200, response.content
     job_id = response.json()["id"]
-    assert job_estimate_run(job_id=job_id) == JobStatus.FAILED
+    assert job_estimate(job_id=job_id) == JobStatus.FAILED
     return dict(api.get(f"{JOBS}/{job_id}").json())
 
 
@@ -271,7 +271,7 @@ def test_a_vl_embedding_job_is_priced_text_only_or_with_media_plus_per_item(
         embedding_row(f"v{i}", [{"type": "text", "text": "a caption"}, video])
         for i in range(1_000)]
     job = submitted(api, organization, jsonl(*rows), model=model_id)
-    assert job_estimate_run(job_id=job.pk) == JobStatus.COST_READY
+    assert job_estimate(job_id=job.pk) == JobStatus.COST_READY
     # A string row gets one end-of-text token; a media row is the chat template around its
     # text, plus 1,280 tokens an image or 11 frames of 256 (10 s at the fixed 1 fps).
     text_row = count(checkpoints, text) + 1
@@ -308,7 +308,7 @@ def test_an_auto_approve_organization_goes_straight_to_in_progress(client_for) -
     _key, plaintext = api_key_make(organization)
     job = submitted(client_for(plaintext), organization, jsonl(embedding_row("a", "x")),
                     model="qwen3-embedding-8b")
-    job_estimate_run(job_id=job.pk)
+    job_estimate(job_id=job.pk)
     job.refresh_from_db()
     assert job.status == JobStatus.IN_PROGRESS
     assert credits_summary(organization=organization).held == job.est_cost_cents
@@ -318,7 +318,7 @@ def test_an_auto_approve_organization_goes_straight_to_in_progress(client_for) -
 def test_lost_and_abandoned_estimates_are_recovered(api: APIClient, organization: Organization,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     sent: list[str] = []
-    monkeypatch.setattr("jobs.tasks.job_estimate.send", lambda job_id: sent.append(job_id))
+    monkeypatch.setattr("jobs.tasks.job_estimate_task.send", lambda job_id: sent.append(job_id))
     rows = jsonl(embedding_row("a", "x"))
     lost = submitted(api, organization, rows, model="qwen3-embedding-8b")
     dead = submitted(api, organization, rows, model="qwen3-embedding-8b")
@@ -334,7 +334,7 @@ def test_lost_and_abandoned_estimates_are_recovered(api: APIClient, organization
     hopeless.refresh_from_db()
     assert (hopeless.status, hopeless.failure_code) == (JobStatus.FAILED, "internal_error")
     # The abandoned one is claimed again and finishes.
-    assert job_estimate_run(job_id=dead.pk) == JobStatus.COST_READY
+    assert job_estimate(job_id=dead.pk) == JobStatus.COST_READY
 
 
 @pytest.mark.django_db(transaction=True)

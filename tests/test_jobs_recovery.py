@@ -23,7 +23,7 @@ from jobs.constants import (
     RowOutcome,
 )
 from jobs.models import Chunk, Input, Job, WebhookDelivery
-from jobs.services.estimation import job_estimate_run
+from jobs.services.estimation import job_estimate
 from jobs.services.inputs import INGEST_ATTEMPTS
 from jobs.services.lifecycle import job_approve
 from jobs.services.recovery import (
@@ -37,7 +37,7 @@ from jobs.services.recovery import (
     lease_recover,
 )
 from jobs.services.running import CHUNK_ATTEMPTS, job_start
-from jobs.services.sampling import job_sample_run
+from jobs.services.sampling import job_sample
 from jobs.storage import storage_for
 from tests.factories import SYSTEM, input_ready, job_make
 from tests.test_running import chat_line, complete
@@ -57,7 +57,8 @@ def funded(settings: Settings) -> None:
 def sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """What the recovery pass sends (no worker consumes it here)."""
     calls: list[str] = []
-    for name in ("job_estimate", "job_sample", "job_start_task", "chunk_run", "input_ingest"):
+    for name in ("job_estimate_task", "job_sample_task", "job_start_task", "chunk_run_task",
+                 "input_copy_task"):
         monkeypatch.setattr(f"jobs.tasks.{name}.send", lambda *args: calls.append(args[0]))
     monkeypatch.setattr("jobs.services.recovery.queue_send",
                         lambda actor, queue, job_id, **kw: calls.append(job_id))
@@ -111,9 +112,9 @@ def test_a_sample_that_crashes_is_retried_then_fails(organization: Organization,
     monkeypatch.setattr("jobs.services.sampling.sample_generate", engine_down)
     job = sampling_job(organization)
     for _ in range(SAMPLE.attempts):  # type: ignore[arg-type]
-        assert job_sample_run(job_id=job.pk) is None
+        assert job_sample(job_id=job.pk) is None
     assert len(sent) == SAMPLE.attempts
-    job_sample_run(job_id=job.pk)
+    job_sample(job_id=job.pk)
     job.refresh_from_db()
     assert (job.status, job.failure_code) == (JobStatus.FAILED, "internal_error")
 
@@ -130,7 +131,7 @@ def test_a_duplicate_sample_message_is_not_run_twice(organization: Organization,
     monkeypatch.setattr("jobs.services.recovery.lease_retry", lambda *a: None)
     job = sampling_job(organization)
     Job.objects.filter(pk=job.pk).update(claimed=True)  # a worker is on it
-    assert job_sample_run(job_id=job.pk) is None
+    assert job_sample(job_id=job.pk) is None
     assert runs == []
 
 
@@ -161,7 +162,7 @@ def test_data_deleted_while_estimating_is_purged_when_the_model_cannot_be_priced
     Job.objects.filter(pk=job.pk).update(input=item, task_type="embed")
     assert api.delete(f"{JOBS}/{job.pk}/data").status_code == 202
     with django_capture_on_commit_callbacks(execute=True):
-        assert job_estimate_run(job_id=job.pk) == JobStatus.FAILED
+        assert job_estimate(job_id=job.pk) == JobStatus.FAILED
     job.refresh_from_db()
     assert job.data_deleted_at is not None and job.data_expires_at is not None
 

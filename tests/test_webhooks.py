@@ -344,7 +344,7 @@ def test_a_jobs_later_event_waits_until_the_earlier_one_is_settled(
     # Due, but the earlier event of its job is still pending: not attempted, not swept.
     assert delivery_attempt(delivery_id=second.pk) is None
     sent: list[str] = []
-    monkeypatch.setattr("jobs.tasks.webhook_deliver.send", sent.append)
+    monkeypatch.setattr("jobs.tasks.delivery_attempt_task.send", sent.append)
     WebhookDelivery.objects.filter(pk=first.pk).update(
         next_attempt_at=timezone.now() - timedelta(minutes=1))
     WebhookDelivery.objects.filter(job__in=[job, other]).exclude(pk=first.pk).update(
@@ -353,7 +353,7 @@ def test_a_jobs_later_event_waits_until_the_earlier_one_is_settled(
     assert str(second.pk) not in sent and str(first.pk) in sent  # the other job is not held
     # Once the first is delivered, the second is sent after that commit.
     kicked: list[tuple[str, ...]] = []
-    monkeypatch.setattr("jobs.tasks.webhook_deliver.send_with_options",
+    monkeypatch.setattr("jobs.tasks.delivery_attempt_task.send_with_options",
                         lambda args, delay: kicked.append(args))
     with django_capture_on_commit_callbacks(execute=True):
         assert delivery_attempt(delivery_id=first.pk) == DeliveryStatus.DELIVERED
@@ -412,7 +412,7 @@ def test_a_receiver_that_never_answers_is_given_up_after_about_a_day(
     waited = 0.0
     outcome = None
     kicked: list[tuple[str, ...]] = []
-    monkeypatch.setattr("jobs.tasks.webhook_deliver.send_with_options",
+    monkeypatch.setattr("jobs.tasks.delivery_attempt_task.send_with_options",
                         lambda args, delay: kicked.append(args))
     for _ in range(len(DELIVERY_BACKOFF_SECONDS) + 1):
         with django_capture_on_commit_callbacks(execute=True):

@@ -1,7 +1,7 @@
 """Estimating: every row checked, input tokens counted exactly, and (when the output length
 is known) the job priced and moved to cost_ready.
 
-Runs in the job_estimate actor. Embedding and decision jobs, and chat jobs with an
+Runs in the job_estimate_task actor. Embedding and decision jobs, and chat jobs with an
 explicit max_output_tokens (and, on a reasoning model, a reasoning_budget or thinking off),
 are priced here from exact counts. Other chat jobs stay in estimating, rows checked and
 counted, for the sampled estimate (the inference issue's).
@@ -117,8 +117,8 @@ def _estimate_fields(job: Job, model: CatalogModel, report: FileReport) -> dict[
     }
 
 
-def job_estimate_run(*, job_id: uuid.UUID | str) -> JobStatus | None:
-    """The job_estimate actor's work; a job already past this stage is left alone."""
+def job_estimate(*, job_id: uuid.UUID | str) -> JobStatus | None:
+    """The job_estimate_task actor's work; a job already past this stage is left alone."""
     job = Job.objects.select_related("input", "organization").get(pk=job_id)
     if not _claim(job):
         return None
@@ -155,9 +155,9 @@ def _estimate(job: Job) -> JobStatus | None:
             row_count=report.rows, est_input_tok=report.usage.input_tokens
             + report.usage.media_tokens, leased_at=timezone.now(), claimed=False, attempts=0)
         from jobs.services.running import queue_send, run_queue
-        from jobs.tasks import job_sample
+        from jobs.tasks import job_sample_task
 
-        queue_send(job_sample, run_queue(job.data_residency, job.model), str(job.pk))
+        queue_send(job_sample_task, run_queue(job.data_residency, job.model), str(job.pk))
         return JobStatus.ESTIMATING
     return job_cost_ready(job=job, estimate={"row_count": report.rows, **fields})
 

@@ -1,7 +1,7 @@
 """Inputs: direct uploads and URL ingests (the reference's "POST /inputs" sections).
 
 An upload is minted an upload target and settles to ready once its object lands (checked
-lazily on GET and on submit). An ingest is copied in by the input_ingest actor, streamed
+lazily on GET and on submit). An ingest is copied in by the input_copy_task actor, streamed
 from the customer's URL through the SSRF-safe fetcher into storage, never whole in memory.
 """
 
@@ -130,9 +130,9 @@ def input_ingest_create(*, organization: Organization, actor: Actor, source_url:
 
 
 def _ingest_send_after_commit(input_id: uuid.UUID) -> None:
-    from jobs.tasks import input_ingest
+    from jobs.tasks import input_copy_task
 
-    transaction.on_commit(lambda: input_ingest.send(str(input_id)))
+    transaction.on_commit(lambda: input_copy_task.send(str(input_id)))
 
 
 def _ready_fields(size: int) -> dict[str, object]:
@@ -187,7 +187,7 @@ class _CopyFailed(Exception):
 
 
 def input_copy(*, input_id: uuid.UUID | str) -> InputStatus | None:
-    """Copy an ingest's source into storage (the input_ingest actor). Runs once per input:
+    """Copy an ingest's source into storage (the input_copy_task actor). Runs once per input:
     a redelivered message finds it no longer pending and does nothing."""
     now = timezone.now()
     claimed = Input.objects.filter(pk=input_id, status=InputStatus.PENDING).update(
@@ -238,9 +238,9 @@ def _copy_settle(item: Input, *, error: str, size: int, started: datetime) -> bo
 
 def input_copy_resend(item: Input) -> None:
     """The recovery pass: an ingest still pending (its message lost) is sent again."""
-    from jobs.tasks import input_ingest
+    from jobs.tasks import input_copy_task
 
-    input_ingest.send(str(item.pk))
+    input_copy_task.send(str(item.pk))
 
 
 def input_copy_revive(item: Input) -> None:

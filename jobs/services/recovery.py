@@ -102,15 +102,15 @@ def _job_give_up(reason: str) -> Callable[[Job], None]:
 
 
 def _send_estimate(job: Job) -> None:
-    from jobs.tasks import job_estimate
+    from jobs.tasks import job_estimate_task
 
-    job_estimate.send(str(job.pk))
+    job_estimate_task.send(str(job.pk))
 
 
 def _send_sample(job: Job) -> None:
-    from jobs.tasks import job_sample
+    from jobs.tasks import job_sample_task
 
-    queue_send(job_sample, run_queue(job.data_residency, job.model), str(job.pk),
+    queue_send(job_sample_task, run_queue(job.data_residency, job.model), str(job.pk),
                delay_ms=5_000 * job.attempts)
 
 
@@ -176,7 +176,7 @@ SUBMITTED = Lease(
 ESTIMATE = Lease(
     "estimate", lambda: Job.objects.filter(status=JobStatus.ESTIMATING,
                                            row_count__isnull=True),
-    # The job_estimate actor's time limit (jobs.tasks), so a live worker is never doubled.
+    # The job_estimate_task actor's time limit (jobs.tasks), so a live worker is never doubled.
     "leased_at", _minutes(30), _job_resend(_send_estimate), attempts=3,
     give_up=_job_give_up("We could not check this job's input. " + NOTHING_BILLED))
 SAMPLE = Lease(

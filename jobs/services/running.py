@@ -147,12 +147,12 @@ def job_start(*, job_id: uuid.UUID | str) -> int:
 
 def chunks_send(chunks: Any) -> list[uuid.UUID]:
     """Send these chunks to their model's run queue, noting when."""
-    from jobs.tasks import chunk_run as chunk_run_actor
+    from jobs.tasks import chunk_run_task
 
     sent = []
     for chunk in chunks.select_related("job"):
         Chunk.objects.filter(pk=chunk.pk).update(queued_at=timezone.now())
-        queue_send(chunk_run_actor, run_queue(chunk.job.data_residency, chunk.job.model),
+        queue_send(chunk_run_task, run_queue(chunk.job.data_residency, chunk.job.model),
                    str(chunk.pk))
         sent.append(chunk.pk)
     return sent
@@ -230,9 +230,9 @@ def _chunk_retry_or_fail(chunk: Chunk) -> ChunkStatus:
     if chunk.attempts < CHUNK_ATTEMPTS:
         Chunk.objects.filter(pk=chunk.pk, status=ChunkStatus.RUNNING).update(
             status=ChunkStatus.PENDING, queued_at=timezone.now())
-        from jobs.tasks import chunk_run as chunk_run_actor
+        from jobs.tasks import chunk_run_task
 
-        queue_send(chunk_run_actor, run_queue(chunk.job.data_residency, chunk.job.model),
+        queue_send(chunk_run_task, run_queue(chunk.job.data_residency, chunk.job.model),
                    str(chunk.pk), delay_ms=5_000 * chunk.attempts)
         return ChunkStatus.PENDING
     Chunk.objects.filter(pk=chunk.pk, status=ChunkStatus.RUNNING).update(

@@ -136,7 +136,7 @@ def sample_generate(job: Job, model: CatalogModel) -> SampleResult:
                         tokens_per_second=produced / elapsed)
 
 
-def job_sample_run(*, job_id: uuid.UUID | str) -> JobStatus | None:
+def job_sample(*, job_id: uuid.UUID | str) -> JobStatus | None:
     """The sampled estimate (on a worker serving the model); then cost_ready. Claimed
     once; a failure other than the output not fitting (the engine not starting, storage)
     is handed out again and fails the job past the cap (jobs.services.recovery)."""

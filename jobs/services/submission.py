@@ -227,7 +227,7 @@ def job_submit(*, organization: Organization, actor: Actor, request: JobRequest,
 
 
 def _estimate_after_commit(job: Job) -> None:
-    from jobs.tasks import job_estimate
+    from jobs.tasks import job_estimate_task
 
-    transaction.on_commit(lambda: job_estimate.send(str(job.pk)))
+    transaction.on_commit(lambda: job_estimate_task.send(str(job.pk)))
 

@@ -151,9 +151,9 @@ def organization_event_enqueue(*, organization: Organization,
 
 
 def _send_after_commit(delivery_id: uuid.UUID, *, delay_seconds: float) -> None:
-    from jobs.tasks import webhook_deliver
+    from jobs.tasks import delivery_attempt_task
 
-    transaction.on_commit(lambda: webhook_deliver.send_with_options(
+    transaction.on_commit(lambda: delivery_attempt_task.send_with_options(
         args=(str(delivery_id),), delay=int(delay_seconds * 1000)))
 
 
@@ -296,13 +296,13 @@ def _settle(delivery: WebhookDelivery, outcome: DeliveryStatus, *, url: str,
 def _job_next_send(job_id: uuid.UUID) -> None:
     """Send the job's next pending event, which waited for the one just settled. Run after
     that commit, so a next event committed meanwhile is seen here or sees it settled."""
-    from jobs.tasks import webhook_deliver
+    from jobs.tasks import delivery_attempt_task
 
     following = WebhookDelivery.objects.filter(
         job_id=job_id, status=DeliveryStatus.PENDING).order_by("created_at", "id").first()
     if following is not None:
         wait = (following.next_attempt_at - timezone.now()).total_seconds()
-        webhook_deliver.send_with_options(args=(str(following.pk),),
+        delivery_attempt_task.send_with_options(args=(str(following.pk),),
                                           delay=max(0, int(wait * 1000)))
 
 
@@ -312,10 +312,10 @@ def deliveries_sweep() -> int:
     lease ran out). Attempts are claimed, so a duplicate message is harmless; an event
     waiting behind an earlier one of its job is left to that one."""
     due = _due(timezone.now() - timedelta(seconds=30)).values_list("pk", flat=True)[:500]
-    from jobs.tasks import webhook_deliver
+    from jobs.tasks import delivery_attempt_task
 
     count = 0
     for delivery_id in due:
-        webhook_deliver.send(str(delivery_id))
+        delivery_attempt_task.send(str(delivery_id))
         count += 1
     return count
