@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.contrib.admin.apps import AdminConfig
 
 
 class AnexConfig(AppConfig):
@@ -13,3 +14,10 @@ class AnexConfig(AppConfig):
         broker_setup()
         # Registers the API key scheme with drf-spectacular.
         import anex.api.schema  # noqa: F401
+
+
+class AnexAdminConfig(AdminConfig):
+    """django.contrib.admin with our site (allauth sign-in, ANEX_ADMIN_HOST); the site
+    module is imported once the apps are loaded, as it needs their models."""
+
+    default_site = "anex.admin_site.AnexAdminSite"

@@ -30,6 +30,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# gunicorn's default access line carries the query string and the Referer, where a signed
+# download link's token lives: the path alone is logged, never the query.
+ACCESS_LOG_FORMAT = '%(h)s %(t)s "%(m)s %(U)s %(H)s" %(s)s %(b)s %(L)s'
 
 
 def say(message: str) -> None:
@@ -299,7 +302,8 @@ def cmd_run(services: Services, stopper: Stopper) -> int:
         "gunicorn": subprocess.Popen(
             [sys.executable, "-m", "gunicorn", "anex.wsgi:application",
              "--bind", f"{host}:{port}", "--workers", "2", "--threads", "4",
-             "--graceful-timeout", "10", "--access-logfile", "-"],
+             "--graceful-timeout", "10", "--access-logfile", "-",
+             "--access-logformat", ACCESS_LOG_FORMAT],
             env=env, cwd=BASE_DIR,
         ),
         "dramatiq": subprocess.Popen(

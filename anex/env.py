@@ -113,6 +113,22 @@ class Env:
         _port_of(name, value)
         return f"{parts.scheme}://{parts.netloc}"
 
+    def optional_host(self, name: str) -> str | None:
+        """A bare host name such as admin.example.com (no scheme, port or path), lowercased."""
+        value = self._raw(name)
+        if not value:
+            return None
+        try:
+            parts = urlsplit(f"//{value}")
+            port = parts.port
+        except ValueError:
+            port = -1
+        if parts.hostname != value.lower() or port is not None:
+            raise ImproperlyConfigured(
+                f"{name}={value!r} is not a bare host name such as admin.example.com."
+            )
+        return value.lower()
+
     def path_mapping(self, name: str) -> dict[str, Path]:
         """`key=/path;key=/path`, every path an existing directory."""
         value = self._raw(name)

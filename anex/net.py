@@ -13,6 +13,11 @@ request and every redirect a caller opts into, is checked from scratch:
 3. the socket connects to a checked address itself while the Host header, TLS SNI and the
    certificate check use the hostname, so a second DNS answer (rebinding) never has a say.
 
+A name that does not resolve is refused with the same words as one that resolves to our own
+network: telling the two apart would let a customer map our internal DNS.
+
+Socket timeouts bound each read, so a source sending a byte every few seconds never trips
+them; one absolute deadline per fetch (connect, TLS, headers and body, every hop) does.
 Bodies are streamed under a byte cap. Redirects are handed back to the caller unless
 ``max_redirects`` allows following them. Every failure is a `FetchError` whose message is
 safe to show the customer.
@@ -23,15 +28,18 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
+import threading
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Literal, Self
+from typing import Any, Literal, Self
 from urllib.parse import urljoin, urlsplit
 
 import urllib3
 from django.conf import settings
 from urllib3 import HTTPHeaderDict
+from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.exceptions import (
     ConnectTimeoutError,
     HTTPError,
@@ -44,7 +52,7 @@ Method = Literal["GET", "HEAD", "POST"]
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 CONNECT_TIMEOUT = 5.0
-READ_TIMEOUT = 30.0  # per socket read, not for the whole body
+READ_TIMEOUT = 30.0  # per socket read, not for the whole body (see `fetch`'s deadline)
 MAX_BYTES = 1024 * 1024  # callers that download real files (ingest) pass their own cap
 CHUNK_SIZE = 64 * 1024
 
@@ -62,9 +70,19 @@ _UNSAFE_URL_CHARS = re.compile(r"[\x00-\x20\x7f\\]")
 # such as an IPv6 zone id, is refused.
 _HOST = re.compile(r"[a-z0-9._-]+|[0-9a-f:.]+")
 
-# Python's is_global treats shared address space as non-global already; the refusal is
-# spelled out because carrier-grade NAT is a classic way into a provider's internal network.
-_CGNAT = ipaddress.IPv4Network("100.64.0.0/10")
+# Ranges refused on top of what Python 3.11 calls non-global. Shared address space is
+# non-global already, but it is spelled out: carrier-grade NAT is a classic way into a
+# provider's internal network. Python 3.11 calls the others global: the rest of
+# 192.0.0.0/24 (IETF protocol assignments, such as 192.0.0.8, the IPv4 dummy address;
+# its two anycast services are no place for a customer's file), the deprecated IPv6
+# site-local fec0::/10 (still routed inside some networks) and the documentation prefix
+# 3fff::/20 (RFC 9637).
+_NOT_PUBLIC = (
+    ipaddress.IPv4Network("100.64.0.0/10"),
+    ipaddress.IPv4Network("192.0.0.0/24"),
+    ipaddress.IPv6Network("fec0::/10"),
+    ipaddress.IPv6Network("3fff::/20"),
+)
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
 
 
@@ -80,8 +98,12 @@ class FetchTimeout(FetchError):
     """The connect or a read took longer than its timeout."""
 
 
+class DeadlineExceeded(FetchTimeout):
+    """The whole fetch (connect, TLS, headers and body) took longer than its deadline."""
+
+
 class FetchConnectionError(FetchError):
-    """The host could not be resolved or reached, TLS failed, or the reply was broken."""
+    """The host could not be reached, TLS failed, or the reply was broken."""
 
 
 class TooLarge(FetchError):
@@ -90,6 +112,106 @@ class TooLarge(FetchError):
 
 class TooManyRedirects(FetchError):
     """A redirect chain went past ``max_redirects``."""
+
+
+class _Deadline:
+    """One absolute deadline for a whole fetch, every hop and the body included.
+
+    At the deadline a timer thread shuts the fetch's sockets down, which wakes whatever
+    connect, handshake or read is blocked on them; the fetch then reports DeadlineExceeded
+    rather than the broken connection it sees. The timer shuts down a duplicate of each
+    socket: once TLS wraps the socket urllib3 created, that object no longer holds the
+    connection, and a duplicate we own cannot have been closed and its file descriptor
+    handed to someone else's socket in the meantime.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.expired = False
+        self._ends = time.monotonic() + seconds
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._closed = False
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def remaining(self) -> float:
+        return self._ends - time.monotonic()
+
+    def passed(self) -> bool:
+        return self.expired or self.remaining() <= 0
+
+    def error(self, host: str) -> DeadlineExceeded:
+        return DeadlineExceeded(f"{host} did not send its whole reply within "
+                                f"{self.seconds:g} seconds")
+
+    def watch(self, sock: socket.socket) -> None:
+        """Cut this connection at the deadline (now, if it has already passed)."""
+        with self._lock:
+            if self._closed or self.expired:
+                _shut(sock)
+                return
+            self._sockets.append(sock.dup())
+
+    def _expire(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self.expired = True
+            self._release_sockets(shut=True)
+
+    def close(self) -> None:
+        """The fetch is over: stop the timer and let go of the duplicates."""
+        self._timer.cancel()
+        with self._lock:
+            self._closed = True
+            self._release_sockets(shut=False)
+
+    def _release_sockets(self, *, shut: bool) -> None:
+        for sock in self._sockets:
+            if shut:
+                _shut(sock)
+            sock.close()
+        self._sockets.clear()
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed or never connected: nothing left to cut
+
+
+class _DeadlineHTTPConnection(HTTPConnection):
+    def __init__(self, *args: Any, deadline: _Deadline, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline = deadline
+
+    def _new_conn(self) -> socket.socket:
+        sock = super()._new_conn()
+        self._deadline.watch(sock)
+        return sock
+
+
+class _DeadlineHTTPSConnection(HTTPSConnection):
+    # HTTPSConnection.connect creates its socket with _new_conn too, before the handshake.
+    def __init__(self, *args: Any, deadline: _Deadline, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline = deadline
+
+    def _new_conn(self) -> socket.socket:
+        sock = super()._new_conn()
+        self._deadline.watch(sock)
+        return sock
+
+
+class _HTTPPool(urllib3.HTTPConnectionPool):
+    ConnectionCls = _DeadlineHTTPConnection
+
+
+class _HTTPSPool(urllib3.HTTPSConnectionPool):
+    ConnectionCls = _DeadlineHTTPSConnection
 
 
 @dataclass(frozen=True)
@@ -112,6 +234,7 @@ class FetchResponse:
         response: urllib3.BaseHTTPResponse,
         pool: urllib3.HTTPConnectionPool,
         max_bytes: int,
+        deadline: _Deadline,
     ) -> None:
         self.url = url
         self.status: int = response.status
@@ -120,6 +243,7 @@ class FetchResponse:
         self._host = host
         self._response = response
         self._pool = pool
+        self._deadline = deadline
 
     @property
     def content_length(self) -> int | None:
@@ -131,7 +255,8 @@ class FetchResponse:
         """Yield the body as sent on the wire (not decompressed), at most ``max_bytes`` in all.
 
         Raises TooLarge before reading anything when the advertised size is over the cap, and
-        as soon as the body passes the cap otherwise; closes the response when done.
+        as soon as the body passes the cap otherwise; DeadlineExceeded when the fetch's
+        deadline passes first. Closes the response when done.
         """
         if self.content_length is not None and self.content_length > self.max_bytes:
             self.close()
@@ -142,6 +267,10 @@ class FetchResponse:
                 # One byte past the cap is enough to know the body is too large.
                 wanted = min(chunk_size, self.max_bytes - received + 1)
                 chunk = self._response.read(wanted, decode_content=False)
+                # The deadline ends a read with whatever had arrived, or with an empty one
+                # that looks like the end of a body of unknown length: never a complete body.
+                if self._deadline.expired:
+                    raise self._deadline.error(self._host)
                 if not chunk:
                     return
                 received += len(chunk)
@@ -149,7 +278,7 @@ class FetchResponse:
                     raise TooLarge(f"the response is larger than {self.max_bytes} bytes")
                 yield chunk
         except HTTPError as exc:
-            raise _translate(exc, self._host) from exc
+            raise _translate(exc, self._host, self._deadline) from exc
         finally:
             self.close()
 
@@ -158,6 +287,11 @@ class FetchResponse:
         return b"".join(self.iter_chunks())
 
     def close(self) -> None:
+        self._release()
+        self._deadline.close()
+
+    def _release(self) -> None:
+        """Close this hop's connection; a followed redirect keeps the fetch's deadline."""
         self._response.close()
         self._pool.close()
 
@@ -183,12 +317,19 @@ def fetch(
     max_redirects: int = 0,
     connect_timeout: float = CONNECT_TIMEOUT,
     read_timeout: float = READ_TIMEOUT,
+    deadline: float | None = None,
 ) -> FetchResponse:
     """Send one request to a customer-supplied URL, refusing anything not on the public internet.
 
     A 3xx comes back as a response unless ``max_redirects`` > 0; then each hop is checked
     like the first, and a chain longer than that raises TooManyRedirects. The body is not
     read: use ``iter_chunks()``/``read()``, and ``close()`` (or ``with``) when done.
+
+    ``deadline`` is the seconds the whole fetch may take, from this call to the body's last
+    byte, however the source paces its bytes; past it the fetch raises DeadlineExceeded.
+    Unset, it is one connect timeout plus one read timeout: enough for the small replies
+    most callers read (a webhook's answer, a probe's headers). Callers that download real
+    files pass their own.
     """
     if method not in _METHODS:
         raise ValueError(f"unsupported method {method!r}")
@@ -196,7 +337,31 @@ def fetch(
         raise ValueError("max_redirects must be >= 0")
     allow_loopback: bool = getattr(settings, "ANEX_FETCH_ALLOW_LOOPBACK", False)
     ca_certs: str | None = getattr(settings, "ANEX_FETCH_CA_BUNDLE", None)
-    timeout = urllib3.Timeout(connect=connect_timeout, read=read_timeout)
+    timer = _Deadline(connect_timeout + read_timeout if deadline is None else deadline)
+    try:
+        return _fetch(method, url, headers=headers, body=body, max_bytes=max_bytes,
+                      max_redirects=max_redirects, connect_timeout=connect_timeout,
+                      read_timeout=read_timeout, deadline=timer,
+                      allow_loopback=allow_loopback, ca_certs=ca_certs)
+    except BaseException:
+        timer.close()
+        raise
+
+
+def _fetch(
+    method: Method,
+    url: str,
+    *,
+    headers: Mapping[str, str] | None,
+    body: bytes | None,
+    max_bytes: int,
+    max_redirects: int,
+    connect_timeout: float,
+    read_timeout: float,
+    deadline: _Deadline,
+    allow_loopback: bool,
+    ca_certs: str | None,
+) -> FetchResponse:
     request_headers = HTTPHeaderDict(headers)
     previous: _Target | None = None
     redirects = 0
@@ -211,16 +376,19 @@ def fetch(
             method=method,
             headers=request_headers,
             body=body,
-            timeout=timeout,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            deadline=deadline,
             ca_certs=ca_certs,
         )
         result = FetchResponse(
-            url=url, host=target.host, response=response, pool=pool, max_bytes=max_bytes
+            url=url, host=target.host, response=response, pool=pool, max_bytes=max_bytes,
+            deadline=deadline,
         )
         location = result.headers.get("Location")
         if max_redirects == 0 or result.status not in _REDIRECT_STATUSES or not location:
             return result
-        result.close()
+        result._release()
         if redirects == max_redirects:
             raise TooManyRedirects(f"more than {max_redirects} redirects")
         redirects += 1
@@ -274,20 +442,23 @@ def _parse(url: str, *, allow_loopback: bool) -> _Target:
 
 
 def _resolve(target: _Target, *, allow_loopback: bool) -> list[IPAddress]:
-    """Resolve once and judge every address: one bad answer refuses the whole host."""
+    """Resolve once and judge every address: one bad answer refuses the whole host.
+
+    A name that does not resolve gets the same refusal as one that resolves to a private
+    address, and neither names an address: any difference would tell a customer which
+    names exist in our internal DNS."""
+    not_public = UnsafeURL(f"{target.host} is not a public internet address")
     try:
         infos = socket.getaddrinfo(
             target.host, target.port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
         )
-    except (OSError, UnicodeError) as exc:
-        raise FetchConnectionError(f"could not resolve {target.host}") from exc
+    except (OSError, UnicodeError):
+        raise not_public from None
     addresses = list(dict.fromkeys(ipaddress.ip_address(info[4][0]) for info in infos))
-    if not addresses:
-        raise FetchConnectionError(f"could not resolve {target.host}")
-    for address in addresses:
-        if not _address_allowed(address, allow_loopback=allow_loopback):
-            # The address itself stays out of the message: it would map internal DNS.
-            raise UnsafeURL(f"{target.host} is not a public internet address")
+    if not addresses or not all(
+        _address_allowed(address, allow_loopback=allow_loopback) for address in addresses
+    ):
+        raise not_public
     if target.scheme == "http" and not all(a.is_loopback for a in addresses):
         raise UnsafeURL("only https URLs are allowed")
     return addresses
@@ -319,7 +490,7 @@ def _address_allowed(address: IPAddress, *, allow_loopback: bool) -> bool:
         and not address.is_reserved
         and not address.is_link_local
         and not address.is_unspecified
-        and address not in _CGNAT
+        and not any(address in network for network in _NOT_PUBLIC)
     )
 
 
@@ -330,7 +501,9 @@ def _send(
     method: str,
     headers: HTTPHeaderDict,
     body: bytes | None,
-    timeout: urllib3.Timeout,
+    connect_timeout: float,
+    read_timeout: float,
+    deadline: _Deadline,
     ca_certs: str | None,
 ) -> tuple[urllib3.HTTPConnectionPool, urllib3.BaseHTTPResponse]:
     """Connect to the first checked address that answers; never look the name up again."""
@@ -340,7 +513,12 @@ def _send(
     request_headers.setdefault("User-Agent", "anex")
     last_error: HTTPError | None = None
     for address in addresses:
-        pool = _pool(target, address, timeout=timeout, ca_certs=ca_certs)
+        # The name lookup or an earlier address may have used the time up.
+        if deadline.passed():
+            raise deadline.error(target.host)
+        timeout = urllib3.Timeout(connect=min(connect_timeout, deadline.remaining()),
+                                  read=read_timeout)
+        pool = _pool(target, address, timeout=timeout, deadline=deadline, ca_certs=ca_certs)
         try:
             response = pool.urlopen(
                 method,
@@ -359,21 +537,32 @@ def _send(
             continue
         except HTTPError as exc:
             pool.close()
-            raise _translate(exc, target.host) from exc
+            raise _translate(exc, target.host, deadline) from exc
+        if deadline.expired:
+            # Cut mid-headers, http.client takes the end of the stream for the end of the
+            # headers and hands back a reply that never finished arriving.
+            response.close()
+            pool.close()
+            raise deadline.error(target.host)
         return pool, response
     assert last_error is not None  # addresses is never empty
-    raise _translate(last_error, target.host) from last_error
+    raise _translate(last_error, target.host, deadline) from last_error
 
 
 def _pool(
-    target: _Target, address: IPAddress, *, timeout: urllib3.Timeout, ca_certs: str | None
+    target: _Target,
+    address: IPAddress,
+    *,
+    timeout: urllib3.Timeout,
+    deadline: _Deadline,
+    ca_certs: str | None,
 ) -> urllib3.HTTPConnectionPool:
     if target.scheme == "http":
-        return urllib3.HTTPConnectionPool(str(address), target.port, timeout=timeout)
+        return _HTTPPool(str(address), target.port, timeout=timeout, deadline=deadline)
     # The pool's host is the checked address (where the socket goes); SNI and the
     # certificate check use the name from the URL.
     hostname = target.host.rstrip(".")
-    return urllib3.HTTPSConnectionPool(
+    return _HTTPSPool(
         str(address),
         target.port,
         timeout=timeout,
@@ -381,10 +570,15 @@ def _pool(
         ca_certs=ca_certs,
         server_hostname=hostname,
         assert_hostname=hostname,
+        deadline=deadline,
     )
 
 
-def _translate(exc: HTTPError, host: str) -> FetchError:
+def _translate(exc: HTTPError, host: str, deadline: _Deadline) -> FetchError:
+    # Cut at the deadline, a connection fails in whatever way it was cut (a reset, a
+    # truncated reply, a broken handshake): the deadline is the reason.
+    if deadline.passed():
+        return deadline.error(host)
     # NewConnectionError subclasses ConnectTimeoutError in urllib3, so it is checked first.
     if isinstance(exc, NewConnectionError):
         return FetchConnectionError(f"could not connect to {host}")

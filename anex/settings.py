@@ -34,9 +34,14 @@ if urlsplit(ANEX_API_ORIGIN).hostname == urlsplit(ANEX_EU_API_ORIGIN).hostname:
         "a request's region is told apart."
     )
 
+# Serve the Django admin on this host only (every other host answers 404 under /admin/);
+# unset serves it on every allowed host.
+ANEX_ADMIN_HOST = env.optional_host("ANEX_ADMIN_HOST")
+
 ALLOWED_HOSTS = sorted(
     {
         *env.csv_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"]),
+        ANEX_ADMIN_HOST or "",
         urlsplit(ANEX_API_ORIGIN).hostname or "",
         urlsplit(ANEX_EU_API_ORIGIN).hostname or "",
     }
@@ -47,7 +52,7 @@ CSRF_TRUSTED_ORIGINS = env.csv_list("CSRF_TRUSTED_ORIGINS", [])
 INSTALLED_APPS = [
     # First, so the Dramatiq broker is set before any app declares an actor.
     "anex.apps.AnexConfig",
-    "django.contrib.admin",
+    "anex.apps.AnexAdminConfig",  # django.contrib.admin with our site
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -66,6 +71,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "anex.requestid.RequestIdMiddleware",
+    "anex.api.bodylimit.ApiBodyLimitMiddleware",  # before anything reads a body
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -101,6 +107,15 @@ DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env.redis_url("REDIS_URL")
+# Django's cache is shared by every web process through Redis: allauth keeps its sign-in
+# rate limits there, and a per-process memory cache would let each process count alone.
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "anex:cache",
+    }
+}
 
 AUTHENTICATION_BACKENDS = [
     "django.contrib.auth.backends.ModelBackend",
@@ -114,8 +129,10 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 ACCOUNT_LOGIN_METHODS = {"email"}
 ACCOUNT_SIGNUP_FIELDS = ["email*", "password1*", "password2*"]
+# Mandatory: an address nobody proved to own never signs in (nor reaches an organization's
+# keys or the admin). allauth's default rate limits apply to sign-in, sign-up and resets.
 ACCOUNT_EMAIL_VERIFICATION = env.choice(
-    "ACCOUNT_EMAIL_VERIFICATION", "optional", ("none", "optional", "mandatory")
+    "ACCOUNT_EMAIL_VERIFICATION", "mandatory", ("none", "optional", "mandatory")
 )
 LOGIN_REDIRECT_URL = "/"
 EMAIL_BACKEND = env.string("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
@@ -171,6 +188,9 @@ ANEX_WORKER_REGIONS = env.csv_list("ANEX_WORKER_REGIONS", ["world", "eu"])
 # an input is kept after it lands.
 ANEX_INPUT_MAX_BYTES = env.integer("ANEX_INPUT_MAX_BYTES", 2 * 1024**3, minimum=1)
 ANEX_UPLOAD_WINDOW_SECONDS = env.integer("ANEX_UPLOAD_WINDOW_SECONDS", 3600, minimum=60)
+# Upload form POSTs one client address may start per minute on the local storage backend
+# (each may carry up to the input cap; S3 throttles its own).
+ANEX_UPLOADS_PER_MINUTE = env.integer("ANEX_UPLOADS_PER_MINUTE", 120, minimum=1)
 ANEX_INPUT_RETENTION_DAYS = env.integer("ANEX_INPUT_RETENTION_DAYS", 7, minimum=1)
 # Results are kept this long after a job ends (the reference: 30 days).
 ANEX_RESULT_RETENTION_DAYS = env.integer("ANEX_RESULT_RETENTION_DAYS", 30, minimum=1)
@@ -180,6 +200,12 @@ ANEX_CHUNK_ROWS = env.integer("ANEX_CHUNK_ROWS", 256, minimum=1)
 # A running chunk whose heartbeat is older than this belongs to a dead worker (the reaper
 # re-queues it); workers beat every few seconds.
 ANEX_HEARTBEAT_STALE_SECONDS = env.integer("ANEX_HEARTBEAT_STALE_SECONDS", 180, minimum=5)
+# Sampled estimates are free and run on the paid models' workers: an organization may use
+# at most this many sampled tokens (prompt and generated) an hour (jobs.services.sampling).
+# The default is a few worst-case samples (64 rows at a 32,768-token context) or dozens
+# of typical ones.
+ANEX_SAMPLE_TOKENS_PER_HOUR = env.integer("ANEX_SAMPLE_TOKENS_PER_HOUR", 8_000_000,
+                                          minimum=1)
 
 # Stripe top-ups are optional: without keys the console says top-up is unavailable.
 STRIPE_SECRET_KEY = env.prefixed_secret("STRIPE_SECRET_KEY", ("sk_", "rk_"))
@@ -203,6 +229,12 @@ ANEX_DEFAULT_RATE_LIMIT_PER_MINUTE = env.integer(
 )
 # Seconds a client is told to wait on a 503 (Retry-After).
 ANEX_RETRY_AFTER_SECONDS = env.integer("ANEX_RETRY_AFTER_SECONDS", 5, minimum=1)
+
+# Request bodies on /batch/ and /realtime/ (anex/api/bodylimit.py): over this, 413 before a
+# byte is read. The largest a client needs is a realtime request (a decision's text is at
+# most 50,000 characters) or a job's fields with a response_format of at most 64 KiB.
+ANEX_API_MAX_BODY_BYTES = env.integer("ANEX_API_MAX_BODY_BYTES", 2 * 1024 * 1024,
+                                      minimum=64 * 1024)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["anex.api.authentication.ApiKeyAuthentication"],
@@ -231,6 +263,12 @@ SPECTACULAR_SETTINGS = {
         {"url": ANEX_EU_API_ORIGIN, "description": "EU region (EEA data routing)"},
     ],
     "COMPONENT_SPLIT_REQUEST": True,
+    # Named region enums: the models' choices carry labels and the request serializers'
+    # plain values, two enums that check --deploy otherwise warns collide on one name.
+    "ENUM_NAME_OVERRIDES": {
+        "DataResidencyEnum": "console.constants.Region",
+        "DataResidencyRequestEnum": "console.constants.Region.values",
+    },
 }
 
 LOG_LEVEL = env.choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
@@ -252,7 +290,27 @@ LOGGING = {
     "loggers": {"django.db.backends": {"level": "INFO"}},
 }
 
-if not DEBUG:
-    SESSION_COOKIE_HTTPONLY = True
-    SECURE_CONTENT_TYPE_NOSNIFF = True
-    X_FRAME_OPTIONS = "DENY"
+# Deployment security (`manage.py check --deploy` is clean with DEBUG off; CI runs it).
+# How many reverse proxies in front of the web server append to X-Forwarded-For and set
+# X-Forwarded-Proto. 0 (a direct connection) trusts neither header: a client could send
+# them itself to pose as https or as another address for the sign-in rate limits.
+ANEX_TRUSTED_PROXY_COUNT = env.integer("ANEX_TRUSTED_PROXY_COUNT", 0, minimum=0, maximum=10)
+ALLAUTH_TRUSTED_PROXY_COUNT = ANEX_TRUSTED_PROXY_COUNT
+if ANEX_TRUSTED_PROXY_COUNT:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# Redirect plain http to https. Off by default so `make run` and the tests serve plain
+# http; a deployment turns it on (or its proxy refuses http) and check --deploy says so.
+SECURE_SSL_REDIRECT = env.boolean("ANEX_SSL_REDIRECT", False)
+# Sent on https responses only, so `make run` on http://localhost is unaffected. The
+# header comes from the API hosts, so includeSubDomains covers only hosts beneath them.
+SECURE_HSTS_SECONDS = env.integer("ANEX_HSTS_SECONDS", 0 if DEBUG else 31_536_000, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+SECURE_HSTS_PRELOAD = True
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+SESSION_COOKIE_HTTPONLY = True
+# Secure cookies are kept by browsers on http://localhost too (a secure context), so only
+# DEBUG turns them off.
+SESSION_COOKIE_SECURE = not DEBUG
+CSRF_COOKIE_SECURE = not DEBUG

@@ -34,6 +34,10 @@ class LedgerEntry(models.Model):
                                 on_delete=models.PROTECT, related_name="+",
                                 help_text="The key whose spend budget this counts against.")
     stripe_event_id = models.CharField(max_length=255, blank=True, default="")
+    # A top-up's PaymentIntent: how a later refund or dispute of its charge finds the
+    # organization and the amount it may reverse.
+    stripe_payment_intent = models.CharField(max_length=255, blank=True, default="",
+                                             db_index=True)
     staff_user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
                                    on_delete=models.PROTECT, related_name="+")
     reason = models.CharField(max_length=500, blank=True, default="")

@@ -106,7 +106,7 @@ def credits_grant(*, organization: Organization, cents: int, reason: str, actor:
 
 @transaction.atomic
 def topup_record(*, organization_id: uuid.UUID, cents: int, checkout_session_id: str,
-                 stripe_event_id: str) -> tuple[LedgerEntry, bool]:
+                 stripe_event_id: str, payment_intent: str = "") -> tuple[LedgerEntry, bool]:
     """Credit a paid Stripe Checkout Session, once however often Stripe redelivers (keyed
     by the session, so its completed and async_payment_succeeded events credit once)."""
     if cents <= 0:
@@ -115,7 +115,8 @@ def topup_record(*, organization_id: uuid.UUID, cents: int, checkout_session_id:
     entry, created = _entry_write(
         organization=organization, kind=EntryKind.TOPUP, balance_delta=cents,
         idempotency_key=f"stripe:checkout:{checkout_session_id}",
-        stripe_event_id=stripe_event_id, reason=f"Stripe Checkout {checkout_session_id}",
+        stripe_event_id=stripe_event_id, stripe_payment_intent=payment_intent,
+        reason=f"Stripe Checkout {checkout_session_id}",
     )
     if created:
         audit_record(organization=organization, actor=Actor(system="stripe"),
@@ -123,6 +124,108 @@ def topup_record(*, organization_id: uuid.UUID, cents: int, checkout_session_id:
                      data={"cents": cents, "checkout_session": checkout_session_id,
                            "event": stripe_event_id})
     return entry, created
+
+
+def _topup_paid_by(payment_intent: str) -> LedgerEntry | None:
+    """The top-up a PaymentIntent paid for, its organization locked; None when it is not one
+    of ours (or predates recording it)."""
+    if not payment_intent:
+        return None
+    topup = LedgerEntry.objects.filter(kind=EntryKind.TOPUP,
+                                       stripe_payment_intent=payment_intent).first()
+    if topup is not None:
+        organization_lock(topup.organization_id)
+    return topup
+
+
+def _topup_reversal_write(*, topup: LedgerEntry, cents: int, idempotency_key: str,
+                          reason: str, stripe_event_id: str,
+                          action: AuditAction) -> tuple[LedgerEntry | None, bool]:
+    """One adjustment against a top-up (its organization locked): negative `cents` takes
+    back what Stripe reversed, positive gives back what a won dispute returned.
+
+    Taking back is capped so a top-up is never reversed by more than it credited (a
+    partial refund and then a dispute of the rest, or a redelivery of either, cannot
+    overlap). The balance may go below zero: uploads, submits and approvals then answer
+    402 until a top-up covers it (docs/decisions.md, "Credits and billing").
+    """
+    payment_intent = topup.stripe_payment_intent
+    existing = LedgerEntry.objects.filter(idempotency_key=idempotency_key).first()
+    if existing is not None:
+        return existing, False
+    if cents < 0:
+        reversed_so_far = -int(LedgerEntry.objects.filter(
+            kind=EntryKind.ADJUSTMENT, stripe_payment_intent=payment_intent,
+        ).aggregate(total=Coalesce(Sum("balance_delta"), 0))["total"])
+        cents = -min(-cents, topup.balance_delta - reversed_so_far)
+    if cents == 0:
+        return None, False
+    organization = topup.organization
+    entry, created = _entry_write(
+        organization=organization, kind=EntryKind.ADJUSTMENT, balance_delta=cents,
+        idempotency_key=idempotency_key, stripe_event_id=stripe_event_id,
+        stripe_payment_intent=payment_intent, reason=reason[:500],
+    )
+    if created:
+        audit_record(organization=organization, actor=Actor(system="stripe"), action=action,
+                     target=entry, data={"cents": cents, "payment_intent": payment_intent,
+                                         "event": stripe_event_id})
+    return entry, created
+
+
+@transaction.atomic
+def topup_refund_record(*, payment_intent: str, charge_id: str, amount_refunded: int,
+                        stripe_event_id: str) -> tuple[LedgerEntry | None, bool]:
+    """Debit a refunded top-up. Stripe's `amount_refunded` is the charge's running total,
+    so each delivery debits what that total adds to the refunds already debited, keyed by
+    the total: a redelivery, or an older partial refund arriving late, debits nothing."""
+    topup = _topup_paid_by(payment_intent)
+    if topup is None or amount_refunded <= 0:
+        return None, False
+    # Read under the organization lock, so two deliveries cannot both debit one refund.
+    refunded_so_far = -int(LedgerEntry.objects.filter(
+        kind=EntryKind.ADJUSTMENT, idempotency_key__startswith=f"stripe:refund:{charge_id}:",
+    ).aggregate(total=Coalesce(Sum("balance_delta"), 0))["total"])
+    if amount_refunded <= refunded_so_far:
+        return None, False
+    return _topup_reversal_write(
+        topup=topup, cents=-(amount_refunded - refunded_so_far),
+        idempotency_key=f"stripe:refund:{charge_id}:{amount_refunded}",
+        reason=f"Stripe refund of {charge_id}", stripe_event_id=stripe_event_id,
+        action=AuditAction.CREDITS_REVERSED,
+    )
+
+
+@transaction.atomic
+def topup_dispute_record(*, payment_intent: str, dispute_id: str, cents: int,
+                         stripe_event_id: str) -> tuple[LedgerEntry | None, bool]:
+    """Debit a disputed top-up when the dispute opens (Stripe withdraws the funds then),
+    once per dispute."""
+    topup = _topup_paid_by(payment_intent)
+    if topup is None or cents <= 0:
+        return None, False
+    return _topup_reversal_write(
+        topup=topup, cents=-cents,
+        idempotency_key=f"stripe:dispute:{dispute_id}",
+        reason=f"Stripe dispute {dispute_id}", stripe_event_id=stripe_event_id,
+        action=AuditAction.CREDITS_REVERSED,
+    )
+
+
+@transaction.atomic
+def topup_dispute_won_record(*, payment_intent: str, dispute_id: str,
+                             stripe_event_id: str) -> tuple[LedgerEntry | None, bool]:
+    """Give back exactly what a dispute debited once it is won, once."""
+    topup = _topup_paid_by(payment_intent)
+    debited = LedgerEntry.objects.filter(idempotency_key=f"stripe:dispute:{dispute_id}").first()
+    if topup is None or debited is None:
+        return None, False
+    return _topup_reversal_write(
+        topup=topup, cents=-debited.balance_delta,
+        idempotency_key=f"stripe:dispute:{dispute_id}:won",
+        reason=f"Stripe dispute {dispute_id} won", stripe_event_id=stripe_event_id,
+        action=AuditAction.CREDITS_REINSTATED,
+    )
 
 
 def key_spend_cents(*, api_key: ApiKey) -> int:

@@ -14,7 +14,12 @@ import stripe
 from django.conf import settings
 
 from billing.constants import TOPUP_MAX_CENTS, TOPUP_MIN_CENTS
-from billing.services import topup_record
+from billing.services import (
+    topup_dispute_record,
+    topup_dispute_won_record,
+    topup_record,
+    topup_refund_record,
+)
 from console.models import Organization
 
 logger = logging.getLogger(__name__)
@@ -22,6 +27,8 @@ logger = logging.getLogger(__name__)
 # Both mean "the customer's money arrived": card payments complete paid, delayed methods
 # (bank debits) complete unpaid and succeed later.
 PAID_EVENTS = ("checkout.session.completed", "checkout.session.async_payment_succeeded")
+# Money Stripe takes back from a paid top-up (and gives back when a dispute is won).
+REVERSAL_EVENTS = ("charge.refunded", "charge.dispute.created", "charge.dispute.closed")
 
 
 class TopupUnavailable(Exception):
@@ -82,8 +89,15 @@ def webhook_event_parse(payload: bytes, signature: str | None) -> stripe.Event:
     return stripe.Webhook.construct_event(payload, signature, settings.STRIPE_WEBHOOK_SECRET)
 
 
-def webhook_event_handle(event: stripe.Event) -> bool:
-    """Credit a paid top-up; True when this delivery credited the ledger."""
+def webhook_event_handle(event: stripe.Event) -> dict[str, bool]:
+    """Credit a paid top-up, debit a refunded or disputed one. Says whether this delivery
+    credited (a top-up, a won dispute) or debited (a refund, a dispute) the ledger."""
+    if event.type in REVERSAL_EVENTS:
+        return _reversal_handle(event)
+    return {"credited": _topup_handle(event)}
+
+
+def _topup_handle(event: stripe.Event) -> bool:
     if event.type not in PAID_EVENTS:
         return False
     session: dict[str, Any] = event.data.object.to_dict()
@@ -104,8 +118,54 @@ def webhook_event_handle(event: stripe.Event) -> bool:
         logger.error("stripe session %s names unknown organization %s",
                      session.get("id"), organization_id)
         return False
+    amount = session.get("amount_total")
+    # A fully discounted or malformed session pays nothing: acknowledged (Stripe would
+    # otherwise retry it for days), credited nothing.
+    if not isinstance(amount, int) or isinstance(amount, bool) or amount <= 0:
+        logger.error("stripe session %s paid amount_total %r; not credited",
+                     session.get("id"), amount)
+        return False
     _entry, created = topup_record(
-        organization_id=organization_id, cents=int(session["amount_total"]),
+        organization_id=organization_id, cents=amount,
         checkout_session_id=str(session["id"]), stripe_event_id=str(event.id),
+        payment_intent=_object_id(session.get("payment_intent")),
     )
     return created
+
+
+def _object_id(value: Any) -> str:
+    """An id Stripe sends as a string, or inside the object when it was expanded."""
+    if isinstance(value, dict):
+        value = value.get("id")
+    return value if isinstance(value, str) else ""
+
+
+def _reversal_handle(event: stripe.Event) -> dict[str, bool]:
+    """A refund or dispute of a top-up's charge. Found by the top-up's PaymentIntent; a
+    charge that paid no top-up of ours (or is not in usd) changes nothing."""
+    obj: dict[str, Any] = event.data.object.to_dict()
+    payment_intent = _object_id(obj.get("payment_intent"))
+    amount = obj.get("amount_refunded" if event.type == "charge.refunded" else "amount")
+    if obj.get("currency") != "usd" or not isinstance(amount, int) or not payment_intent:
+        logger.error("stripe %s %s: no usd amount or payment intent; nothing debited",
+                     event.type, obj.get("id"))
+        return {"debited": False}
+    if event.type == "charge.refunded":
+        entry, created = topup_refund_record(
+            payment_intent=payment_intent, charge_id=str(obj["id"]), amount_refunded=amount,
+            stripe_event_id=str(event.id))
+    elif event.type == "charge.dispute.created":
+        entry, created = topup_dispute_record(
+            payment_intent=payment_intent, dispute_id=str(obj["id"]), cents=amount,
+            stripe_event_id=str(event.id))
+    else:
+        if obj.get("status") != "won":
+            return {"credited": False}
+        _won, created = topup_dispute_won_record(
+            payment_intent=payment_intent, dispute_id=str(obj["id"]),
+            stripe_event_id=str(event.id))
+        return {"credited": created}
+    if entry is None:
+        logger.warning("stripe %s %s: no top-up of ours left to reverse for %s",
+                       event.type, obj.get("id"), payment_intent)
+    return {"debited": created}

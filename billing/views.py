@@ -16,12 +16,12 @@ logger = logging.getLogger(__name__)
 @require_POST
 def stripe_webhook(request: HttpRequest) -> JsonResponse:
     """Stripe's deliveries. 2xx only for a verified event, so Stripe retries anything we
-    could not take; crediting is idempotent per Checkout Session, so retries are safe."""
+    could not take; crediting is idempotent per Checkout Session and debiting per refund
+    total or dispute, so retries are safe."""
     try:
         event = webhook_event_parse(request.body, request.headers.get("Stripe-Signature"))
     except TopupUnavailable as exc:
         return JsonResponse({"detail": str(exc)}, status=404)
     except (ValueError, stripe.SignatureVerificationError):
         return JsonResponse({"detail": "Invalid Stripe signature or payload."}, status=400)
-    credited = webhook_event_handle(event)
-    return JsonResponse({"received": True, "credited": credited})
+    return JsonResponse({"received": True, **webhook_event_handle(event)})

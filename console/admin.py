@@ -8,7 +8,7 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import QuerySet
 from django.forms import ModelForm
 from django.http import HttpRequest
@@ -115,9 +115,19 @@ class OrganizationAdmin(admin.ModelAdmin):
         credits = credits_summary(organization=obj)
         return f"{credits.balance} / {credits.held} / {credits.available}"
 
-    @admin.action(description="Grant credits to the selected organizations")
+    def has_grant_credits_permission(self, request: HttpRequest) -> bool:
+        # A grant writes a ledger entry: staff who may only view (or only edit an
+        # organization's settings) are not offered the action, nor may they post it.
+        return request.user.has_perm("billing.add_ledgerentry")
+
+    @admin.action(description="Grant credits to the selected organizations",
+                  permissions=["grant_credits"])
     def grant_credits(self, request: HttpRequest,
                       queryset: QuerySet[Organization]) -> TemplateResponse | None:
+        # The admin already drops an action the user lacks; checked again so no other
+        # route to this method can skip it.
+        if not self.has_grant_credits_permission(request):
+            raise PermissionDenied
         form = GrantCreditsForm(request.POST if "apply" in request.POST else None)
         if form.is_valid():
             actor = Actor(user=request.user)  # type: ignore[arg-type]
@@ -185,8 +195,14 @@ class ApiKeyAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
-    @admin.action(description="Revoke selected API keys")
+    def has_revoke_permission(self, request: HttpRequest) -> bool:
+        # Revoking changes a key: a view-only staff account can look, not revoke.
+        return request.user.has_perm("console.change_apikey")
+
+    @admin.action(description="Revoke selected API keys", permissions=["revoke"])
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
+        if not self.has_revoke_permission(request):
+            raise PermissionDenied
         actor = Actor(user=request.user)  # type: ignore[arg-type]
         for key in queryset.select_related("organization"):
             api_key_revoke(key=key, actor=actor)

@@ -24,6 +24,8 @@ class AuditAction(models.TextChoices):
     API_KEY_REVOKED = "api_key.revoked"
     CREDITS_GRANTED = "credits.granted"
     CREDITS_TOPPED_UP = "credits.topped_up"
+    CREDITS_REVERSED = "credits.reversed"  # a Stripe refund or dispute took a top-up back
+    CREDITS_REINSTATED = "credits.reinstated"  # a won dispute gave it back
     JOB_APPROVED = "job.approved"
     INPUT_CREATED = "input.created"
     JOB_SUBMITTED = "job.submitted"

@@ -69,6 +69,15 @@ class Job(models.Model):
     est_input_tok = models.PositiveBigIntegerField(null=True, blank=True)
     est_output_tok = models.PositiveBigIntegerField(null=True, blank=True)
     est_processing_seconds = models.PositiveIntegerField(null=True, blank=True)
+    # The input usage the rows were counted to (billing.pricing.Usage, output excluded),
+    # media kept apart, so the sampled estimate prices media at the media rates and adds
+    # the per-item and per-minute charges (docs/decisions.md, "Credits and billing").
+    est_usage = models.JSONField(null=True, blank=True)
+    # The sampled estimate's tokens (prompt and generated), reserved when it is queued and
+    # replaced by what it used; they count against the organization's hourly allowance of
+    # sampled tokens from sampled_at (jobs.services.sampling).
+    sample_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    sampled_at = models.DateTimeField(null=True, blank=True)
     row_count = models.PositiveIntegerField(null=True, blank=True)
     success_rows = models.PositiveIntegerField(null=True, blank=True)
     error_rows = models.PositiveIntegerField(null=True, blank=True)
@@ -101,7 +110,9 @@ class Job(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["organization", "status"])]
+        indexes = [models.Index(fields=["organization", "status"]),
+                   # The hourly sample allowance sums an organization's recent samples.
+                   models.Index(fields=["organization", "sampled_at"])]
 
     def __str__(self) -> str:
         return f"{self.model} job {self.pk} ({self.status})"
@@ -145,6 +156,10 @@ class Input(models.Model):
     callback_secret_encrypted = models.TextField(blank=True, default="")
     error = models.TextField(blank=True, default="")
     size_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    # The exact bytes that became ready (jobs.storage fingerprint: an S3 VersionId or ETag,
+    # a local SHA-256): every read of the input is pinned to them, so a file swapped under
+    # the same key later (a replayed upload form) is refused, never run or billed.
+    content_pin = models.CharField(max_length=300, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     created_by_key = models.ForeignKey(
         "console.ApiKey", null=True, blank=True, on_delete=models.PROTECT, related_name="+"

@@ -8,10 +8,17 @@ Two backends with one contract:
   download links (jobs/storage_views.py).
 
 Objects are addressed by key; `uri` is the s3:// form the API shows (input_s3_uri).
+
+An input is frozen when it becomes ready: `fingerprint` names the exact bytes that were
+checked (S3: the object's VersionId, else its ETag; local: its SHA-256, size and mtime),
+and every later read passes it as `pin`, so a file swapped under the same key (a replayed
+upload form) is refused with StorageChanged instead of being read (docs/decisions.md,
+"Inputs and results").
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import tempfile
@@ -25,6 +32,7 @@ from typing import IO, Any
 from urllib.parse import quote, urlencode
 
 from boto3.s3.transfer import TransferConfig
+from botocore.exceptions import ClientError
 from django.conf import settings
 from django.core import signing
 from django.utils import timezone
@@ -51,6 +59,14 @@ class StorageTooLarge(Exception):
     """A stream passed the size cap while being written; nothing was kept."""
 
 
+class StorageChanged(Exception):
+    """The object is no longer the one its pin names: it was replaced or removed."""
+
+
+class StorageExists(Exception):
+    """A write-once key already holds an object; nothing was written."""
+
+
 class RegionStorage(ABC):
     region: Region
     bucket: str
@@ -72,8 +88,12 @@ class RegionStorage(ABC):
         """The object's first bytes, without reading the rest."""
 
     @abstractmethod
-    def read_range(self, key: str, start: int, end: int) -> bytes:
-        """Bytes [start, end) of the object."""
+    def fingerprint(self, key: str) -> tuple[int, str]:
+        """The object's size and a pin naming exactly these bytes, for open/read_range."""
+
+    @abstractmethod
+    def read_range(self, key: str, start: int, end: int, *, pin: str = "") -> bytes:
+        """Bytes [start, end) of the object; with a pin, of that object or StorageChanged."""
 
     @abstractmethod
     def write_stream(self, key: str, chunks: Iterable[bytes], *, max_bytes: int) -> int:
@@ -81,7 +101,14 @@ class RegionStorage(ABC):
         StorageTooLarge and keeps nothing."""
 
     @abstractmethod
-    def open(self, key: str) -> IO[bytes]: ...
+    def open(self, key: str, *, pin: str = "") -> IO[bytes]:
+        """The object as a buffered binary file (iterating it yields lines). With a pin:
+        that object, or StorageChanged (at the latest when the read reaches its end)."""
+
+    def verify(self, key: str, *, pin: str) -> None:
+        """StorageChanged unless the object is still the pinned one. S3 answers this for a
+        one-byte pinned read (the server compares the version or ETag)."""
+        self.read_range(key, 0, 1, pin=pin)
 
     @abstractmethod
     def download_url(self, key: str, *, expires_in: int, filename: str) -> str: ...
@@ -155,11 +182,35 @@ class S3RegionStorage(RegionStorage):
                                         Range=f"bytes=0-{length - 1}")
         return bytes(reply["Body"].read())
 
-    def read_range(self, key: str, start: int, end: int) -> bytes:
+    def fingerprint(self, key: str) -> tuple[int, str]:
+        head = self._client.head_object(Bucket=self.bucket, Key=key)
+        version = head.get("VersionId")
+        # A versioned bucket keeps every upload: reading the checked version is exact
+        # whatever lands later. Unversioned, the ETag changes with the content.
+        pin = f"version:{version}" if version and version != "null" else f"etag:{head['ETag']}"
+        return int(head["ContentLength"]), pin
+
+    def _get(self, key: str, pin: str, **extra: str) -> Any:
+        kind, _, value = pin.partition(":")
+        if kind == "version":
+            extra["VersionId"] = value
+        elif kind == "etag":
+            extra["IfMatch"] = value
+        elif pin:
+            raise ValueError(f"not an S3 pin: {pin!r}")
+        try:
+            return self._client.get_object(Bucket=self.bucket, Key=key, **extra)
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            if pin and code in ("PreconditionFailed", "412", "NoSuchVersion", "NoSuchKey",
+                                "InvalidArgument"):
+                raise StorageChanged(f"{key} is not the object that was checked") from None
+            raise
+
+    def read_range(self, key: str, start: int, end: int, *, pin: str = "") -> bytes:
         if end <= start:
             return b""
-        reply = self._client.get_object(Bucket=self.bucket, Key=key,
-                                        Range=f"bytes={start}-{end - 1}")
+        reply = self._get(key, pin, Range=f"bytes={start}-{end - 1}")
         return bytes(reply["Body"].read())
 
     def write_stream(self, key: str, chunks: Iterable[bytes], *, max_bytes: int) -> int:
@@ -169,8 +220,11 @@ class S3RegionStorage(RegionStorage):
         self._client.upload_fileobj(reader, self.bucket, key, Config=_TRANSFER)
         return counted.total
 
-    def open(self, key: str) -> IO[bytes]:
-        return self._client.get_object(Bucket=self.bucket, Key=key)["Body"]  # type: ignore[no-any-return]
+    def open(self, key: str, *, pin: str = "") -> IO[bytes]:
+        # Iterating botocore's StreamingBody yields 1 KiB chunks, not lines: buffered, it
+        # reads like a local file (lines with their endings, read(n), a context manager).
+        return io.BufferedReader(_BodyReader(self._get(key, pin)["Body"]),
+                                 buffer_size=1024 * 1024)
 
     def download_url(self, key: str, *, expires_in: int, filename: str) -> str:
         return str(self._client.generate_presigned_url(
@@ -182,6 +236,56 @@ class S3RegionStorage(RegionStorage):
 
     def delete(self, key: str) -> None:
         self.storage.delete(key)
+
+
+class _BodyReader(io.RawIOBase):
+    """A raw binary file over botocore's StreamingBody."""
+
+    def __init__(self, body: Any) -> None:
+        self._body = body
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, target: Any) -> int:
+        data = self._body.read(len(target))
+        target[:len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._body.close()
+        super().close()
+
+
+class _VerifiedReader(io.RawIOBase):
+    """A local file read whole against its pin: the SHA-256 of what was read is compared
+    with the pinned one when the read reaches the end (a partial read proves nothing and
+    is not checked; whoever needs the proof reads to the end)."""
+
+    def __init__(self, handle: IO[bytes], key: str, digest: str) -> None:
+        self._handle = handle
+        self._key = key
+        self._digest = digest
+        self._hash = hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, target: Any) -> int:
+        data = self._handle.read(len(target))
+        if not data:
+            if self._hash.hexdigest() != self._digest:
+                raise StorageChanged(f"{self._key} is not the object that was checked")
+            return 0
+        self._hash.update(data)
+        target[:len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._handle.close()
+        super().close()
 
 
 class _Counter:
@@ -209,8 +313,10 @@ class LocalRegionStorage(RegionStorage):
 
     def upload_target(self, *, key: str, max_bytes: int, expires_in: int) -> UploadTarget:
         expires_at = timezone.now() + timedelta(seconds=expires_in)
+        # Bound to this region's storage: another region's upload endpoint refuses it.
         policy = signing.dumps(
-            {"key": key, "max_bytes": max_bytes, "expires": int(expires_at.timestamp())},
+            {"key": key, "max_bytes": max_bytes, "expires": int(expires_at.timestamp()),
+             "region": self.region.value},
             salt=UPLOAD_SALT,
         )
         url = f"{region_origin(self.region)}/storage/{self.region.value}/upload"
@@ -227,8 +333,35 @@ class LocalRegionStorage(RegionStorage):
         with self.path(key).open("rb") as handle:
             return handle.read(length)
 
-    def read_range(self, key: str, start: int, end: int) -> bytes:
+    def fingerprint(self, key: str) -> tuple[int, str]:
+        digest = hashlib.sha256()
         with self.path(key).open("rb") as handle:
+            stat = os.fstat(handle.fileno())
+            while block := handle.read(1024 * 1024):
+                digest.update(block)
+        return stat.st_size, f"sha256:{digest.hexdigest()}:{stat.st_size}:{stat.st_mtime_ns}"
+
+    def _open_pinned(self, key: str, pin: str) -> tuple[IO[bytes], str]:
+        """The file, checked against the pin's size and mtime (a whole-file check cannot
+        be made on a range; the digest is returned for reads that go to the end)."""
+        handle = self.path(key).open("rb")
+        if not pin:
+            return handle, ""
+        kind, digest, size, mtime = [*pin.split(":"), "", "", ""][:4]
+        stat = os.fstat(handle.fileno())
+        if kind != "sha256" or (str(stat.st_size), str(stat.st_mtime_ns)) != (size, mtime):
+            handle.close()
+            raise StorageChanged(f"{key} is not the object that was checked")
+        return handle, digest
+
+    def read_range(self, key: str, start: int, end: int, *, pin: str = "") -> bytes:
+        try:
+            handle, _digest = self._open_pinned(key, pin)
+        except FileNotFoundError:
+            if pin:
+                raise StorageChanged(f"{key} is gone") from None
+            raise
+        with handle:
             handle.seek(start)
             return handle.read(max(0, end - start))
 
@@ -248,8 +381,44 @@ class LocalRegionStorage(RegionStorage):
             raise
         return total
 
-    def open(self, key: str) -> IO[bytes]:
-        return self.path(key).open("rb")
+    def write_once(self, key: str, chunks: Iterable[bytes], *, max_bytes: int) -> int:
+        """write_stream for a key that may be written once (an upload target): a second
+        write, even a concurrent one, raises StorageExists and changes nothing."""
+        path = self.path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            raise StorageExists(key)
+        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".partial-")
+        total = 0
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                for chunk in _capped(chunks, max_bytes):
+                    handle.write(chunk)
+                    total += len(chunk)
+            try:
+                os.link(temporary, path)  # atomic, and fails when the key is taken
+            except FileExistsError:
+                raise StorageExists(key) from None
+        finally:
+            Path(temporary).unlink(missing_ok=True)
+        return total
+
+    def open(self, key: str, *, pin: str = "") -> IO[bytes]:
+        try:
+            handle, digest = self._open_pinned(key, pin)
+        except FileNotFoundError:
+            if pin:
+                raise StorageChanged(f"{key} is gone") from None
+            raise
+        if not pin:
+            return handle
+        return io.BufferedReader(_VerifiedReader(handle, key, digest), buffer_size=1024 * 1024)
+
+    def verify(self, key: str, *, pin: str) -> None:
+        # A local file is proven only by hashing it whole.
+        with self.open(key, pin=pin) as stream:
+            while stream.read(1024 * 1024):
+                pass
 
     def download_url(self, key: str, *, expires_in: int, filename: str) -> str:
         expires = int((timezone.now() + timedelta(seconds=expires_in)).timestamp())

@@ -1,46 +1,169 @@
 """The local storage backend's HTTP side, standing in for S3 in the embedded default:
-the upload form POST (a signed, expiring policy naming the key and the size cap) and
-signed, expiring download links."""
+the upload form POST (a signed, expiring policy naming the key, the size cap and the
+region) and signed, expiring download links.
+
+The upload is read as a stream, in the order the reference prescribes (the fields, then
+the file, last): the client's rate, the declared length and the policy are all checked
+before a byte of the file is read, and the file goes straight to storage under its cap,
+once per input (docs/decisions.md, "Inputs and results")."""
 
 from __future__ import annotations
 
+import itertools
+import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+import redis
 from django.conf import settings
 from django.core import signing
-from django.core.files.uploadhandler import (
-    FileUploadHandler,
-    StopUpload,
-    TemporaryFileUploadHandler,
-)
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse, JsonResponse
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
+from python_multipart.multipart import MultipartParser, parse_options_header
 
+from anex.api.throttling import client_address
+from anex.redis import redis_client
 from console.constants import Region
-from jobs.storage import DOWNLOAD_SALT, UPLOAD_SALT, LocalRegionStorage, storage_for
+from jobs.services.inputs import input_accepts_upload
+from jobs.storage import (
+    DOWNLOAD_SALT,
+    UPLOAD_SALT,
+    LocalRegionStorage,
+    StorageExists,
+    StorageTooLarge,
+    storage_for,
+)
+
+logger = logging.getLogger(__name__)
+
+# What the form may carry besides the file: its fields (key, policy: a few hundred bytes)
+# and the multipart framing. More than this before the file starts is refused unread.
+FORM_OVERHEAD_BYTES = 64 * 1024
+_READ_BYTES = 1024 * 1024
+THROTTLE_WINDOW_SECONDS = 60
+USED = ("AccessDenied: this upload target has been used (its input is no longer awaiting "
+        "an upload). Create a new input to upload another file.")
 
 
-class _CappedUpload(FileUploadHandler):
-    """Stops reading the request as soon as the file passes the input cap."""
+class _FormError(Exception):
+    pass
 
-    def __init__(self, request: HttpRequest | None = None) -> None:
-        super().__init__(request)
-        self.received = 0
-        self.too_large = False
 
-    def receive_data_chunk(self, raw_data: bytes, start: int) -> bytes | None:
-        self.received += len(raw_data)
-        if self.received > settings.ANEX_INPUT_MAX_BYTES:
-            self.too_large = True
-            raise StopUpload(connection_reset=True)
-        return raw_data
+class _Readable(Protocol):
+    def read(self, size: int = ..., /) -> bytes: ...
 
-    def file_complete(self, file_size: int) -> None:
+    def readline(self, size: int = ..., /) -> bytes: ...
+
+
+class _StreamedForm:
+    """A multipart form read from the request a block at a time: the fields before the
+    file into memory (bounded), then the file part handed out as chunks, never spooled."""
+
+    def __init__(self, stream: _Readable, boundary: bytes) -> None:
+        self._stream = stream
+        self.fields: dict[str, str] = {}
+        self.file_started = self._in_file = self._file_ended = self._ended = False
+        self._pending: list[bytes] = []
+        self._read = 0
+        self._header_field = self._header_value = self._disposition = b""
+        self._value: list[bytes] = []
+        self._name = ""
+        self._parser = MultipartParser(boundary, callbacks={
+            "on_part_begin": self._part_begin, "on_header_field": self._header_field_data,
+            "on_header_value": self._header_value_data, "on_header_end": self._header_end,
+            "on_headers_finished": self._headers_finished, "on_part_data": self._part_data,
+            "on_part_end": self._part_end, "on_end": self._end,
+        })
+
+    def _part_begin(self) -> None:
+        self._disposition, self._value, self._name = b"", [], ""
+
+    def _header_field_data(self, data: bytes, start: int, end: int) -> None:
+        self._header_field += data[start:end]
+
+    def _header_value_data(self, data: bytes, start: int, end: int) -> None:
+        self._header_value += data[start:end]
+
+    def _header_end(self) -> None:
+        if self._header_field.strip().lower() == b"content-disposition":
+            self._disposition = self._header_value.strip()
+        self._header_field = self._header_value = b""
+
+    def _headers_finished(self) -> None:
+        _kind, options = parse_options_header(self._disposition)
+        self._name = options.get(b"name", b"").decode("utf-8", "replace")
+        # The first file part is the file; anything after it is ignored, as S3 does.
+        self._in_file = not self.file_started and (self._name == "file"
+                                                   or b"filename" in options)
+        self.file_started = self.file_started or self._in_file
+
+    def _part_data(self, data: bytes, start: int, end: int) -> None:
+        if self._in_file:
+            self._pending.append(bytes(data[start:end]))
+        elif not self.file_started:
+            self._value.append(bytes(data[start:end]))
+
+    def _part_end(self) -> None:
+        if self._in_file:
+            self._in_file, self._file_ended = False, True
+        elif self._name and not self.file_started:
+            self.fields[self._name] = b"".join(self._value).decode("utf-8", "replace")
+
+    def _end(self) -> None:
+        self._ended = True
+
+    def _feed(self, *, line: bool = False) -> bool:
+        # The fields are read a line at a time: a read never waits for bytes the client
+        # has not sent yet, so a refusal is answered as soon as the file's headers arrive.
+        block = (self._stream.readline(FORM_OVERHEAD_BYTES + 1) if line
+                 else self._stream.read(_READ_BYTES))
+        if not block:
+            return False
+        self._read += len(block)
+        self._parser.write(block)
+        return True
+
+    def read_fields(self) -> None:
+        """Read up to the start of the file part (or the end of a form without one)."""
+        while not self.file_started and not self._ended:
+            if self._read > FORM_OVERHEAD_BYTES:
+                raise _FormError("InvalidArgument: the form fields are too large; send the "
+                                 "fields given, then the file, last.")
+            if not self._feed(line=True):
+                return
+
+    def file_chunks(self) -> Iterator[bytes]:
+        while True:
+            pending, self._pending = self._pending, []
+            yield from pending
+            if self._file_ended or self._ended:
+                return
+            if not self._feed():
+                raise _FormError("InvalidArgument: the request ended inside the file.")
+
+
+def _throttled(request: HttpRequest) -> float | None:
+    """Seconds to wait when this client has started ANEX_UPLOADS_PER_MINUTE uploads this
+    minute; None to go ahead (also when Redis is down: the limiter never takes uploads
+    down with it)."""
+    now = time.time()
+    window = int(now // THROTTLE_WINDOW_SECONDS)
+    counter = f"anex:uploads:{client_address(request)}:{window}"
+    try:
+        pipe = redis_client().pipeline()
+        pipe.incr(counter)
+        pipe.expire(counter, THROTTLE_WINDOW_SECONDS * 2)
+        count, _ = pipe.execute()
+    except redis.RedisError as exc:
+        logger.warning("upload limiter unavailable, upload allowed: %s", exc)
         return None
+    if int(count) <= settings.ANEX_UPLOADS_PER_MINUTE:
+        return None
+    return (window + 1) * THROTTLE_WINDOW_SECONDS - now
 
 
 def _local(region: str) -> LocalRegionStorage:
@@ -57,31 +180,70 @@ def _error(status: int, detail: str) -> JsonResponse:
     return JsonResponse({"detail": detail}, status=status)
 
 
+def _policy_problem(policy: dict[str, Any], fields: dict[str, str],
+                    region: str) -> str | None:
+    if policy.get("region") != region:
+        return "AccessDenied: the policy is for another region's storage."
+    if policy["expires"] < time.time():
+        return "AccessDenied: the upload window has closed."
+    if fields.get("key") != policy["key"]:
+        return "AccessDenied: the key does not match the policy."
+    return None
+
+
 @csrf_exempt
 @require_POST
 def upload(request: HttpRequest, region: str) -> HttpResponse:
+    # Everything a client can be refused for is decided before the file is read: the
+    # rate, the declared length, then the policy from the fields that precede the file.
+    wait = _throttled(request)
+    if wait is not None:
+        response = _error(429, "SlowDown: too many uploads from this client; retry later.")
+        response["Retry-After"] = str(max(1, round(wait)))
+        return response
     storage = _local(region)
-    cap = _CappedUpload(request)
-    request.upload_handlers = [cap, TemporaryFileUploadHandler(request)]
-    files: Any = request.FILES  # parses the form, streaming the file to a temporary file
-    if cap.too_large:
-        return _error(400, "EntityTooLarge: the file is over the input cap.")
+    _kind, options = parse_options_header(request.META.get("CONTENT_TYPE", ""))
+    boundary = options.get(b"boundary")
+    if not boundary:
+        return _error(400, "InvalidArgument: send a multipart/form-data form POST.")
     try:
-        policy = signing.loads(request.POST.get("policy", ""), salt=UPLOAD_SALT)
+        length = int(request.META.get("CONTENT_LENGTH") or "")
+    except ValueError:
+        return _error(411, "MissingContentLength: send the request's Content-Length.")
+    if length > settings.ANEX_INPUT_MAX_BYTES + FORM_OVERHEAD_BYTES:
+        return _error(400, "EntityTooLarge: the file is over the input cap.")
+    form = _StreamedForm(request, boundary)
+    try:
+        form.read_fields()
+    except _FormError as exc:
+        return _error(400, str(exc))
+    try:
+        policy = signing.loads(form.fields.get("policy", ""), salt=UPLOAD_SALT)
     except signing.BadSignature:
         return _error(403, "AccessDenied: the policy is missing or its signature is invalid.")
-    if policy["expires"] < time.time():
-        return _error(403, "AccessDenied: the upload window has closed.")
-    if request.POST.get("key") != policy["key"]:
-        return _error(403, "AccessDenied: the key does not match the policy.")
-    upload_file = files.get("file")
-    if upload_file is None:
-        return _error(400, "InvalidArgument: send the file as the last form field, 'file'.")
-    if upload_file.size > policy["max_bytes"]:
+    problem = _policy_problem(policy, form.fields, region)
+    if problem:
+        return _error(403, problem)
+    if length > policy["max_bytes"] + FORM_OVERHEAD_BYTES:
         return _error(400, "EntityTooLarge: the file is over the input cap.")
-    if upload_file.size == 0:
-        return _error(400, "InvalidArgument: the file is empty.")
-    storage.write_stream(policy["key"], upload_file.chunks(), max_bytes=policy["max_bytes"])
+    if not input_accepts_upload(object_key=policy["key"]) or storage.exists(policy["key"]):
+        return _error(403, USED)  # settled, or its file landed and settles on the next read
+    if not form.file_started:
+        return _error(400, "InvalidArgument: send the file as the last form field, 'file'.")
+    try:
+        chunks = form.file_chunks()
+        first = next((chunk for chunk in chunks if chunk), None)
+        if first is None:
+            return _error(400, "InvalidArgument: the file is empty.")
+        # Write-once: a concurrent second POST of the same form cannot replace the file.
+        storage.write_once(policy["key"], itertools.chain([first], chunks),
+                           max_bytes=policy["max_bytes"])
+    except StorageTooLarge:
+        return _error(400, "EntityTooLarge: the file is over the input cap.")
+    except StorageExists:
+        return _error(403, USED)
+    except _FormError as exc:
+        return _error(400, str(exc))
     return HttpResponse(status=204)
 
 

@@ -70,7 +70,14 @@ def chunk_run_task(chunk_id: str) -> None:
     chunk_run(chunk_id=chunk_id)
 
 
-# Sent to the model's run queue like chunks: the sample needs the model's engine.
-@dramatiq.actor(queue_name="run", max_retries=0, time_limit=CHUNK_TIME_LIMIT_MS)
+# Sent to "sample.<region>.<model>" queues (jobs.services.sampling.sample_queue), which the
+# workers serving the model consume beside its run queue: the sample needs its engine. A
+# worker takes the chunks it holds before the samples it holds (a higher number is a lower
+# priority), so free samples never keep paid work waiting.
+SAMPLE_PRIORITY = 100
+
+
+@dramatiq.actor(queue_name="sample", max_retries=0, time_limit=CHUNK_TIME_LIMIT_MS,
+                priority=SAMPLE_PRIORITY)
 def job_sample_task(job_id: str) -> None:
     job_sample(job_id=job_id)

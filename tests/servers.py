@@ -134,3 +134,19 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def trickle(first: bytes, *, every: float) -> Route:
+    """A tarpit: send ``first`` raw (a status line, some headers, the start of a body), then
+    one byte every ``every`` seconds until the client hangs up or the server stops."""
+
+    def route(handler: _Handler) -> None:
+        handler.close_connection = True
+        try:
+            handler.wfile.write(first)
+            while not handler.server.owner.release.wait(every):
+                handler.wfile.write(b"a")
+        except OSError:
+            pass  # the client cut the connection: what the tests want
+
+    return route

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +21,7 @@ from django.conf import settings as django_settings
 
 from anex import net
 from anex.net import (
+    DeadlineExceeded,
     FetchConnectionError,
     FetchError,
     FetchTimeout,
@@ -28,7 +30,7 @@ from anex.net import (
     UnsafeURL,
     fetch,
 )
-from tests.servers import LocalServer, _Handler, redirect, reply, tls_context
+from tests.servers import LocalServer, _Handler, redirect, reply, tls_context, trickle
 
 # --- guards -------------------------------------------------------------------------------
 
@@ -136,6 +138,15 @@ REFUSED = [
     "64:ff9b:1::a9fe:a9fe",  # local-use NAT64
     "2002:7f00:1::",  # 6to4 of 127.0.0.1
     "2002:a9fe:a9fe::1",  # 6to4 of 169.254.169.254
+    # Python 3.11 calls these global (issue 11):
+    "192.0.0.8",  # IPv4 dummy address, in IETF protocol assignments
+    "192.0.0.9",
+    "192.0.0.255",
+    "fec0::1",  # deprecated site-local
+    "feff:ffff::1",
+    "3fff::1",  # documentation (RFC 9637)
+    "3fff:fff:ffff::1",
+    "::ffff:192.0.0.8",
 ]
 # Everything but 127/8 and ::1 themselves: wrapped loopback stays refused with the setting on.
 NOT_LOOPBACK = [a for a in REFUSED if not ipaddress.ip_address(a).is_loopback]
@@ -590,6 +601,110 @@ def test_a_body_that_stalls_times_out_while_streaming(server: LocalServer, loopb
         assert time.monotonic() - started < 3
 
 
+# --- one deadline for the whole fetch -----------------------------------------------------
+# Each byte below arrives well within the read timeout, so only the deadline can end them.
+
+
+def test_headers_trickled_one_byte_a_second_are_cut_at_the_deadline(
+    server: LocalServer, loopback: None
+) -> None:
+    server.routes["/tarpit"] = trickle(b"HTTP/1.1 200 OK\r\nX-Slow: ", every=1.0)
+
+    started = time.monotonic()
+    with pytest.raises(DeadlineExceeded, match=r"127\.0\.0\.1 did not send its whole reply "
+                                               r"within 2 seconds"):
+        fetch("GET", server.url("/tarpit"), read_timeout=5, deadline=2)
+    assert 1.9 < time.monotonic() - started < 4
+
+
+@pytest.mark.parametrize("length", [b"Content-Length: 100000\r\n", b""])
+def test_a_trickled_body_is_cut_at_the_deadline_never_taken_as_complete(
+    length: bytes, server: LocalServer, loopback: None
+) -> None:
+    # Without a Content-Length the cut connection looks like the body's end: the deadline
+    # must still be an error, or a truncated file would be stored as the customer's.
+    server.routes["/tarpit"] = trickle(b"HTTP/1.1 200 OK\r\n" + length + b"\r\n{", every=0.1)
+
+    started = time.monotonic()
+    with fetch("GET", server.url("/tarpit"), read_timeout=5, deadline=1) as response:
+        assert response.status == 200
+        with pytest.raises(DeadlineExceeded):
+            for _chunk in response.iter_chunks():
+                pass
+    assert time.monotonic() - started < 3
+
+
+def test_a_stalled_tls_handshake_is_cut_at_the_deadline(
+    dns: FakeDNS, loopback: None, trust_ca: None
+) -> None:
+    # given a listener that completes TCP (the kernel's backlog) but never speaks TLS
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        dns.add("files.customer.test", ["127.0.0.1"])
+        url = f"https://files.customer.test:{listener.getsockname()[1]}/"
+
+        started = time.monotonic()
+        with pytest.raises(DeadlineExceeded):
+            fetch("GET", url, connect_timeout=10, read_timeout=10, deadline=0.5)
+        assert time.monotonic() - started < 3
+
+
+def test_the_deadline_spans_every_redirect_hop(server: LocalServer, loopback: None) -> None:
+    server.routes["/start"] = redirect("/tarpit")
+    server.routes["/tarpit"] = trickle(b"HTTP/1.1 200 OK\r\nX-Slow: ", every=0.1)
+
+    started = time.monotonic()
+    with pytest.raises(DeadlineExceeded):
+        fetch("GET", server.url("/start"), max_redirects=1, read_timeout=5, deadline=1)
+    assert time.monotonic() - started < 3
+
+
+def test_the_default_deadline_is_one_connect_and_one_read(
+    server: LocalServer, loopback: None
+) -> None:
+    server.routes["/tarpit"] = trickle(b"HTTP/1.1 200 OK\r\nX-Slow: ", every=0.1)
+
+    started = time.monotonic()
+    with pytest.raises(DeadlineExceeded, match=r"within 1\.5 seconds"):
+        fetch("GET", server.url("/tarpit"), connect_timeout=0.5, read_timeout=1)
+    assert time.monotonic() - started < 3
+
+
+def test_other_fetches_are_answered_while_one_is_tarpitted(
+    server: LocalServer, loopback: None
+) -> None:
+    server.routes["/tarpit"] = trickle(b"HTTP/1.1 200 OK\r\nX-Slow: ", every=0.2)
+    outcome: list[BaseException] = []
+
+    def attacked() -> None:
+        try:
+            fetch("GET", server.url("/tarpit"), read_timeout=5, deadline=2)
+        except FetchError as exc:
+            outcome.append(exc)
+
+    attack = threading.Thread(target=attacked)
+    attack.start()
+    time.sleep(0.3)
+    started = time.monotonic()
+    with fetch("GET", server.url("/hello")) as response:
+        assert response.read() == b"ok"
+    assert time.monotonic() - started < 1
+    assert attack.is_alive()  # the answer came while the attack ran
+    attack.join(5)
+    assert [type(exc) for exc in outcome] == [DeadlineExceeded]
+
+
+def test_a_finished_fetch_stops_its_deadline_timer(server: LocalServer, loopback: None) -> None:
+    before = threading.active_count()
+    for _ in range(5):
+        with fetch("GET", server.url("/hello"), deadline=60) as response:
+            assert response.read() == b"ok"
+    time.sleep(0.2)
+    # No timer is left waiting out its 60 seconds (the server's own threads have ended).
+    assert threading.active_count() <= before
+
+
 def test_a_closed_port_is_a_connection_error(loopback: None) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -599,14 +714,29 @@ def test_a_closed_port_is_a_connection_error(loopback: None) -> None:
         fetch("GET", f"http://127.0.0.1:{port}/")
 
 
-def test_an_unknown_name_is_a_connection_error(connects: list[tuple[str, int]]) -> None:
-    with pytest.raises(FetchConnectionError, match=r"could not resolve nowhere\.test"):
+@pytest.mark.parametrize("internal", [["10.1.2.3"], ["192.0.0.8"], ["fec0::5"], []])
+def test_an_unknown_name_and_an_internal_one_get_the_same_refusal(
+    internal: list[str], dns: FakeDNS, connects: list[tuple[str, int]]
+) -> None:
+    # given a name our resolver knows (internal) and one it does not: an attacker probing
+    # our internal DNS through source_url must not learn which is which
+    dns.add("internal.test", internal)
+
+    # when
+    with pytest.raises(UnsafeURL) as unknown:
         fetch("GET", "https://nowhere.test/")
+    with pytest.raises(UnsafeURL) as known:
+        fetch("GET", "https://internal.test/")
+
+    # then the answers differ only in the name the caller gave
+    assert str(unknown.value) == "nowhere.test is not a public internet address"
+    assert str(known.value) == str(unknown.value).replace("nowhere.test", "internal.test")
     assert connects == []
 
 
 def test_every_failure_is_a_fetch_error() -> None:
-    for error in (UnsafeURL, FetchTimeout, FetchConnectionError, TooLarge, TooManyRedirects):
+    for error in (UnsafeURL, FetchTimeout, DeadlineExceeded, FetchConnectionError, TooLarge,
+                  TooManyRedirects):
         assert issubclass(error, FetchError)
 
 

@@ -15,9 +15,12 @@ from moto.server import ThreadedMotoServer
 from pytest_django import Settings
 from rest_framework.test import APIClient
 
+from console.constants import Region
+from jobs.constants import InputFormat
 from jobs.models import Input
-from jobs.services.inputs import input_copy
+from jobs.services.inputs import input_copy, input_upload_create
 from jobs.storage import RegionStorage, StorageTooLarge, storage_for
+from tests.factories import SYSTEM, organization_make
 from tests.servers import LocalServer, reply, tls_context
 
 BUCKETS = {"world": "anex-test-world", "eu": "anex-test-eu"}
@@ -62,8 +65,12 @@ def storage(request: pytest.FixtureRequest, settings: Settings, tmp_path) -> Reg
     return storage_for("world")
 
 
+@pytest.mark.django_db(transaction=True)
 def test_an_upload_target_takes_a_form_post(storage: RegionStorage) -> None:
-    key = "inputs/test/upload.jsonl"
+    # The local form takes a file only for an input awaiting one (tests/test_input_freeze.py).
+    item, _ = input_upload_create(organization=organization_make(), actor=SYSTEM,
+                                  fmt=InputFormat.JSONL, residency=Region.WORLD)
+    key = item.object_key
     target = storage.upload_target(key=key, max_bytes=10_000, expires_in=600)
     assert target.fields["key"] == key
     response = requests.post(target.url, data=target.fields,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -19,7 +20,7 @@ from billing.models import LedgerEntry
 from billing.services import credits_summary
 from console.constants import Role
 from console.models import AuditEvent, Organization
-from tests.factories import user_make
+from tests.factories import api_key_make, user_make
 from tests.stripe_helpers import WEBHOOK_SECRET, checkout_completed_event, signed_headers
 
 pytestmark = pytest.mark.django_db
@@ -224,3 +225,138 @@ def test_a_user_without_an_organization_is_told_so() -> None:
     client = Client()
     client.force_login(user_make())
     assert "No organization yet" in client.get("/console/billing").content.decode()
+
+
+# Refunds and disputes (issue 11, item 11): what Stripe takes back is debited once.
+
+def ledger_balance(organization: Organization) -> int:
+    """The ledger sum, computed here from the entries, checked against the service's."""
+    total = sum(LedgerEntry.objects.filter(organization=organization)
+                .values_list("balance_delta", flat=True))
+    assert credits_summary(organization=organization).balance == total
+    return total
+
+
+def paid_topup(organization: Organization, *, cents: int, payment_intent: str = "pi_1",
+               session_id: str = "cs_test_1") -> None:
+    event = checkout_completed_event(organization, cents=cents, session_id=session_id)
+    event["data"]["object"]["payment_intent"] = payment_intent
+    assert deliver(event).json()["credited"] is True
+
+
+def charge_event(event_type: str, obj: dict[str, Any]) -> dict[str, Any]:
+    return {"id": f"evt_{uuid.uuid4().hex}", "object": "event", "type": event_type,
+            "api_version": "2025-01-01", "created": 1_700_000_000, "livemode": False,
+            "data": {"object": {"currency": "usd", **obj}}}
+
+
+def refunded(amount_refunded: int, *, payment_intent: str = "pi_1",
+             charge: str = "ch_1") -> dict[str, Any]:
+    return charge_event("charge.refunded", {
+        "id": charge, "object": "charge", "amount": 2000, "amount_refunded": amount_refunded,
+        "payment_intent": payment_intent, "refunded": amount_refunded == 2000})
+
+
+def dispute(event_type: str, amount: int, *, status: str = "needs_response",
+            payment_intent: str = "pi_1") -> dict[str, Any]:
+    return charge_event(event_type, {
+        "id": "dp_1", "object": "dispute", "amount": amount, "charge": "ch_1",
+        "payment_intent": payment_intent, "status": status})
+
+
+def test_a_refund_debits_the_top_up_once_however_often_stripe_redelivers(
+        organization: Organization) -> None:
+    # given a paid top-up
+    paid_topup(organization, cents=2000)
+    # when Stripe refunds it and delivers the event three times
+    event = refunded(2000)
+    answers = [deliver(event) for _ in range(3)]
+    # then one negative adjustment, the balance back to zero
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    assert [a.json()["debited"] for a in answers] == [True, False, False]
+    (entry,) = LedgerEntry.objects.filter(organization=organization,
+                                          kind=EntryKind.ADJUSTMENT)
+    assert entry.balance_delta == -2000 and entry.held_delta == 0
+    assert entry.stripe_event_id == event["id"]
+    assert ledger_balance(organization) == 0
+    assert AuditEvent.objects.get(organization=organization,
+                                  action="credits.reversed").actor_label == "system: stripe"
+
+
+def test_partial_refunds_debit_the_running_total_even_out_of_order(
+        organization: Organization) -> None:
+    paid_topup(organization, cents=2000)
+    first, second = refunded(500), refunded(1200)
+    assert deliver(second).json()["debited"] is True  # the later total arrives first
+    assert deliver(first).json()["debited"] is False  # an older total adds nothing
+    assert deliver(second).json()["debited"] is False
+    assert ledger_balance(organization) == 800
+    assert deliver(refunded(2000)).json()["debited"] is True
+    assert ledger_balance(organization) == 0
+
+
+def test_a_dispute_debits_once_and_a_won_dispute_gives_it_back_once(
+        organization: Organization) -> None:
+    paid_topup(organization, cents=2000)
+    opened = dispute("charge.dispute.created", 2000)
+    assert [deliver(opened).json()["debited"] for _ in range(2)] == [True, False]
+    assert ledger_balance(organization) == 0
+    lost = dispute("charge.dispute.closed", 2000, status="lost")
+    assert deliver(lost).json()["credited"] is False
+    won = dispute("charge.dispute.closed", 2000, status="won")
+    assert [deliver(won).json()["credited"] for _ in range(2)] == [True, False]
+    assert ledger_balance(organization) == 2000
+    assert AuditEvent.objects.filter(organization=organization,
+                                     action="credits.reinstated").count() == 1
+
+
+def test_a_refund_and_a_dispute_never_take_back_more_than_the_top_up(
+        organization: Organization) -> None:
+    paid_topup(organization, cents=2000)
+    assert deliver(refunded(1500)).json()["debited"] is True
+    # Stripe disputes the whole charge: only the 500 not yet refunded is left to take.
+    assert deliver(dispute("charge.dispute.created", 2000)).json()["debited"] is True
+    assert ledger_balance(organization) == 0
+    assert sum(LedgerEntry.objects.filter(kind=EntryKind.ADJUSTMENT)
+               .values_list("balance_delta", flat=True)) == -2000
+
+
+def test_a_reversal_of_spent_credits_goes_below_zero_and_then_402_holds_everything(
+        organization: Organization, client_for: Any) -> None:
+    # given a top-up of which 1500 was already spent
+    paid_topup(organization, cents=2000)
+    LedgerEntry.objects.create(organization=organization, kind=EntryKind.CHARGE,
+                               balance_delta=-1500, idempotency_key="test:spent")
+    # when the whole payment is refunded
+    assert deliver(refunded(2000)).json()["debited"] is True
+    # then the balance is negative and uploads, ingests and submits answer 402
+    assert ledger_balance(organization) == -1500
+    _key, plaintext = api_key_make(organization)
+    api = client_for(plaintext)
+    for body in ({"format": "jsonl"}, {"source_url": "https://example.invalid/x.jsonl"}):
+        response = api.post("/batch/v1/inputs", body, format="json")
+        assert response.status_code == 402
+        assert "balance is zero or below" in response.json()["detail"]
+
+
+def test_a_charge_that_paid_no_top_up_of_ours_debits_nothing(
+        organization: Organization) -> None:
+    paid_topup(organization, cents=2000)
+    for event in (refunded(2000, payment_intent="pi_someone_else"),
+                  dispute("charge.dispute.created", 2000, payment_intent="pi_other"),
+                  charge_event("charge.refunded", {"id": "ch_2", "amount_refunded": 2000})):
+        response = deliver(event)
+        assert response.status_code == 200 and response.json()["debited"] is False
+    assert ledger_balance(organization) == 2000
+
+
+@pytest.mark.parametrize("amount_total", [0, None])
+def test_a_session_paying_nothing_is_acknowledged_and_credits_nothing(
+        organization: Organization, amount_total: int | None) -> None:
+    event = checkout_completed_event(organization, cents=0)
+    event["data"]["object"]["amount_total"] = amount_total
+    response = deliver(event)
+    assert response.status_code == 200
+    assert response.json() == {"received": True, "credited": False}
+    assert topups(organization) == 0
+    assert ledger_balance(organization) == 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 from django.db import InterfaceError, OperationalError
 from rest_framework import exceptions
@@ -10,6 +10,7 @@ from rest_framework.authentication import BaseAuthentication
 from rest_framework.request import Request
 
 from anex.api.errors import ApiError
+from anex.api.throttling import invalid_key_record, invalid_keys_check
 from console.actors import Actor
 from console.models import ApiKey, Organization
 from console.selectors import api_key_for_plaintext
@@ -38,7 +39,7 @@ class ApiKeyAuthentication(BaseAuthentication):
         if raw is None:
             return None  # the permission check answers 422 for the missing header
         if not raw:
-            raise exceptions.AuthenticationFailed()
+            _refuse_invalid(request)
         try:
             key = api_key_for_plaintext(raw)
             if key is not None:
@@ -46,7 +47,7 @@ class ApiKeyAuthentication(BaseAuthentication):
         except (OperationalError, InterfaceError):
             raise ApiError.unavailable(KEY_UNVERIFIABLE_DETAIL) from None
         if key is None:
-            raise exceptions.AuthenticationFailed()
+            _refuse_invalid(request)
         return (None, key)
 
     def authenticate_header(self, request: Request) -> str:
@@ -65,3 +66,13 @@ def request_organization(request: Request) -> Organization:
 
 def request_actor(request: Request) -> Actor:
     return Actor(key=request_key(request))
+
+
+def _refuse_invalid(request: Request) -> NoReturn:
+    """401, or 429 once this client has sent too many invalid keys this minute. A key has
+    no count of its own until it is found, so invalid ones are counted per client. The limit
+    is applied only after the (indexed, cheap) lookup failed: a valid key is never refused
+    for what another client behind the same address sent."""
+    invalid_keys_check(request)
+    invalid_key_record(request)
+    raise exceptions.AuthenticationFailed()

@@ -24,8 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-
 from inference.engines.runtime import llm_load
 from inference.engines.thinking import thinking_args
 from inference.engines.types import (
@@ -36,6 +34,7 @@ from inference.engines.types import (
     RowError,
     RowRefused,
 )
+from jobs.response_format import json_schema_satisfied, response_format_problem
 
 logger = logging.getLogger(__name__)
 
@@ -248,19 +247,13 @@ def _structured(response_format: dict[str, Any] | None) -> dict[str, Any] | None
     """The row's response_format when it constrains the answer; "text" is none."""
     if not response_format or response_format.get("type") == "text":
         return None
-    kind = response_format.get("type")
-    if kind == "json_object":
-        return response_format
-    if kind == "json_schema":
-        spec = response_format.get("json_schema")
-        if isinstance(spec, dict) and isinstance(spec.get("schema"), dict):
-            return response_format
-        raise RowRefused(RowError.invalid_request(
-            "response_format json_schema needs its schema object at json_schema.schema",
-            param="response_format"))
-    raise RowRefused(RowError.invalid_request(
-        f"response_format type must be text, json_object or json_schema, not {kind!r}",
-        param="response_format"))
+    # The submit and row checks refuse these already; a row that reached the engine some
+    # other way is refused here too, before xgrammar compiles its schema (docs/decisions.md,
+    # "Customer JSON schemas").
+    problem = response_format_problem(response_format)
+    if problem:
+        raise RowRefused(RowError.invalid_request(problem, param="response_format"))
+    return response_format
 
 
 def _structured_params(response_format: dict[str, Any] | None) -> Any:
@@ -275,22 +268,21 @@ def _structured_params(response_format: dict[str, Any] | None) -> Any:
 
 def _satisfies(content: str | None, response_format: dict[str, Any]) -> bool:
     """Generation is constrained, yet an answer cut by the cap, or a schema feature the
-    grammar does not enforce, can still leave content that is not what was asked for."""
+    grammar does not enforce, can still leave content that is not what was asked for.
+
+    The schema is the customer's: it is evaluated without retrieving anything and with RE2
+    patterns (jobs.response_format), and whatever it raises makes this row a format error,
+    never the chunk's failure."""
     if content is None:
         return False
     try:
         value = json.loads(content)
-    except ValueError:
+        if response_format["type"] == "json_object":
+            return isinstance(value, dict)
+        return json_schema_satisfied(value, response_format["json_schema"]["schema"])
+    except Exception as error:  # any failure of the check is the row's, not the chunk's
+        logger.info("response_format check failed on a row: %s", type(error).__name__)
         return False
-    if response_format["type"] == "json_object":
-        return isinstance(value, dict)
-    try:
-        jsonschema.validate(value, response_format["json_schema"]["schema"])
-    except jsonschema.ValidationError:
-        return False
-    except jsonschema.SchemaError:
-        return True  # the schema is the row's own to get right; the JSON itself parsed
-    return True
 
 
 _RENDERING_ARGUMENTS = frozenset({

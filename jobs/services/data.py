@@ -7,14 +7,16 @@ every intermediate (chunk results) are removed from storage.
 from __future__ import annotations
 
 from django.db import transaction
+from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
 from anex.api.errors import ApiError
 from console.actors import Actor
-from jobs.constants import TERMINAL_STATUSES
-from jobs.models import Job
+from jobs.constants import TERMINAL_STATUSES, InputStatus
+from jobs.models import Input, Job
 from jobs.results import chunk_key
 from jobs.services.lifecycle import job_cancel, job_cancellable
+from jobs.services.rows import parquet_cache_purge
 from jobs.storage import storage_for
 
 RESULT_LINK_SECONDS = 3600
@@ -49,6 +51,13 @@ def job_data_purge(*, job: Job) -> Job:
         storage.delete(job.result_key)
     if job.input is not None:
         storage.delete(job.input.object_key)
+        # The input may be shared by other jobs: its object is gone for all of them, so it
+        # reads expired, and a later submit against it is the reference's 410.
+        Input.objects.filter(pk=job.input.pk, deleted_at__isnull=True).update(
+            status=Case(When(status=InputStatus.READY, then=Value(InputStatus.EXPIRED)),
+                        default=F("status")),
+            deleted_at=timezone.now())
+    parquet_cache_purge(job_id=job.pk)
     Job.objects.filter(pk=job.pk, data_deleted_at__isnull=True).update(
         data_deleted_at=timezone.now())
     job.refresh_from_db()

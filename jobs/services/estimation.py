@@ -14,8 +14,6 @@ import shutil
 import tempfile
 import uuid
 
-from django.utils import timezone
-
 from anex.net import FetchError, fetch
 from billing.pricing import Usage, price
 from inference.catalog import CatalogModel, model_get
@@ -23,6 +21,7 @@ from inference.tokens import token_counter
 from inference.warmth import startup_seconds
 from jobs.constants import FailureCode, InputFormat, JobStatus, TaskType
 from jobs.models import Job
+from jobs.services.inputs import INPUT_CHANGED
 from jobs.services.lifecycle import (
     WORKER,
     job_cost_ready,
@@ -30,7 +29,8 @@ from jobs.services.lifecycle import (
     job_lease_claim,
     job_transition,
 )
-from jobs.storage import storage_for
+from jobs.services.sampling import sample_enqueue
+from jobs.storage import StorageChanged, storage_for
 from jobs.validation import FileReport, InputRejected, JobOptions, validate_jsonl, validate_parquet
 
 logger = logging.getLogger(__name__)
@@ -82,7 +82,8 @@ def _validate(job: Job, model: CatalogModel, count_tokens: object) -> FileReport
         dimensions=job.dimensions, video_fps=job.video_fps,
     )
     storage = storage_for(job.input.data_residency)
-    with storage.open(job.input.object_key) as stream:
+    # Pinned to the bytes the input froze on: a swapped file raises StorageChanged.
+    with storage.open(job.input.object_key, pin=job.input.content_pin) as stream:
         if job.format == InputFormat.JSONL:
             return validate_jsonl(stream, options, count_tokens=count_tokens,  # type: ignore[arg-type]
                                   probe_content_type=media_content_type)
@@ -148,17 +149,13 @@ def _estimate(job: Job) -> JobStatus | None:
         fields = {} if needs_sample(job, model) else _estimate_fields(job, model, report)
     except InputRejected as rejected:
         return _failed(job, rejected.message)
+    except StorageChanged:
+        return _failed(job, INPUT_CHANGED)
     if not fields:
         # Checked and counted; the sampled estimate takes it from here, on a worker that
-        # serves the model, under a lease of its own.
-        Job.objects.filter(pk=job.pk, status=JobStatus.ESTIMATING).update(
-            row_count=report.rows, est_input_tok=report.usage.input_tokens
-            + report.usage.media_tokens, leased_at=timezone.now(), claimed=False, attempts=0)
-        from jobs.services.running import queue_send, run_queue
-        from jobs.tasks import job_sample_task
-
-        queue_send(job_sample_task, run_queue(job.data_residency, job.model), str(job.pk))
-        return JobStatus.ESTIMATING
+        # serves the model, under a lease of its own and within the organization's hourly
+        # allowance of sampled tokens.
+        return sample_enqueue(job=job, model=model, rows=report.rows, usage=report.usage)
     return job_cost_ready(job=job, estimate={"row_count": report.rows, **fields})
 
 

@@ -8,7 +8,6 @@ from the customer's URL through the SSRF-safe fetcher into storage, never whole 
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -22,7 +21,8 @@ from django.utils import timezone
 
 from anex.api.errors import ApiError
 from anex.crypto import secret_encrypt
-from anex.net import FetchError, TooLarge, UnsafeURL, fetch
+from anex.net import DeadlineExceeded, FetchError, TooLarge, UnsafeURL, fetch
+from billing.services import organization_lock
 from console.actors import Actor
 from console.audit import audit_record
 from console.constants import AuditAction, Region
@@ -40,7 +40,23 @@ COPY_TIME_LIMIT = timedelta(minutes=60)
 INGEST_ATTEMPTS = 3
 # The slowest source we wait for: a copy whose source stalls this long fails.
 COPY_READ_TIMEOUT_SECONDS = 60
+# A copy's whole fetch, connect to last byte, however the source paces its bytes: inside
+# COPY_TIME_LIMIT, so a source trickling its file fails the copy it holds (one attempt,
+# terminal) before the recovery pass would take the worker for dead and copy again.
+COPY_DEADLINE_SECONDS = COPY_TIME_LIMIT.total_seconds() * 0.9
+# The size probe runs inside POST /inputs, so it gets a few seconds in all, whatever the
+# source does: a source too slow to answer is accepted and refused by the copy (reference).
+PROBE_DEADLINE_SECONDS = 3.0
+# Ingests an organization may have pending or copying at once: the copies share the ingest
+# workers with every other customer (docs/decisions.md, "Inputs and results").
+INGEST_CONCURRENCY_LIMIT = 10
+INGEST_RETRY_AFTER = 30
 SNIFF_BYTES = 512
+# The failure_reason of a job whose input is not the file it was checked on (a replayed
+# upload form swapped it): it never runs on rows nobody estimated.
+INPUT_CHANGED = ("The input file changed after it was checked, so this job was not run on "
+                 "it and nothing was charged for it. Create a new input with the file and "
+                 "submit the job again.")
 
 
 def _object_key(organization: Organization, input_id: uuid.UUID, fmt: str) -> str:
@@ -82,10 +98,11 @@ def input_upload_create(*, organization: Organization, actor: Actor, fmt: InputF
 
 def _advertised_size(source_url: str) -> int | None:
     """The size the source advertises, read from a GET's headers without reading its
-    body (a presigned GET URL refuses HEAD). None when it does not say or cannot be asked;
-    refused addresses raise UnsafeURL."""
+    body (a presigned GET URL refuses HEAD). None when it does not say or cannot be asked
+    within PROBE_DEADLINE_SECONDS; refused addresses raise UnsafeURL."""
     try:
-        with fetch("GET", source_url, connect_timeout=3, read_timeout=5,
+        with fetch("GET", source_url, connect_timeout=3, read_timeout=3,
+                   deadline=PROBE_DEADLINE_SECONDS,
                    max_bytes=settings.ANEX_INPUT_MAX_BYTES) as response:
             return response.content_length if 200 <= response.status < 300 else None
     except UnsafeURL:
@@ -98,6 +115,9 @@ def input_ingest_create(*, organization: Organization, actor: Actor, source_url:
                         fmt: InputFormat | None, callback_url: str | None,
                         residency: Region) -> tuple[Input, str | None]:
     """Accept an ingest; returns it and the callback secret, shown this once."""
+    # Checked before the probe too, so an organization at its limit makes us contact
+    # nothing; the count that decides is taken again under the lock below.
+    _ingest_capacity_check(organization)
     try:
         size = _advertised_size(source_url)
     except UnsafeURL as exc:
@@ -113,6 +133,9 @@ def input_ingest_create(*, organization: Organization, actor: Actor, source_url:
     key = _object_key(organization, input_id, fmt)
     secret = webhook_secret_new() if callback_url else None
     with transaction.atomic():
+        # Counted under the organization lock, so concurrent requests cannot overshoot.
+        organization_lock(organization.pk)
+        _ingest_capacity_check(organization)
         item = Input.objects.create(
             id=input_id, organization=organization, status=InputStatus.PENDING, format=fmt,
             data_residency=residency, object_key=key,
@@ -129,17 +152,41 @@ def input_ingest_create(*, organization: Organization, actor: Actor, source_url:
     return item, secret
 
 
+def _ingest_capacity_check(organization: Organization) -> None:
+    """429 while the organization has INGEST_CONCURRENCY_LIMIT ingests pending or copying."""
+    active = Input.objects.filter(
+        organization=organization,
+        status__in=[InputStatus.PENDING, InputStatus.COPYING]).count()
+    if active >= INGEST_CONCURRENCY_LIMIT:
+        raise ApiError(
+            429, f"Too many ingests in progress: this organization already has {active} "
+                 f"pending or copying (the limit is {INGEST_CONCURRENCY_LIMIT}). Wait for "
+                 "some to become ready or fail, then retry.",
+            retry_after=INGEST_RETRY_AFTER)
+
+
 def _ingest_send_after_commit(input_id: uuid.UUID) -> None:
     from jobs.tasks import input_copy_task
 
     transaction.on_commit(lambda: input_copy_task.send(str(input_id)))
 
 
-def _ready_fields(size: int) -> dict[str, object]:
+def _ready_fields(size: int, pin: str) -> dict[str, object]:
+    """Ready, frozen on the bytes that landed: `pin` (jobs.storage fingerprint) is what
+    every later read is checked against."""
     now = timezone.now()
-    return {"status": InputStatus.READY, "size_bytes": size, "ready_at": now,
+    return {"status": InputStatus.READY, "size_bytes": size, "content_pin": pin,
+            "ready_at": now,
             "expires_at": now + timedelta(days=settings.ANEX_INPUT_RETENTION_DAYS),
             "error": ""}
+
+
+def input_accepts_upload(*, object_key: str) -> bool:
+    """Whether an upload target's key may still receive its file: only while its input
+    awaits one. Once it settled (ready, failed, expired) the form is spent, so replaying
+    it cannot swap the file a job was estimated on."""
+    return Input.objects.filter(object_key=object_key,
+                                status=InputStatus.AWAITING_UPLOAD).exists()
 
 
 def input_refresh(*, item: Input) -> Input:
@@ -149,10 +196,12 @@ def input_refresh(*, item: Input) -> Input:
     if item.status == InputStatus.AWAITING_UPLOAD:
         storage = storage_for(item.data_residency)
         if storage.exists(item.object_key):
-            problem = format_problem(storage.read_head(item.object_key, SNIFF_BYTES),
-                                     item.format)
+            # Frozen first: the sniff below and every later read are of these bytes.
+            size, pin = storage.fingerprint(item.object_key)
+            problem = format_problem(storage.read_range(item.object_key, 0, SNIFF_BYTES,
+                                                        pin=pin), item.format)
             fields = {"status": InputStatus.FAILED, "error": problem} if problem \
-                else _ready_fields(storage.size(item.object_key))
+                else _ready_fields(size, pin)
             Input.objects.filter(pk=item.pk, status=InputStatus.AWAITING_UPLOAD).update(**fields)
         elif item.upload_expires_at is not None and item.upload_expires_at <= now:
             Input.objects.filter(pk=item.pk, status=InputStatus.AWAITING_UPLOAD).update(
@@ -165,9 +214,10 @@ def input_refresh(*, item: Input) -> Input:
     return item
 
 
-def _stream(response_chunks: Iterator[bytes], fmt: str, started: float) -> Iterator[bytes]:
-    """The source's bytes, checked: the format on the first chunk, and an overall pace
-    (a source trickling bytes forever is as bad as one that never answers)."""
+def _stream(response_chunks: Iterator[bytes], fmt: str) -> Iterator[bytes]:
+    """The source's bytes, with the format checked on the first chunk. (The pace is the
+    fetch's deadline: a chunk a trickling source never finishes never reaches a check
+    here.)"""
     first = True
     for chunk in response_chunks:
         if first and chunk:
@@ -175,8 +225,6 @@ def _stream(response_chunks: Iterator[bytes], fmt: str, started: float) -> Itera
             if problem:
                 raise _CopyFailed(problem)
             first = False
-        if time.monotonic() - started > COPY_TIME_LIMIT.total_seconds() * 0.9:
-            raise _CopyFailed("The source was too slow: the copy did not finish in time.")
         yield chunk
     if first:
         raise _CopyFailed("The file is empty.")
@@ -198,29 +246,33 @@ def input_copy(*, input_id: uuid.UUID | str) -> InputStatus | None:
     storage = storage_for(item.data_residency)
     cap = settings.ANEX_INPUT_MAX_BYTES
     error = ""
-    size = 0
+    size, pin = 0, ""
     try:
-        with fetch("GET", item.source_url, max_bytes=cap,
-                   read_timeout=COPY_READ_TIMEOUT_SECONDS) as response:
+        with fetch("GET", item.source_url, max_bytes=cap, read_timeout=COPY_READ_TIMEOUT_SECONDS,
+                   deadline=COPY_DEADLINE_SECONDS) as response:
             if not 200 <= response.status < 300:
                 raise _CopyFailed(f"The source answered HTTP {response.status}.")
             size = storage.write_stream(
-                item.object_key, _stream(response.iter_chunks(), item.format, time.monotonic()),
-                max_bytes=cap)
+                item.object_key, _stream(response.iter_chunks(), item.format), max_bytes=cap)
+            size, pin = storage.fingerprint(item.object_key)
     except (TooLarge, StorageTooLarge):
         error = f"The source is larger than the input cap of {cap:,} bytes."
+    except DeadlineExceeded:
+        error = ("The source was too slow: the copy did not finish within "
+                 f"{COPY_DEADLINE_SECONDS / 60:g} minutes.")
     except (FetchError, _CopyFailed) as exc:
         error = str(exc)
-    _copy_settle(item, error=error, size=size, started=now)
+    _copy_settle(item, error=error, size=size, pin=pin, started=now)
     if error:
         logger.info("ingest %s failed: %s", item.pk, error)
     return InputStatus.FAILED if error else InputStatus.READY
 
 
 @transaction.atomic
-def _copy_settle(item: Input, *, error: str, size: int, started: datetime) -> bool:
+def _copy_settle(item: Input, *, error: str, size: int, started: datetime,
+                 pin: str = "") -> bool:
     """copying -> ready or failed (guarded on this copy's claim) and its callback."""
-    fields = _ready_fields(size) if not error else {"status": InputStatus.FAILED,
+    fields = _ready_fields(size, pin) if not error else {"status": InputStatus.FAILED,
                                                      "error": error}
     # The source URL may carry the customer's credentials: keep it no longer than needed.
     updated = Input.objects.filter(pk=item.pk, status=InputStatus.COPYING,

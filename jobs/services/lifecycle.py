@@ -22,6 +22,7 @@ from billing.services import hold_place, hold_settle, organization_lock
 from console.actors import Actor
 from console.audit import audit_record
 from console.constants import AuditAction
+from console.models import ApiKey
 from jobs.constants import (
     CANCELLABLE,
     JOB_TRANSITIONS,
@@ -38,6 +39,7 @@ logger = logging.getLogger(__name__)
 # The system as it acts on a job: the workers' own moves, and the recovery pass's.
 WORKER = Actor(system="worker")
 RECOVERY = Actor(system="recovery")
+AUTO_APPROVE = Actor(system="auto-approve")
 # The state's own work starts with the move (the worker that moves a job to estimating or
 # finalizing is the one running it), so its lease is held from that moment.
 CLAIMED_ON_ENTRY = frozenset({JobStatus.ESTIMATING, JobStatus.FINALIZING})
@@ -151,29 +153,53 @@ def job_cost_ready(*, job: Job, estimate: dict[str, Any]) -> JobStatus | None:
     return JobStatus.COST_READY
 
 
+def _approving_key_check(job: Job, key: ApiKey) -> None:
+    """403 when `key` may not spend on this job: its model is outside the key's scopes (a
+    key may approve only what it could have submitted), or, for the key an auto-approval
+    acts for, the key was revoked or has expired since it submitted."""
+    if key.model_scopes and job.model not in key.model_scopes:
+        raise ApiError(403, f"This API key may not use model '{job.model}' (its model "
+                            f"scopes are {', '.join(key.model_scopes)}), so it cannot approve "
+                            "this job: approve it with a key scoped to that model.")
+    if key.revoked_at is not None or (key.expires_at is not None
+                                      and key.expires_at <= timezone.now()):
+        raise ApiError(403, "The API key that submitted this job is no longer active, so "
+                            "the job is not approved on its behalf: approve it with an "
+                            "active key.")
+
+
 @transaction.atomic
-def job_approve(*, job: Job, actor: Actor) -> Job:
+def job_approve(*, job: Job, actor: Actor, spend_key: ApiKey | None = None) -> Job:
     """cost_ready -> in_progress, holding est_cost_cents in the same commit.
 
-    409 from any other state (a retried approval included: it holds nothing twice), 402
-    when the balance or the approving key's budget does not cover the estimate.
+    The spend is the approving key's (actor.key), or `spend_key`'s when the system approves
+    for a key (auto-approve, for the key that submitted): that key's scopes must include
+    the job's model (403) and its spend budget must cover the estimate (402, in
+    billing.services.hold_place). 409 from any other state (a retried approval included:
+    it holds nothing twice), 402 when the balance does not cover the estimate.
     """
+    key = actor.key or spend_key
+    if key is not None:
+        _approving_key_check(job, key)
     approved = job_transition(job=job, to=JobStatus.IN_PROGRESS, actor=actor,
-                              approved_by_key=actor.key, approved_by_user=actor.user)
+                              approved_by_key=key, approved_by_user=actor.user)
     if approved is None:
         status = Job.objects.values_list("status", flat=True).get(pk=job.pk)
         raise ApiError(409, f"This job is {status}: only a job in cost_ready can be approved.")
     audit_record(organization=approved.organization, actor=actor,
                  action=AuditAction.JOB_APPROVED, target=approved,
-                 data={"est_cost_cents": approved.est_cost_cents})
+                 data={"est_cost_cents": approved.est_cost_cents,
+                       **({"api_key": key.display} if key is not None else {})})
     return approved
 
 
 def job_auto_approve(*, job: Job) -> None:
-    """The organization's auto-approve: the approval made as if the API call were made.
-    One that cannot be covered leaves the job in cost_ready for a person to top up."""
+    """The organization's auto-approve: the approval made as if the submitting key made
+    the API call, so that key's scopes and spend budget hold (a budget cannot be walked
+    around by letting the system approve). One that cannot be covered, or that the key may
+    no longer make, leaves the job in cost_ready for a person to approve."""
     try:
-        job_approve(job=job, actor=Actor(system="auto-approve"))
+        job_approve(job=job, actor=AUTO_APPROVE, spend_key=job.created_by_key)
     except ApiError as error:
         logger.info("auto-approve of job %s refused: %s", job.pk, error.status)
 

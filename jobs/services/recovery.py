@@ -44,8 +44,8 @@ from jobs.services.running import (
     heartbeat_stale,
     job_finalize,
     queue_send,
-    run_queue,
 )
+from jobs.services.sampling import sample_queue
 from jobs.services.webhooks import deliveries_sweep
 
 logger = logging.getLogger(__name__)
@@ -110,7 +110,7 @@ def _send_estimate(job: Job) -> None:
 def _send_sample(job: Job) -> None:
     from jobs.tasks import job_sample_task
 
-    queue_send(job_sample_task, run_queue(job.data_residency, job.model), str(job.pk),
+    queue_send(job_sample_task, sample_queue(job.data_residency, job.model), str(job.pk),
                delay_ms=5_000 * job.attempts)
 
 

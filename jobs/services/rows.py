@@ -7,22 +7,35 @@ effort level and response_format win over the job's (output-format.txt).
 
 from __future__ import annotations
 
-import hashlib
 import json
+import os
 import shutil
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jobs.constants import InputFormat, RowOutcome
+from jobs.constants import TERMINAL_STATUSES, InputFormat, RowOutcome
 from jobs.models import Chunk, Job
 from jobs.storage import LocalRegionStorage, storage_for
-from jobs.validation.parquet import MESSAGES, PROMPT, parquet_columns, parquet_rows
+from jobs.validation.chat import ROW_TEMPLATE_KWARGS
+from jobs.validation.parquet import (
+    MESSAGES,
+    PROMPT,
+    parquet_columns,
+    parquet_open,
+    parquet_rows,
+)
 
-# Downloaded parquet inputs, per worker process (an S3 object is fetched once, not per chunk).
-_PARQUET_CACHE = Path(tempfile.gettempdir()) / "anex-parquet-inputs"
+# Downloaded parquet inputs on this machine (an S3 object is fetched once per job, not per
+# chunk), one folder per job: a job's purge removes its folder, a job that has ended loses
+# its folder at the next parquet read here, and the whole cache is kept under
+# PARQUET_CACHE_MAX_BYTES, the least recently read jobs going first.
+PARQUET_CACHE = Path(tempfile.gettempdir()) / "anex-parquet-inputs"
+PARQUET_CACHE_MAX_BYTES = 10 * 1024**3
+_CACHED_INPUT = "input.parquet"
 
 
 @dataclass(frozen=True)
@@ -36,16 +49,79 @@ def input_parquet_path(job: Job) -> Path:
     assert job.input is not None
     storage = storage_for(job.data_residency)
     if isinstance(storage, LocalRegionStorage):
+        # Read in place: checked to be the frozen file (its size and mtime) first.
+        storage.read_range(job.input.object_key, 0, 0, pin=job.input.content_pin)
         return storage.path(job.input.object_key)
-    name = hashlib.sha256(job.input.object_key.encode()).hexdigest() + ".parquet"
-    path = _PARQUET_CACHE / name
-    if not path.exists():
-        _PARQUET_CACHE.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".partial")
-        with storage.open(job.input.object_key) as source, partial.open("wb") as target:
+    parquet_cache_prune(keep=job.pk)
+    folder = PARQUET_CACHE / str(job.pk)
+    path = folder / _CACHED_INPUT
+    if path.exists():
+        path.touch()  # recently read: evicted last
+        return path
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, partial = tempfile.mkstemp(dir=folder, prefix=".partial-")
+    try:
+        with storage.open(job.input.object_key, pin=job.input.content_pin) as source, \
+                os.fdopen(fd, "wb") as target:
             shutil.copyfileobj(source, target, 1024 * 1024)
-        partial.replace(path)
+        os.replace(partial, path)
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise
     return path
+
+
+def parquet_cache_purge(*, job_id: uuid.UUID) -> None:
+    """Remove a job's downloaded input from this machine's cache (its data purge)."""
+    shutil.rmtree(PARQUET_CACHE / str(job_id), ignore_errors=True)
+
+
+def parquet_cache_prune(*, keep: uuid.UUID | None = None) -> None:
+    """Drop the cached inputs of jobs that have ended (or are gone), then the least
+    recently read ones while the cache is over PARQUET_CACHE_MAX_BYTES; `keep` is the job
+    being read now."""
+    if not PARQUET_CACHE.is_dir():
+        return
+    folders: dict[uuid.UUID, Path] = {}
+    for folder in PARQUET_CACHE.iterdir():
+        try:
+            folders[uuid.UUID(folder.name)] = folder
+        except ValueError:  # a file of the former layout (named by key), kept forever
+            _remove(folder)
+    running = set(Job.objects.filter(pk__in=list(folders))
+                  .exclude(status__in=TERMINAL_STATUSES).values_list("pk", flat=True))
+    sized: list[tuple[float, int, Path]] = []
+    for job_id, folder in folders.items():
+        if job_id not in running and job_id != keep:
+            _remove(folder)
+            continue
+        sized.append((*_usage(folder), folder))
+    total = sum(size for _, size, _ in sized)
+    for _, size, folder in sorted(sized, key=lambda item: item[0]):
+        if total <= PARQUET_CACHE_MAX_BYTES:
+            break
+        if folder.name != str(keep):
+            shutil.rmtree(folder, ignore_errors=True)
+            total -= size
+
+
+def _usage(folder: Path) -> tuple[float, int]:
+    """(last read, bytes) of a cache folder; another worker may be pruning it meanwhile."""
+    last, size = 0.0, 0
+    try:
+        for entry in folder.iterdir():
+            stat = entry.stat()
+            last, size = max(last, stat.st_mtime), size + stat.st_size
+    except OSError:
+        pass
+    return last, size
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def rows_read(job: Job, chunk: Chunk) -> list[InputRow]:
@@ -53,8 +129,9 @@ def rows_read(job: Job, chunk: Chunk) -> list[InputRow]:
     assert job.input is not None
     if job.format == InputFormat.JSONL:
         assert chunk.byte_start is not None and chunk.byte_end is not None
-        data = storage_for(job.data_residency).read_range(job.input.object_key,
-                                                         chunk.byte_start, chunk.byte_end)
+        data = storage_for(job.data_residency).read_range(
+            job.input.object_key, chunk.byte_start, chunk.byte_end,
+            pin=job.input.content_pin)  # the frozen bytes, or StorageChanged
         lines = [line for line in data.splitlines() if line.strip()]
         rows = []
         for offset, line in enumerate(lines):
@@ -62,9 +139,7 @@ def rows_read(job: Job, chunk: Chunk) -> list[InputRow]:
             rows.append(InputRow(chunk.first_row + offset, str(request["custom_id"]),
                                  request.get("body") or {}))
         return rows
-    import pyarrow.parquet as pq
-
-    parquet = pq.ParquetFile(input_parquet_path(job))
+    parquet = parquet_open(input_parquet_path(job))
     content, identity = parquet_columns(parquet, job.task_type)
     rows = []
     for row_index, name, value in parquet_rows(parquet, content, identity,
@@ -83,8 +158,11 @@ def rows_read(job: Job, chunk: Chunk) -> list[InputRow]:
 
 def chat_kwargs(job: Job, body: dict[str, Any]) -> dict[str, Any]:
     """The row's chat_template_kwargs, the job's thinking setting and effort filling in
-    only what the row leaves unsaid."""
-    kwargs = dict(body.get("chat_template_kwargs") or {})
+    only what the row leaves unsaid. Only the keys a row may set reach the template
+    (jobs.validation.chat.ROW_TEMPLATE_KWARGS): never a special token of its own."""
+    own = body.get("chat_template_kwargs")
+    kwargs = {key: value for key, value in own.items() if key in ROW_TEMPLATE_KWARGS} \
+        if isinstance(own, dict) else {}
     if "enable_thinking" not in kwargs and job.reasoning is not None:
         kwargs["enable_thinking"] = job.reasoning
     if "reasoning_effort" not in kwargs and job.reasoning_effort:

@@ -10,7 +10,6 @@ once and settles the money once.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import threading
@@ -22,10 +21,12 @@ from typing import Any
 import dramatiq
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, Sum
+from django.db.models import BigIntegerField, DecimalField, F, Sum
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast
 from django.utils import timezone
 
-from billing.pricing import Usage, price
+from billing.pricing import Usage, price, usage_cost_usd
 from inference.catalog import model_get
 from jobs.constants import (
     CHUNK_SETTLED,
@@ -38,7 +39,15 @@ from jobs.constants import (
 )
 from jobs.models import Chunk, Job
 from jobs.results import chunk_key, result_write
-from jobs.services.lifecycle import WORKER, job_finish, job_lease_claim, job_transition
+from jobs.services.inputs import INPUT_CHANGED
+from jobs.services.lifecycle import (
+    WORKER,
+    job_fail,
+    job_finish,
+    job_lease_claim,
+    job_transition,
+)
+from jobs.services.metering import RowMeter, usage_from_json, usage_json
 from jobs.services.rows import (
     InputRow,
     chat_kwargs,
@@ -48,7 +57,7 @@ from jobs.services.rows import (
     row_response_format,
     rows_read,
 )
-from jobs.storage import storage_for
+from jobs.storage import StorageChanged, storage_for
 
 logger = logging.getLogger(__name__)
 
@@ -77,23 +86,9 @@ def queue_send(actor: dramatiq.Actor, queue: str, *args: Any,  # type: ignore[ty
     dramatiq.get_broker().enqueue(message, delay=delay_ms)
 
 
-def _usage_dump(usage: Usage) -> dict[str, Any]:
-    return {k: str(v) if isinstance(v, Decimal) else v
-            for k, v in dataclasses.asdict(usage).items()}
-
-
-# Chunk usage written before embedding rows with media were billed at one media-row rate
-# split those tokens by images and video; a chunk stored then still settles.
-_USAGE_RENAMED = {"image_row_tokens": "media_row_tokens", "video_row_tokens": "media_row_tokens"}
-
-
-def _usage_load(raw: dict[str, Any]) -> Usage:
-    fields: dict[str, Any] = {}
-    for key, value in raw.items():
-        name = _USAGE_RENAMED.get(key, key)
-        amount = Decimal(value) if name == "media_seconds" else value
-        fields[name] = fields.get(name, 0) + amount
-    return Usage(**fields)
+# A chunk's usage as stored on it (jobs.services.metering keeps the one conversion).
+_usage_dump = usage_json
+_usage_load = usage_from_json
 
 
 # --- starting ---------------------------------------------------------------------------
@@ -113,7 +108,9 @@ def chunks_plan(job: Job) -> list[Chunk]:
         return chunks
     position = start = 0
     rows = first = 0
-    with storage_for(job.data_residency).open(job.input.object_key) as stream:
+    # Read pinned to the bytes the input froze on (StorageChanged when it was swapped).
+    with storage_for(job.data_residency).open(job.input.object_key,
+                                              pin=job.input.content_pin) as stream:
         for line in stream:
             position += len(line)
             if not line.strip():
@@ -129,13 +126,35 @@ def chunks_plan(job: Job) -> list[Chunk]:
     return chunks
 
 
+def _input_unchanged(job: Job, planned: list[Chunk]) -> bool:
+    """Whether the rows about to run are the ones estimated: the same count, read from the
+    frozen bytes (a parquet input's are checked whole here; a JSONL input's were, by the
+    planning read)."""
+    assert job.input is not None
+    if job.row_count is not None and sum(c.row_count for c in planned) != job.row_count:
+        return False
+    if job.format == InputFormat.PARQUET and job.input.content_pin:
+        storage_for(job.data_residency).verify(job.input.object_key,
+                                               pin=job.input.content_pin)
+    return True
+
+
 def job_start(*, job_id: uuid.UUID | str) -> int:
-    """Plan an in_progress job's chunks (once) and send every pending one to its queue."""
+    """Plan an in_progress job's chunks (once) and send every pending one to its queue.
+    A job whose input is not what it was estimated on fails unbilled, never run."""
     job = Job.objects.select_related("input").get(pk=job_id)
     if job.status not in (JobStatus.IN_PROGRESS, JobStatus.CANCELLING):
         return 0
     if not job.chunks.exists():
-        planned = chunks_plan(job)
+        try:
+            planned = chunks_plan(job)
+            unchanged = _input_unchanged(job, planned)
+        except StorageChanged:
+            unchanged = False
+        if not unchanged:
+            logger.warning("job %s: its input changed after the estimate; failed", job.pk)
+            job_fail(job=job, code=FailureCode.INVALID_INPUT, reason=INPUT_CHANGED)
+            return 0
         with transaction.atomic():
             if not Chunk.objects.filter(job=job).exists():  # a concurrent start lost
                 Chunk.objects.bulk_create(planned)
@@ -156,6 +175,42 @@ def chunks_send(chunks: Any) -> list[uuid.UUID]:
                    str(chunk.pk))
         sent.append(chunk.pk)
     return sent
+
+
+def job_spent_usd(job: Job) -> Decimal:
+    """The exact cost (before rounding and the minimum job price) of the job's finished
+    chunks, summed in the database: checked before every chunk, so it must not read them
+    all into Python."""
+    model = model_get(job.model)
+    if model is None:
+        return Decimal(0)
+    numbers = {name: Sum(Cast(KeyTextTransform(name, "usage"), BigIntegerField()))
+               for name in ("input_tokens", "media_tokens", "output_tokens",
+                            "media_row_tokens", "image_row_tokens", "video_row_tokens",
+                            "images", "clips")}
+    seconds = Sum(Cast(KeyTextTransform("media_seconds", "usage"),
+                       DecimalField(max_digits=30, decimal_places=9)))
+    totals = Chunk.objects.filter(job_id=job.pk, status=ChunkStatus.DONE).aggregate(
+        media_seconds=seconds, **numbers)
+    count = {name: int(value or 0) for name, value in totals.items() if name in numbers}
+    usage = Usage(
+        input_tokens=count["input_tokens"], media_tokens=count["media_tokens"],
+        output_tokens=count["output_tokens"],
+        media_row_tokens=count["media_row_tokens"] + count["image_row_tokens"]
+        + count["video_row_tokens"],
+        images=count["images"], clips=count["clips"],
+        media_seconds=Decimal(totals["media_seconds"] or 0))
+    return usage_cost_usd(model, usage)
+
+
+def hold_reached(job: Job) -> bool:
+    """Whether what the job's finished chunks consumed already reaches its hold (the
+    reference: est_cost_cents is the most the job can consume). Compared exactly, before
+    rounding up and before the minimum job price, so an honest job whose rows cost what
+    the estimate counted never stops early."""
+    if job.est_cost_cents is None:
+        return False
+    return job_spent_usd(job) * 100 >= job.est_cost_cents
 
 
 # --- one chunk --------------------------------------------------------------------------
@@ -203,6 +258,14 @@ def chunk_run(*, chunk_id: uuid.UUID | str) -> ChunkStatus | None:
             status=ChunkStatus.SKIPPED, finished_at=timezone.now())
         job_finalize(job_id=job.pk)
         return ChunkStatus.SKIPPED
+    if hold_reached(job):
+        # Running further would be work past what approval held: the chunk is not run,
+        # and the job ends failed with the rows that finished (charged at most the hold).
+        logger.warning("job %s reached its hold; chunk %s not run", job.pk, chunk.index)
+        Chunk.objects.filter(pk=chunk.pk, status=ChunkStatus.RUNNING).update(
+            status=ChunkStatus.FAILED, finished_at=timezone.now())
+        job_finalize(job_id=job.pk)
+        return ChunkStatus.FAILED
     try:
         rows = rows_read(job, chunk)
         with _Heartbeat(chunk.pk):
@@ -255,6 +318,8 @@ def execute(job: Job, rows: list[InputRow]) -> tuple[list[dict[str, Any]], Usage
     engine = engines.engine_for(job.model)
     results: list[dict[str, Any]] = []
     usage = Usage()
+    # The rows' media (images, clips, minutes) are billed as the estimate counted them.
+    meter = RowMeter(job, model_get(job.model))
     if job.task_type == TaskType.CHAT:
         outcomes = engine.generate(  # type: ignore[union-attr]
             [engines.ChatRow(messages=row.body.get("messages") or [],
@@ -279,8 +344,8 @@ def execute(job: Job, rows: list[InputRow]) -> tuple[list[dict[str, Any]], Usage
             results.append(record(row, outcome, body=body, status_code=200,
                                   error=FORMAT_ERROR if out.format_error else None,
                                   output=out.content))
-            usage = usage + Usage(input_tokens=out.prompt_tokens,
-                                  output_tokens=out.completion_tokens)
+            usage = usage + meter.chat(row.body, prompt_tokens=out.prompt_tokens,
+                                       completion_tokens=out.completion_tokens)
     elif job.task_type == TaskType.EMBED:
         vectors = engine.embed([  # type: ignore[union-attr]
             engines.EmbedRow(text=str(row.body["input"]),
@@ -294,7 +359,7 @@ def execute(job: Job, rows: list[InputRow]) -> tuple[list[dict[str, Any]], Usage
             results.append(record(row, RowOutcome.SUCCESS, status_code=200,
                                   body=embedding_body(job, out.vector, out.prompt_tokens),
                                   embedding=out.vector))
-            usage = usage + Usage(input_tokens=out.prompt_tokens)
+            usage = usage + meter.embedding(row.body, prompt_tokens=out.prompt_tokens)
     else:
         answers = engine.decide([  # type: ignore[union-attr]
             engines.DecisionRow(state=row.body["state"],
@@ -315,6 +380,18 @@ def execute(job: Job, rows: list[InputRow]) -> tuple[list[dict[str, Any]], Usage
 
 
 # --- finishing --------------------------------------------------------------------------
+
+
+HOLD_REACHED = ("The rows consumed the whole estimate that approval held before every row "
+                "ran, so the rest were not run; the rows that finished are delivered and the "
+                "job is charged at most its estimate.")
+CHUNKS_FAILED = ("Some rows could not be run after repeated attempts; the rows that finished "
+                 "are delivered.")
+
+
+def _failure_reason(job: Job) -> str:
+    # A chunk is failed either by its attempts running out or, unrun, by the hold.
+    return HOLD_REACHED if hold_reached(job) else CHUNKS_FAILED
 
 
 def job_finalize(*, job_id: uuid.UUID | str) -> JobStatus | None:
@@ -350,8 +427,7 @@ def job_finalize(*, job_id: uuid.UUID | str) -> JobStatus | None:
     finished = job_finish(
         job=job, status=status, cost_cents=cost,
         failure_code=FailureCode.INTERNAL_ERROR if failed else "",
-        failure_reason=("Some rows could not be run after repeated attempts; the rows that "
-                        "finished are delivered." if failed else ""),
+        failure_reason=_failure_reason(job) if failed else "",
         outcome={
             "success_rows": totals["success"] or 0, "error_rows": totals["errors"] or 0,
             "truncated_rows": totals["truncated"] or 0,

@@ -7,6 +7,14 @@ upper bound of the 95th percentile with at least 95% confidence when
 P(Binomial(n, 0.95) < k) >= 0.95; the smallest such k is used. Distribution-free, it needs
 n >= 59; a file with fewer rows than the sample size is generated whole, and then the
 largest length is exact for every row.
+
+Samples are free to the customer, so they are bounded (docs/decisions.md, "Estimates"):
+an organization may use ANEX_SAMPLE_TOKENS_PER_HOUR sampled tokens an hour. A sample's
+worst case is reserved when it is queued and replaced by what it used; once the hour's
+allowance is spent, a submit that would need a sample answers 429 and a job already
+waiting for one fails unbilled, both saying how to skip the sample. Samples go to their
+own queue per region and model, at a lower priority than chunks (jobs.tasks), so a flood
+of them never stands in front of paid work.
 """
 
 from __future__ import annotations
@@ -17,15 +25,23 @@ import random
 import time
 import uuid
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from anex.api.errors import ApiError
 from billing.pricing import Usage, price
+from billing.services import organization_lock
 from inference.catalog import CatalogModel, model_get
 from inference.warmth import startup_seconds
 from jobs.constants import FailureCode, JobStatus, TaskType
 from jobs.models import Job
 from jobs.services.lifecycle import job_cost_ready, job_fail, job_lease_claim
+from jobs.services.metering import usage_from_json, usage_json
 from jobs.services.rows import InputRow, chat_kwargs, row_response_format, rows_read
-from jobs.services.running import chunks_plan
+from jobs.services.running import chunks_plan, queue_send
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +50,109 @@ QUANTILE = 0.95
 CONFIDENCE = 0.95
 # Room for the thinking trace to be closed by the budget notice before the answer.
 BUDGET_NOTICE_TOKENS = 64
+# The output cap a sample generates under when the job sets none and the model states none.
+DEFAULT_CEILING = 32_768
+# The allowance of sampled tokens is counted over this sliding window.
+SAMPLE_WINDOW = timedelta(hours=1)
+
+
+def sample_queue(region: str, model_id: str) -> str:
+    """The queue of a region's samples for this model: consumed by the workers that take
+    its chunks (anex.broker.run_queues_declare), apart from them so samples never queue in
+    front of paid chunks."""
+    return f"sample.{region}.{model_id}"
+
+
+def sample_send(job: Job, *, delay_ms: int | None = None) -> None:
+    from jobs.tasks import job_sample_task
+
+    queue_send(job_sample_task, sample_queue(job.data_residency, job.model), str(job.pk),
+               delay_ms=delay_ms)
+
+
+# --- the hourly allowance ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SampleAllowance:
+    used: int  # sampled tokens (reserved or used) in the window
+    limit: int
+    retry_after: int  # seconds until the window drops below the limit (0: it is below)
+
+    @property
+    def spent(self) -> bool:
+        return self.used >= self.limit
+
+    def message(self) -> str:
+        minutes = max(1, math.ceil(self.retry_after / 60))
+        return (f"This organization has used its hourly allowance of sampled estimates: "
+                f"{self.used:,} of {self.limit:,} sampled tokens in the last hour. A job "
+                "that omits max_output_tokens (or, on a reasoning model, reasoning_budget) "
+                "is priced from a sample; set them to price it without one, or submit it "
+                f"again in {minutes} minute{'s' if minutes != 1 else ''}.")
+
+
+def sample_allowance(*, organization_id: uuid.UUID,
+                     now: datetime | None = None) -> SampleAllowance:
+    now = now or timezone.now()
+    recent = list(Job.objects.filter(organization_id=organization_id,
+                                     sampled_at__gt=now - SAMPLE_WINDOW)
+                  .order_by("sampled_at").values_list("sampled_at", "sample_tokens"))
+    used = sum(tokens or 0 for _, tokens in recent)
+    limit = settings.ANEX_SAMPLE_TOKENS_PER_HOUR
+    left, retry_after = used, 0
+    for at, tokens in recent:  # oldest first: when enough has aged out of the window
+        if left < limit or at is None:  # never None: the filter requires a recent date
+            break
+        left -= tokens or 0
+        retry_after = max(1, math.ceil((at + SAMPLE_WINDOW - now).total_seconds()))
+    return SampleAllowance(used=used, limit=limit, retry_after=retry_after)
+
+
+def sample_allowance_require(*, organization_id: uuid.UUID) -> None:
+    """The submit's check for a job that will need a sample: 429 with Retry-After once the
+    organization's hourly allowance is spent (the job is not created)."""
+    allowance = sample_allowance(organization_id=organization_id)
+    if allowance.spent:
+        raise ApiError(429, allowance.message(), retry_after=allowance.retry_after)
+
+
+def _ceiling(job: Job, model: CatalogModel) -> int:
+    return job.max_output_tokens_requested or model.max_output_tokens or DEFAULT_CEILING
+
+
+def sample_reservation(*, job: Job, model: CatalogModel, rows: int, input_tokens: int) -> int:
+    """The most a sample of these rows can use: each sampled row's input (the file's
+    average) and the output cap, within the model's context."""
+    per_row = -(-input_tokens // max(rows, 1)) + _ceiling(job, model)
+    context = max(model.context_tokens, model.media_context_tokens or 0)
+    return min(rows, SAMPLE_ROWS) * min(per_row, context)
+
+
+def sample_enqueue(*, job: Job, model: CatalogModel, rows: int,
+                   usage: Usage) -> JobStatus:
+    """A job whose rows are checked and counted, waiting for its sample: the counts kept
+    (the sample prices media from est_usage), the sample's worst case reserved against the
+    hourly allowance and the sample queued. With the allowance spent, it fails unbilled
+    instead, saying how to skip the sample: nothing reaches a worker."""
+    reserved = sample_reservation(job=job, model=model, rows=rows,
+                                  input_tokens=usage.input_tokens + usage.media_tokens)
+    with transaction.atomic():
+        # Counted and reserved under the organization lock: concurrent estimates of one
+        # organization cannot all see the same room.
+        organization_lock(job.organization_id)
+        allowance = sample_allowance(organization_id=job.organization_id)
+        queued = not allowance.spent and Job.objects.filter(
+            pk=job.pk, status=JobStatus.ESTIMATING).update(
+            row_count=rows, est_input_tok=usage.input_tokens + usage.media_tokens,
+            est_usage=usage_json(usage), sample_tokens=reserved, sampled_at=timezone.now(),
+            leased_at=timezone.now(), claimed=False, attempts=0) == 1
+    if allowance.spent:
+        job_fail(job=job, code=FailureCode.INVALID_INPUT, reason=allowance.message())
+        return JobStatus.FAILED
+    if queued:
+        sample_send(job)
+    return JobStatus.ESTIMATING
 
 
 def order_statistic_index(n: int, quantile: float = QUANTILE,
@@ -61,6 +180,7 @@ class SampleResult:
     max_output_tokens: int
     reasoning_budget: int | None
     tokens_per_second: float
+    tokens_used: int = 0  # prompt and generated, every sampled row: the allowance's count
 
 
 class EstimateFailed(Exception):
@@ -87,7 +207,7 @@ def sample_generate(job: Job, model: CatalogModel) -> SampleResult:
     from inference import engines
 
     rows, whole = _sample_rows(job)
-    ceiling = job.max_output_tokens_requested or model.max_output_tokens or 32_768
+    ceiling = _ceiling(job, model)
     thinking_wanted = model.reasoning and job.reasoning is not False \
         and job.reasoning_budget_requested is None
     engine = engines.engine_for(job.model)
@@ -133,7 +253,9 @@ def sample_generate(job: Job, model: CatalogModel) -> SampleResult:
         cap = min(ceiling, max(cap, budget + BUDGET_NOTICE_TOKENS + 1))
     produced = sum(out.completion_tokens + out.prompt_tokens for out in usable)
     return SampleResult(max_output_tokens=cap, reasoning_budget=budget,
-                        tokens_per_second=produced / elapsed)
+                        tokens_per_second=produced / elapsed,
+                        tokens_used=sum(out.completion_tokens + out.prompt_tokens
+                                        for out in outcomes))
 
 
 def job_sample(*, job_id: uuid.UUID | str) -> JobStatus | None:
@@ -158,12 +280,19 @@ def job_sample(*, job_id: uuid.UUID | str) -> JobStatus | None:
 
         lease_retry(SAMPLE, Job.objects.get(pk=job.pk))
         return None
+    # What it used replaces its reservation (a sample that failed keeps the reservation).
+    Job.objects.filter(pk=job.pk).update(sample_tokens=result.tokens_used)
     rows = job.row_count or 0
-    usage = Usage(input_tokens=job.est_input_tok or 0,
-                  output_tokens=rows * result.max_output_tokens)
+    # The rows as the estimate counted them, media apart (media tokens at the media rate,
+    # the per-image, per-clip and per-minute charges), plus the sampled output cap: the
+    # same usage the final charge is priced from (jobs.services.metering).
+    counted = usage_from_json(job.est_usage) if job.est_usage is not None else Usage(
+        input_tokens=job.est_input_tok or 0)
+    usage = counted + Usage(output_tokens=rows * result.max_output_tokens)
     # The sample just ran on this worker's engine, so the start-up is a warm one.
     seconds = startup_seconds(model_id=model.id, task=model.task) + int(
-        (usage.input_tokens + usage.output_tokens) / max(result.tokens_per_second, 1.0))
+        (usage.input_tokens + usage.media_tokens + usage.output_tokens)
+        / max(result.tokens_per_second, 1.0))
     return job_cost_ready(job=job, estimate={
         "max_output_tokens": result.max_output_tokens,
         "reasoning_budget": result.reasoning_budget if result.reasoning_budget is not None

@@ -24,8 +24,10 @@ from jobs.constants import AWAITING_APPROVAL_STATUSES, InputFormat, InputStatus,
 from jobs.models import Input, Job
 from jobs.response_format import response_format_problem
 from jobs.selectors import input_get
+from jobs.services.estimation import needs_sample
 from jobs.services.inputs import input_refresh
 from jobs.services.lifecycle import job_created
+from jobs.services.sampling import sample_allowance_require
 
 MAX_OUTPUT_TOKENS = 32_768
 APPROVAL_QUEUE_LIMIT = 10
@@ -219,6 +221,10 @@ def job_submit(*, organization: Organization, actor: Actor, request: JobRequest,
             dimensions=request.dimensions,
             video_fps=request.video_fps,
         )
+        if needs_sample(job, model):
+            # A sample is free work on the paid workers: none past the organization's
+            # hourly allowance (429 here, the job rolled back with it).
+            sample_allowance_require(organization_id=organization.pk)
         job_created(job=job, actor=actor)
         audit_record(organization=organization, actor=actor, action=AuditAction.JOB_SUBMITTED,
                      target=job, data={"model": model.id, "input": str(item.pk)})

@@ -19,6 +19,11 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 # is replaced by the served usage when the job runs.
 MESSAGE_TEMPLATE_TOKENS = 4
 _MODALITY_ORDER = ("image", "audio", "video")
+# The settings a row may make through chat_template_kwargs (the reference's "The input
+# file"). Every other key would reach the model's chat template as a variable of its own,
+# where bos_token, eos_token or add_generation_prompt redraw the prompt's special tokens:
+# refused, naming the row, rather than rendered.
+ROW_TEMPLATE_KWARGS = ("enable_thinking", "reasoning_effort")
 
 
 def chat_row(body: dict[str, object], *, job: JobContext, row: RowRef) -> RowCost:
@@ -128,11 +133,16 @@ def row_fitted(text_tokens: int, media: list[Media], *, job: JobContext,
 def _thinking(kwargs: object, *, job: JobContext, row: RowRef) -> tuple[bool, str | None]:
     """The row's chat_template_kwargs: its own thinking switch and effort level, checked
     against the model and the job (the reference's reasoning, reasoning_budget and
-    reasoning_effort rules that reach rows). Any other key is left alone."""
+    reasoning_effort rules that reach rows). Any other key is refused."""
     if kwargs is None:
         return _effective(None, None, job)
     if not isinstance(kwargs, dict):
         raise row.reject("chat_template_kwargs must be an object")
+    other = next((key for key in kwargs if key not in ROW_TEMPLATE_KWARGS), None)
+    if other is not None:
+        raise row.reject(f"chat_template_kwargs.{str(other)[:100]} is not a setting a row "
+                         f"can make; chat_template_kwargs takes "
+                         f"{listing(ROW_TEMPLATE_KWARGS, 'and')} only")
     model, options = job.model, job.options
     enable = kwargs.get("enable_thinking")
     if enable is not None and not isinstance(enable, bool):

@@ -23,8 +23,31 @@ PROBE_LIMIT = 32
 LABEL_MAX_CHARS = 200
 ZERO = Decimal(0)
 
+# One row's text may take at most this many bytes of its line (JSONL) or value (parquet);
+# inline media get room on top (line_max_bytes). Read before anything is decoded, so a
+# 2 GiB line with no newline is refused after 16 MiB, not held whole in memory.
+TEXT_MAX_BYTES = 16 * 1024 * 1024
+# The inline media one row may carry on top of its text, by modality: the reference's
+# "at most 4 images and 1 video clip" a row, and one audio clip.
+INLINE_ITEMS_PER_ROW = {"image": 4, "audio": 1, "video": 1}
+# No tokenizer we serve has a token longer than this many UTF-8 bytes (tiny-qwen3's
+# longest is 42, MiniLM's 18; Qwen's byte-level BPE, built on cl100k, stays under it), so a
+# string longer than context x MAX_TOKEN_BYTES cannot fit and is refused without being
+# tokenized (16 MiB of text takes a tokenizer 13 s and 2 GB; tests/test_validation_limits.py
+# holds the local tokenizers to this bound).
+MAX_TOKEN_BYTES = 128
+
 CountTokens = Callable[[str], int]
 ProbeContentType = Callable[[str], str | None]
+
+
+def line_max_bytes(model: CatalogModel, limits: CatalogLimits) -> int:
+    """The longest line (or parquet value) a row on `model` may take: its text plus, base64
+    encoded, the inline media it may carry in the modalities the model reads."""
+    media = sum(limits.inline_max_bytes(modality) * count
+                for modality, count in INLINE_ITEMS_PER_ROW.items()
+                if modality in model.modalities)
+    return TEXT_MAX_BYTES + (media + 2) // 3 * 4
 
 
 @dataclass(frozen=True)
@@ -48,6 +71,22 @@ class InputRejected(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+class TextTooLong(Exception):
+    """A string whose byte length alone shows it cannot fit the model's context, raised by
+    JobContext.count_tokens before the tokenizer sees it; the row loop names the row."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"{size} bytes")
+        self.size = size
+        self.limit = limit
+
+    def reject(self, row: RowRef, model: CatalogModel) -> RowRejected:
+        return row.reject_sentence(
+            f"is too long: it carries {thousands(self.size)} bytes of text, more than the "
+            f"{thousands(self.limit)}-token maximum that model '{model.id}' can serve could "
+            "hold. Shorten or split this row.")
 
 
 class RowRejected(InputRejected):
@@ -159,8 +198,13 @@ class JobContext:
                  probe_content_type: ProbeContentType | None) -> None:
         self.options = options
         self.model = options.model
-        self.count_tokens = count_tokens
         self.limits: CatalogLimits = catalog_limits()
+        self.line_max_bytes = line_max_bytes(self.model, self.limits)
+        # A decision row's text is cut to the context when served and counted whole, never
+        # refused for its length (the reference's decision limits): no byte bound there.
+        self._raw_count = count_tokens
+        self._context_max = None if self.model.task == "decide" else max(
+            self.model.context_tokens, self.model.media_context_tokens or 0)
         self._probe = probe_content_type
         self._probed: dict[str, str | None] = {}
         media = self.model.media
@@ -174,6 +218,18 @@ class JobContext:
             self.video_fps = Decimal(media.video_fps_default or 1)
             self.video_fps_wording = "default" if media.video_fps_max is not None else "fixed"
         self.takes_video_fps = self.model.task == "chat" and media.video_fps_max is not None
+
+    def count_tokens(self, text: str) -> int:
+        """The model's token count of text; TextTooLong, untokenized, for a string too many
+        bytes long for any context of the model to hold."""
+        if self._context_max is not None:
+            bound = self._context_max * MAX_TOKEN_BYTES
+            # A character is 1 to 4 UTF-8 bytes: only a long string is encoded to measure.
+            if len(text) * 4 > bound:
+                size = len(text.encode("utf-8", "surrogatepass"))
+                if size > bound:
+                    raise TextTooLong(size, self._context_max)
+        return self._raw_count(text)
 
     @property
     def probed_urls(self) -> int:

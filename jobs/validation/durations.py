@@ -12,6 +12,7 @@ catalog's floor bitrate, so the estimate runs long rather than short.
 from __future__ import annotations
 
 import io
+import math
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -57,9 +58,15 @@ def clip_header_read(data: bytes, container: str) -> ClipHeader | None:
         found = MutagenFile(io.BytesIO(data), options=readers)
         # Not `if found`: a file object with no tags is falsy.
         length = getattr(found.info, "length", 0) if found is not None else 0
-        return ClipHeader(seconds_of(length)) if length and length > 0 else None
+        return ClipHeader(seconds_of(length)) if _positive(length) else None
     except Exception:  # hostile or damaged bytes: the clip is sized from its bytes instead
         return None
+
+
+def _positive(value: object) -> bool:
+    """A length a header may state: a finite number above 0 (a float header field can hold
+    NaN or infinity, which no comparison or price can use)."""
+    return isinstance(value, int | float) and math.isfinite(value) and value > 0
 
 
 def clip_seconds_estimated(size: int, kbps: Decimal) -> Decimal:
@@ -203,7 +210,7 @@ def _ebml(data: bytes) -> ClipHeader | None:
             elif child == _CLUSTER:
                 break  # media data: Info and Tracks come before it
         break
-    if not duration or duration <= 0:
+    if not _positive(duration) or not scale:
         return None
     return ClipHeader(seconds_of(Decimal(repr(duration)) * scale / Decimal(10**9)), fps)
 

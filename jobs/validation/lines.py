@@ -9,7 +9,7 @@ million-row file validates in bounded memory. The first violation stops the read
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
 from jobs.validation.chat import chat_row
@@ -23,8 +23,11 @@ from jobs.validation.core import (
     ProbeContentType,
     RowCost,
     RowRef,
+    RowRejected,
     Tally,
+    TextTooLong,
     listing,
+    thousands,
 )
 from jobs.validation.decisions import decision_row
 from jobs.validation.embeddings import embedding_row
@@ -36,6 +39,7 @@ ROW_CHECKS: dict[str, RowCheck] = {"chat": chat_row, "embed": embedding_row,
 _BOM = b"\xef\xbb\xbf"
 _TASK_NAMES = {"chat": "a chat model", "embed": "an embedding model",
                "decide": "a decision model"}
+_READ_BYTES = 1024 * 1024
 
 
 def _no_constants(name: str) -> object:
@@ -61,7 +65,7 @@ def validate_jsonl(stream: BinaryIO, options: JobOptions, *, count_tokens: Count
     tally = Tally(endpoint)
     ids = DigestSet()
     blank_since: int | None = None
-    for number, raw in enumerate(stream, start=1):
+    for number, raw in enumerate(lines_bounded(stream, job.line_max_bytes), start=1):
         line = raw.strip()
         if number == 1 and line.startswith(_BOM):
             line = line[len(_BOM):].strip()
@@ -74,8 +78,41 @@ def validate_jsonl(stream: BinaryIO, options: JobOptions, *, count_tokens: Count
                 "lines between them"
             )
         row, body = _envelope(line, number, ids=ids, job=job, first=tally.rows == 0)
-        tally.add(check(body, job=job, row=row))
+        try:
+            tally.add(check(body, job=job, row=row))
+        except TextTooLong as too_long:
+            raise too_long.reject(row, job.model) from None
     return tally.report(job)
+
+
+def lines_bounded(stream: BinaryIO, max_bytes: int) -> Iterator[bytes]:
+    """The stream's lines, read a block at a time (any object with read(): a local file or
+    an S3 body alike); a line longer than max_bytes is refused as soon as that many bytes
+    of it are read, so memory stays bounded by the cap whatever the file holds."""
+    limit = max_bytes + 1  # a \r before the newline does not count against the cap
+    number, size = 1, 0
+    parts: list[bytes] = []
+    while block := stream.read(_READ_BYTES):
+        pieces = block.split(b"\n")
+        for piece in pieces[:-1]:
+            if size + len(piece) > limit:
+                raise _line_too_long(number, max_bytes)
+            # Blocks of one long line are kept as a list and joined once: no quadratic copy.
+            yield b"".join([*parts, piece]) if parts else piece
+            parts, size, number = [], 0, number + 1
+        if pieces[-1]:
+            parts.append(pieces[-1])
+            size += len(pieces[-1])
+            if size > limit:
+                raise _line_too_long(number, max_bytes)
+    if parts:
+        yield b"".join(parts)
+
+
+def _line_too_long(number: int, max_bytes: int) -> RowRejected:
+    return RowRef.line(number).reject(
+        f"the line is longer than {thousands(max_bytes)} bytes, the most one request line "
+        "may take; shorten or split this request")
 
 
 def _envelope(line: bytes, number: int, *, ids: DigestSet, job: JobContext,

@@ -5,6 +5,12 @@ rows from an `input` column; an `id` column is the row identity, else the row's 
 Read a record batch at a time, only the columns the checks need, so a large file is never
 held whole in memory. Parquet rows carry no per-row thinking, effort, response_format or
 dimensions (output-format.txt): the job's settings apply to every row.
+
+A few kilobytes of parquet can declare billions of rows, or one 10 MB dictionary value that
+every row repeats: what a file declares is checked against the input cap before anything is
+read (rows, row groups), strings are read dictionary-encoded so a repeated value is held
+once, and each row's decoded size is measured from the arrays before any Python value is
+made (docs/decisions.md, "Inputs and results").
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
+
+from django.conf import settings
 
 from jobs.validation.chat import chat_cost, job_thinking
 from jobs.validation.core import (
@@ -26,15 +34,26 @@ from jobs.validation.core import (
     RowCost,
     RowRef,
     Tally,
+    TextTooLong,
+    thousands,
 )
 from jobs.validation.embeddings import embedding_input
 from jobs.validation.ids import DigestSet
 
 if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
 BATCH_ROWS = 4096
 ID, PROMPT, MESSAGES, INPUT = "id", "prompt", "messages", "input"
+# The shortest JSONL request line is longer than this: a parquet input may hold as many
+# rows as a JSONL input under the input cap could, and as many bytes of content.
+MIN_ROW_BYTES = 64
+# What one row group's columns may decode to: pyarrow decodes a column chunk whole.
+ROW_GROUP_MAX_BYTES = 1024**3
+# Python values are made this many bytes at a time, whatever the batch's row count.
+SLICE_BYTES = 64 * 1024 * 1024
 
 
 def validate_parquet(source: str | Path | IO[bytes], options: JobOptions, *,
@@ -42,7 +61,6 @@ def validate_parquet(source: str | Path | IO[bytes], options: JobOptions, *,
                      probe_content_type: ProbeContentType | None = None) -> FileReport:
     """The parquet twin of validate_jsonl: same rules, same report, same rejections."""
     # Imported here: a JSONL job (nearly all of them) need not load pyarrow at all.
-    import pyarrow.parquet as pq
 
     job = JobContext(options, count_tokens, probe_content_type)
     model = job.model
@@ -50,22 +68,66 @@ def validate_parquet(source: str | Path | IO[bytes], options: JobOptions, *,
         raise InputRejected(f"Model '{model.id}' takes JSONL input only: a decision job's "
                             "rows are JSONL lines with state and questions.")
     try:
-        parquet = pq.ParquetFile(source)
+        parquet = parquet_open(source)
     except Exception as error:  # pyarrow raises its own ArrowInvalid/OSError family
         raise InputRejected(f"The input is not a readable parquet file ({error}).") from None
     content, identity = parquet_columns(parquet, model.task)
+    parquet_declared_check(parquet, content, identity)
     tally = Tally(ENDPOINT_BY_TASK[model.task])
     ids = DigestSet()
     thinking, effort = job_thinking(job)
-    for row_index, name, value in parquet_rows(parquet, content, identity):
+    for row_index, name, value in parquet_rows(parquet, content, identity,
+                                               max_value_bytes=job.line_max_bytes):
         row = _row_ref(row_index, name, identity, ids)
-        if model.task == "chat":
-            cost = _chat(content, value, job=job, row=row)
-            cost.thinking, cost.effort = thinking, effort
-        else:
-            cost = embedding_input(value, job=job, row=row)
+        try:
+            if model.task == "chat":
+                cost = _chat(content, value, job=job, row=row)
+                cost.thinking, cost.effort = thinking, effort
+            else:
+                cost = embedding_input(value, job=job, row=row)
+        except TextTooLong as too_long:
+            raise too_long.reject(row, model) from None
         tally.add(cost)
     return tally.report(job)
+
+
+def parquet_open(source: str | Path | IO[bytes]) -> pq.ParquetFile:
+    """The file with every string column read dictionary-encoded: a value repeated by a
+    million rows is one value in memory, not a million copies, until a row asks for it."""
+    import pyarrow.parquet as pq
+
+    footer = pq.ParquetFile(source)
+    schema = footer.schema
+    strings = [schema.column(i).path for i in range(len(schema))
+               if schema.column(i).physical_type == "BYTE_ARRAY"]
+    return pq.ParquetFile(source, metadata=footer.metadata, read_dictionary=strings)
+
+
+def _input_cap() -> int:
+    return int(settings.ANEX_INPUT_MAX_BYTES)
+
+
+def parquet_declared_check(parquet: pq.ParquetFile, content: str,
+                           identity: str | None) -> None:
+    """What the footer declares, refused before any row is read: more rows than a JSONL
+    input under the cap could hold, or a row group whose columns decode to over 1 GiB."""
+    metadata = parquet.metadata
+    max_rows = _input_cap() // MIN_ROW_BYTES
+    if metadata.num_rows > max_rows:
+        raise InputRejected(
+            f"The parquet file declares {thousands(metadata.num_rows)} rows; an input holds "
+            f"at most {thousands(max_rows)}. Split it into several jobs.")
+    wanted = {content} if identity is None else {content, identity}
+    for group in range(metadata.num_row_groups):
+        row_group = metadata.row_group(group)
+        size = sum(row_group.column(i).total_uncompressed_size
+                   for i in range(row_group.num_columns)
+                   if row_group.column(i).path_in_schema.split(".")[0] in wanted)
+        if size > ROW_GROUP_MAX_BYTES:
+            raise InputRejected(
+                f"Row group {group} of the parquet file decodes to {thousands(size)} bytes; "
+                f"a row group may take at most {thousands(ROW_GROUP_MAX_BYTES)}. Write the "
+                "file with smaller row groups.")
 
 
 def parquet_columns(parquet: pq.ParquetFile, task: str) -> tuple[str, str | None]:
@@ -85,9 +147,12 @@ def parquet_columns(parquet: pq.ParquetFile, task: str) -> tuple[str, str | None
 
 
 def parquet_rows(parquet: pq.ParquetFile, content: str, identity: str | None, *,
-                 start: int = 0) -> Iterator[tuple[int, Any, Any]]:
+                 start: int = 0, max_value_bytes: int | None = None,
+                 ) -> Iterator[tuple[int, Any, Any]]:
     """(row_index, id, content) from `start` on, a record batch at a time; whole row
-    groups before `start` are skipped without being read."""
+    groups before `start` are skipped without being read. Each row's size is measured
+    before its value is made: with max_value_bytes, a row over it, or a file whose content
+    comes to more than the input cap, is refused (RowRejected/InputRejected)."""
     wanted = [content] if identity is None else [identity, content]
     row_index = 0
     groups: list[int] = []
@@ -99,14 +164,78 @@ def parquet_rows(parquet: pq.ParquetFile, content: str, identity: str | None, *,
         groups.append(group)
     if not groups:
         return
+    content_cap, decoded = _input_cap(), 0
     for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=wanted,
                                       row_groups=groups):
-        values = batch.column(content).to_pylist()
-        names = batch.column(identity).to_pylist() if identity else [None] * len(values)
-        for name, value in zip(names, values, strict=True):
-            if row_index >= start:
-                yield row_index, name, value
-            row_index += 1
+        sizes = _value_bytes(batch.column(content))
+        if identity:
+            sizes = sizes + _value_bytes(batch.column(identity))
+        if max_value_bytes is not None:
+            over = (sizes > max_value_bytes).nonzero()[0]
+            if len(over):
+                raise RowRef.index(row_index + int(over[0])).reject(
+                    f"the row is {thousands(int(sizes[over[0]]))} bytes, more than the "
+                    f"{thousands(max_value_bytes)} one request may take; shorten or split "
+                    "this row")
+            decoded += int(sizes.sum())
+            if decoded > content_cap:
+                raise InputRejected(
+                    f"The parquet file's rows come to more than {thousands(content_cap)} "
+                    "bytes once decoded, over the input cap. Split it into several jobs.")
+        for first, end in _slices(sizes):
+            values = batch.column(content).slice(first, end - first).to_pylist()
+            names = batch.column(identity).slice(first, end - first).to_pylist() \
+                if identity else [None] * len(values)
+            for name, value in zip(names, values, strict=True):
+                if row_index >= start:
+                    yield row_index, name, value
+                row_index += 1
+
+
+def _slices(sizes: np.ndarray) -> Iterator[tuple[int, int]]:
+    """[first, end) ranges of a batch's rows, each at most SLICE_BYTES (or one row)."""
+    first, total = 0, 0
+    for position, size in enumerate(sizes.tolist()):
+        if position > first and total + size > SLICE_BYTES:
+            yield first, position
+            first, total = position, 0
+        total += size
+    if first < len(sizes):
+        yield first, len(sizes)
+
+
+def _value_bytes(array: pa.Array) -> np.ndarray:
+    """Each row's decoded size in bytes (strings and binaries by length, other leaves by
+    width), computed on the arrays themselves: no Python value is made, and a dictionary
+    value repeated by every row is measured once."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = array.type
+    count = len(array)
+    if pa.types.is_dictionary(kind):
+        per_value = _value_bytes(array.dictionary)
+        indices = array.indices.fill_null(0).to_numpy(zero_copy_only=False)
+        sizes = per_value[indices] if len(per_value) else np.zeros(count, np.int64)
+        return np.where(array.is_null().to_numpy(zero_copy_only=False), 0, sizes)
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) \
+            or pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+        return pc.binary_length(array).fill_null(0).to_numpy(
+            zero_copy_only=False).astype(np.int64)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_map(kind) \
+            or pa.types.is_fixed_size_list(kind):
+        values = array.flatten()
+        parents = pc.list_parent_indices(array).to_numpy(zero_copy_only=False)
+        return np.bincount(parents, weights=_value_bytes(values),
+                           minlength=count).astype(np.int64)
+    if pa.types.is_struct(kind):
+        total = np.zeros(count, np.int64)
+        for child in array.flatten():
+            total += _value_bytes(child)
+        return total
+    width = kind.bit_width // 8 if pa.types.is_primitive(kind) else 8
+    return np.full(count, max(width, 1), np.int64)
 
 
 def _row_ref(row_index: int, name: Any, identity: str | None, ids: DigestSet) -> RowRef:

@@ -1,0 +1,48 @@
+"""The Django admin site: staff sign in through allauth, and the admin is served on one
+host when ANEX_ADMIN_HOST is set (docs/decisions.md, "Other facts")."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import update_wrapper
+from typing import Any, TypeVar, cast
+
+from allauth.account.decorators import secure_admin_login
+from django.conf import settings
+from django.contrib.admin import AdminSite
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase
+from django.http.request import split_domain_port
+
+_View = TypeVar("_View", bound=Callable[..., HttpResponseBase])
+
+
+def admin_host_require(request: HttpRequest) -> None:
+    """404 unless the request reached the admin host (when one is configured), so the admin
+    is not even discoverable on the public API hosts."""
+    admin_host = settings.ANEX_ADMIN_HOST
+    if admin_host is None:
+        return
+    host, _port = split_domain_port(request.get_host())
+    if host.lower() != admin_host:
+        raise Http404("Not found.")
+
+
+class AnexAdminSite(AdminSite):
+    def admin_view(self, view: _View, cacheable: bool = False) -> _View:
+        # Every admin page but login goes through here (ModelAdmin URLs included).
+        inner = super().admin_view(view, cacheable)
+
+        def on_admin_host(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+            admin_host_require(request)
+            return inner(request, *args, **kwargs)
+
+        return cast(_View, update_wrapper(on_admin_host, inner))
+
+    def login(self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+              ) -> HttpResponse:
+        admin_host_require(request)
+        # The admin's own password form has no rate limit: staff sign in through allauth's
+        # login (rate-limited per address and per account, email verified), and a signed-in
+        # user who is not staff is refused here.
+        response: HttpResponse = secure_admin_login(super().login)(request, extra_context)
+        return response

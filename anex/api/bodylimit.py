@@ -1,0 +1,47 @@
+"""One size limit for every request body sent to /batch/ and /realtime/ (docs/decisions.md,
+"Submitting a job: what is answered when").
+
+Django's DATA_UPLOAD_MAX_MEMORY_SIZE guards only request.body and form parsing; DRF's
+parsers read request.stream, which Django bounds by the declared Content-Length and by
+nothing else. So the declared length is judged here, before any view or parser runs, and a
+body over the limit is answered 413 in the API's envelope without a byte of it being read.
+A body with no Content-Length reads as empty (Django's LimitedStream), so the declared
+length is the whole of what can be read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse
+
+from anex.api.errors import API_PREFIXES
+
+
+def body_too_large_detail(declared: int, limit: int) -> str:
+    return (f"The request body is {declared:,} bytes, over the {limit:,}-byte limit of this "
+            "API. Send a smaller request; an input file goes to its upload URL, not here.")
+
+
+class ApiBodyLimitMiddleware:
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if request.path.startswith(API_PREFIXES):
+            limit = settings.ANEX_API_MAX_BODY_BYTES
+            declared = _declared_length(request)
+            if declared > limit:
+                # No Connection header (hop-by-hop, which WSGI forbids an application to
+                # set): the server discards or drains the unread body itself.
+                return JsonResponse({"detail": body_too_large_detail(declared, limit)},
+                                    status=413)
+        return self.get_response(request)
+
+
+def _declared_length(request: HttpRequest) -> int:
+    try:
+        return int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        return 0  # Django reads an unparsable length as no body at all

@@ -1,0 +1,230 @@
+"""Issue 11, item 1: a customer's JSON schema is code the worker runs. Each attack from the
+review is performed here - a `$ref` to a server (SSRF, a tarpit), to `file:///dev/zero`
+(OOM), a catastrophic regex in a `not` branch (a frozen process) - at submit, in the row
+checks, and in the engine's own check, and each fails safely: nothing is fetched, the time
+is bounded, and the row (never the chunk) carries the failure."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rest_framework.test import APIClient
+
+from billing.services import credits_summary
+from console.models import Organization
+from inference.engines import ChatEngine, ChatRow, ChatSettings
+from inference.engines.chat import _satisfies
+from jobs import response_format as rf
+from jobs.constants import JobStatus
+from jobs.models import Job
+from jobs.services.estimation import job_estimate
+from tests.factories import input_ready
+from tests.servers import LocalServer
+
+JOBS = "/batch/v1/jobs"
+# Exponential in a backtracking engine (Python's `re` holds the GIL for its whole match);
+# linear in RE2. 40 characters would take `re` longer than the age of the universe.
+CATASTROPHIC = "^(a+)+$"
+EVIL_TEXT = "a" * 40 + "!"
+
+pytest_plugins = ["tests.engine_fixtures"]
+
+
+def json_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+
+def remote_refs(server: LocalServer) -> list[dict[str, Any]]:
+    """Schemas that point outside themselves: a URL (the metadata-service shape), a local
+    file that never ends, and the dynamic-reference keyword."""
+    return [
+        {"type": "object", "properties": {"a": {"$ref": server.url("/latest/meta-data")}}},
+        {"type": "object", "properties": {"a": {"$ref": "file:///dev/zero"}}},
+        {"$defs": {"x": {"$dynamicRef": server.url("/tarpit#x")}}, "$ref": "#/$defs/x"},
+    ]
+
+
+def assert_untouched(server: LocalServer) -> None:
+    # Not even a connection: a blind SSRF needs none of the response.
+    assert (server.accepted, server.requests) == (0, [])
+
+
+# -- at submit: 400, nothing created, nothing fetched --------------------------------------
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("which", [0, 1, 2])
+def test_a_job_level_schema_that_refers_outside_itself_is_400(
+        api: APIClient, organization: Organization, server: LocalServer, which: int) -> None:
+    ready = input_ready(organization, b'{"custom_id":"r1","body":{}}\n')
+    schema = remote_refs(server)[which]
+    response = api.post(JOBS, {"input_id": str(ready.pk), "model": "qwen3.8-27b",
+                               "response_format": json_schema(schema)}, format="json")
+    assert response.status_code == 400
+    detail = response.json()["detail"]
+    assert detail.startswith("response_format.json_schema.schema.")
+    assert "a reference must point inside the schema (start with '#')" in detail
+    assert not Job.objects.exists()
+    assert_untouched(server)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("response_format,message", [
+    (json_schema({"type": "string", "pattern": "(?=a)b"}),
+     "response_format.json_schema.schema.pattern '(?=a)b' cannot be used: patterns are "
+     "matched with RE2 syntax"),
+    (json_schema({"patternProperties": {r"(a)\1": {}}}),
+     r"response_format.json_schema.schema.patternProperties key '(a)\\1' cannot be used"),
+    (json_schema({"enum": ["x" * rf.MAX_BYTES]}),
+     f"over the {rf.MAX_BYTES:,}-byte limit; shorten the schema."),
+    (json_schema(json.loads('{"not":' * rf.MAX_DEPTH + "{}" + "}" * rf.MAX_DEPTH)),
+     f"response_format nests objects and arrays more than {rf.MAX_DEPTH} levels deep"),
+])
+def test_unbounded_schemas_are_400(api: APIClient, organization: Organization,
+                                   response_format: dict[str, Any], message: str) -> None:
+    ready = input_ready(organization, b'{"custom_id":"r1","body":{}}\n')
+    response = api.post(JOBS, {"input_id": str(ready.pk), "model": "qwen3.8-27b",
+                               "response_format": response_format}, format="json")
+    assert response.status_code == 400
+    assert message in response.json()["detail"]
+    assert not Job.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_schema_with_local_refs_and_re2_patterns_is_accepted(
+        api: APIClient, organization: Organization) -> None:
+    ready = input_ready(organization, b'{"custom_id":"r1","body":{}}\n')
+    schema = {"$defs": {"code": {"type": "string", "pattern": CATASTROPHIC}},
+              "type": "object", "properties": {"code": {"$ref": "#/$defs/code"}}}
+    response = api.post(JOBS, {"input_id": str(ready.pk), "model": "qwen3.8-27b",
+                               "response_format": json_schema(schema)}, format="json")
+    assert response.status_code == 200, response.content
+
+
+# -- in the row checks: the job fails naming the row, unbilled, nothing fetched -------------
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("which", [0, 1, 2])
+def test_a_rows_own_schema_that_refers_outside_itself_fails_the_job_naming_the_row(
+        api: APIClient, organization: Organization, server: LocalServer, checkpoints: Path,
+        which: int) -> None:
+    schema = remote_refs(server)[which]
+    line = {"method": "POST", "url": "/v1/chat/completions"}
+    messages = [{"role": "user", "content": "hi"}]
+    rows = [{**line, "custom_id": "fine", "body": {"messages": messages}},
+            {**line, "custom_id": "evil", "body": {"messages": messages,
+                                                   "response_format": json_schema(schema)}}]
+    item = input_ready(organization, b"".join(json.dumps(r).encode() + b"\n" for r in rows))
+    before = credits_summary(organization=organization)
+    response = api.post(JOBS, {"input_id": str(item.pk), "model": "gemma4-12b",
+                               "max_output_tokens": 100}, format="json")
+    assert response.status_code == 200, response.content
+    job_id = response.json()["id"]
+    assert job_estimate(job_id=job_id) == JobStatus.FAILED
+    body = api.get(f"{JOBS}/{job_id}").json()
+    assert (body["status"], body["failure_code"]) == ("failed", "invalid_input")
+    assert body["failure_reason"].startswith(
+        "Row 'evil': response_format.json_schema.schema.")
+    assert "a reference must point inside the schema" in body["failure_reason"]
+    assert credits_summary(organization=organization) == before
+    assert_untouched(server)
+
+
+# -- the engine's check: bounded, never fetching, a failure is the row's format_error -------
+
+@pytest.mark.parametrize("which", [0, 1, 2])
+def test_the_engine_check_never_fetches_a_ref(server: LocalServer, which: int) -> None:
+    # As if a row had reached the engine without the checks (an older job, a sample).
+    assert _satisfies('{"a": "x"}', json_schema(remote_refs(server)[which])) is False
+    assert_untouched(server)
+
+
+def test_refs_that_resolve_against_a_remote_id_are_not_fetched(server: LocalServer) -> None:
+    # '#' refs pass the check; an $id makes them relative to a URL. Still nothing leaves.
+    for schema in ({"$id": server.url("/root/"), "properties": {"a": {"$ref": "#/$defs/x"}}},
+                   {"properties": {"a": {"$id": server.url("/sub"), "$ref": "#/nope"}}},
+                   {"$schema": server.url("/meta"), "type": "object"}):
+        _satisfies('{"a": 1}', json_schema(schema))
+    assert_untouched(server)
+
+
+@pytest.mark.parametrize("schema,content", [
+    ({"not": {"type": "string", "pattern": CATASTROPHIC}}, json.dumps(EVIL_TEXT)),
+    ({"not": {"patternProperties": {CATASTROPHIC: {}}}}, json.dumps({EVIL_TEXT: 1})),
+    ({"not": {"patternProperties": {CATASTROPHIC: {}}, "additionalProperties": False}},
+     json.dumps({EVIL_TEXT: 1})),
+    ({"not": {"patternProperties": {CATASTROPHIC: {}}, "unevaluatedProperties": False}},
+     json.dumps({EVIL_TEXT: 1})),
+    ({"not": {"propertyNames": {"pattern": CATASTROPHIC}}}, json.dumps({EVIL_TEXT: 1})),
+    ({"uniqueItems": True}, json.dumps([{"n": n} for n in range(20_000)])),
+])
+def test_a_catastrophic_schema_does_not_freeze_the_engine_check(
+        schema: dict[str, Any], content: str) -> None:
+    # given another customer's work on the same worker process, ticking while the check runs
+    ticks = 0
+    done = threading.Event()
+
+    def other_work() -> None:
+        nonlocal ticks
+        while not done.is_set():
+            ticks += 1
+            time.sleep(0.001)
+
+    other = threading.Thread(target=other_work)
+    other.start()
+    # when the attack's answer is checked
+    started = time.monotonic()
+    try:
+        result = _satisfies(content, json_schema(schema))
+    finally:
+        done.set()
+        other.join()
+    # then it is answered at once, and the other work ran meanwhile
+    assert time.monotonic() - started < 2
+    assert isinstance(result, bool)
+    assert ticks > 0
+
+
+def test_re2_semantics_match_the_schema(server: LocalServer) -> None:
+    schema = {"type": "object", "patternProperties": {"^x-": {"type": "integer"}},
+              "additionalProperties": False,
+              "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}$"}}}
+    assert _satisfies('{"code": "ABC", "x-n": 1}', json_schema(schema)) is True
+    assert _satisfies('{"code": "abc"}', json_schema(schema)) is False
+    assert _satisfies('{"x-n": "one"}', json_schema(schema)) is False
+    assert _satisfies('{"other": 1}', json_schema(schema)) is False
+    assert _satisfies("[1, 1.0]", json_schema({"uniqueItems": True})) is False
+    assert _satisfies("[1, true]", json_schema({"uniqueItems": True})) is True
+
+
+@pytest.mark.parametrize("schema,content", [
+    ({"type": "nonsense"}, "{}"),  # the library raises UnknownType
+    ({"$ref": "#/$defs/missing"}, "{}"),  # an unresolvable local ref
+    ({"type": "array"}, "[" * 100_000 + "]" * 100_000),  # recursion in the parser
+    ({"multipleOf": 1e-308}, "1e308"),  # an overflow in the library
+])
+def test_any_exception_in_the_check_is_the_rows_format_error(schema: dict[str, Any],
+                                                             content: str) -> None:
+    assert _satisfies(content, json_schema(schema)) is False
+
+
+@pytest.mark.engine
+def test_the_engine_refuses_such_rows_alone_and_fetches_nothing(
+        chat_engine: ChatEngine, server: LocalServer) -> None:
+    user = [{"role": "user", "content": "Say hello in French."}]
+    off = {"enable_thinking": False}
+    rows = [ChatRow(messages=user, chat_template_kwargs=off, response_format=json_schema(s))
+            for s in remote_refs(server)]
+    rows.append(ChatRow(messages=user, chat_template_kwargs=off))
+    outcomes = chat_engine.generate(rows, ChatSettings(max_tokens=8))
+    *refused, plain = outcomes
+    for outcome in refused:
+        assert outcome.error is not None and outcome.error.param == "response_format"
+        assert "a reference must point inside the schema" in outcome.error.message
+    assert plain.error is None and plain.content is not None
+    assert_untouched(server)
+
