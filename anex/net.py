@@ -194,16 +194,9 @@ class _DeadlineHTTPConnection(HTTPConnection):
         return sock
 
 
-class _DeadlineHTTPSConnection(HTTPSConnection):
-    # HTTPSConnection.connect creates its socket with _new_conn too, before the handshake.
-    def __init__(self, *args: Any, deadline: _Deadline, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._deadline = deadline
-
-    def _new_conn(self) -> socket.socket:
-        sock = super()._new_conn()
-        self._deadline.watch(sock)
-        return sock
+class _DeadlineHTTPSConnection(_DeadlineHTTPConnection, HTTPSConnection):
+    """HTTPSConnection.connect creates its socket with _new_conn too, before the handshake;
+    the MRO puts the deadline's _new_conn in front of it."""
 
 
 class _HTTPPool(urllib3.HTTPConnectionPool):

@@ -8,13 +8,12 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.forms import ModelForm
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
-from anex.net import FetchError
 from billing.services import credits_grant, credits_summary
 from console.actors import Actor
 from console.models import ApiKey, AuditEvent, Membership, Organization
@@ -24,8 +23,8 @@ from console.services import (
     organization_create,
     organization_update,
     organization_webhook_set,
+    webhook_url_validate,
 )
-from jobs.services.webhooks import webhook_url_check
 
 
 class ReadOnlyInline(admin.TabularInline):
@@ -63,10 +62,7 @@ class OrganizationForm(ModelForm):
         # The same check organization_webhook_set makes, shown on the field.
         url: str = self.cleaned_data["webhook_url"]
         if url:
-            try:
-                webhook_url_check(url)
-            except FetchError as exc:
-                raise ValidationError(f"The webhook endpoint cannot be used: {exc}.") from None
+            webhook_url_validate(url)
         return url
 
 

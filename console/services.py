@@ -89,7 +89,8 @@ def _webhook_owner_require(*, organization: Organization, actor: Actor) -> None:
         raise PermissionDenied("Only an owner can change the webhook settings.")
 
 
-def _webhook_url_valid(url: str) -> None:
+def webhook_url_validate(url: str) -> None:
+    """webhook_url_check as a ValidationError, for a form field or a command's option."""
     try:
         webhook_url_check(url)
     except FetchError as exc:
@@ -106,7 +107,7 @@ def organization_webhook_set(*, organization: Organization, actor: Actor,
     _webhook_owner_require(organization=organization, actor=actor)
     url = url.strip()
     if url:
-        _webhook_url_valid(url)
+        webhook_url_validate(url)
     locked = Organization.objects.select_for_update().get(pk=organization.pk)
     fields: dict[str, Any] = {}
     if url != locked.webhook_url:

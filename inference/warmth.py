@@ -26,7 +26,7 @@ WARM_FOR_SECONDS = 15 * 60
 WARM_START_SECONDS = 1
 # Before any worker has measured a load: a cold GPU worker loading production weights.
 COLD_START_SECONDS = {"chat": 180, "embed": 60, "decide": 30}
-# A measured load time is kept this long after the last engine load that reported one.
+# A measured load time is kept this long after the last use that reported it.
 MEASURED_FOR_SECONDS = 30 * 24 * 3600
 
 

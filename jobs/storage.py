@@ -223,7 +223,7 @@ class S3RegionStorage(RegionStorage):
     def open(self, key: str, *, pin: str = "") -> IO[bytes]:
         # Iterating botocore's StreamingBody yields 1 KiB chunks, not lines: buffered, it
         # reads like a local file (lines with their endings, read(n), a context manager).
-        return io.BufferedReader(_BodyReader(self._get(key, pin)["Body"]),
+        return io.BufferedReader(_RawReader(self._get(key, pin)["Body"]),
                                  buffer_size=1024 * 1024)
 
     def download_url(self, key: str, *, expires_in: int, filename: str) -> str:
@@ -238,54 +238,47 @@ class S3RegionStorage(RegionStorage):
         self.storage.delete(key)
 
 
-class _BodyReader(io.RawIOBase):
-    """A raw binary file over botocore's StreamingBody."""
+class _RawReader(io.RawIOBase):
+    """A raw binary file over anything with read(n) and close() (botocore's StreamingBody,
+    a local file); io.BufferedReader over it reads like a local file."""
 
-    def __init__(self, body: Any) -> None:
-        self._body = body
+    def __init__(self, source: Any) -> None:
+        self._source = source
 
     def readable(self) -> bool:
         return True
 
+    def _read(self, size: int) -> bytes:
+        return bytes(self._source.read(size))
+
     def readinto(self, target: Any) -> int:
-        data = self._body.read(len(target))
+        data = self._read(len(target))
         target[:len(data)] = data
         return len(data)
 
     def close(self) -> None:
         if not self.closed:
-            self._body.close()
+            self._source.close()
         super().close()
 
 
-class _VerifiedReader(io.RawIOBase):
+class _VerifiedReader(_RawReader):
     """A local file read whole against its pin: the SHA-256 of what was read is compared
     with the pinned one when the read reaches the end (a partial read proves nothing and
     is not checked; whoever needs the proof reads to the end)."""
 
     def __init__(self, handle: IO[bytes], key: str, digest: str) -> None:
-        self._handle = handle
+        super().__init__(handle)
         self._key = key
         self._digest = digest
         self._hash = hashlib.sha256()
 
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, target: Any) -> int:
-        data = self._handle.read(len(target))
-        if not data:
-            if self._hash.hexdigest() != self._digest:
-                raise StorageChanged(f"{self._key} is not the object that was checked")
-            return 0
+    def _read(self, size: int) -> bytes:
+        data = super()._read(size)
+        if not data and self._hash.hexdigest() != self._digest:
+            raise StorageChanged(f"{self._key} is not the object that was checked")
         self._hash.update(data)
-        target[:len(data)] = data
-        return len(data)
-
-    def close(self) -> None:
-        if not self.closed:
-            self._handle.close()
-        super().close()
+        return data
 
 
 class _Counter:
@@ -344,7 +337,12 @@ class LocalRegionStorage(RegionStorage):
     def _open_pinned(self, key: str, pin: str) -> tuple[IO[bytes], str]:
         """The file, checked against the pin's size and mtime (a whole-file check cannot
         be made on a range; the digest is returned for reads that go to the end)."""
-        handle = self.path(key).open("rb")
+        try:
+            handle = self.path(key).open("rb")
+        except FileNotFoundError:
+            if pin:
+                raise StorageChanged(f"{key} is gone") from None
+            raise
         if not pin:
             return handle, ""
         kind, digest, size, mtime = [*pin.split(":"), "", "", ""][:4]
@@ -355,18 +353,15 @@ class LocalRegionStorage(RegionStorage):
         return handle, digest
 
     def read_range(self, key: str, start: int, end: int, *, pin: str = "") -> bytes:
-        try:
-            handle, _digest = self._open_pinned(key, pin)
-        except FileNotFoundError:
-            if pin:
-                raise StorageChanged(f"{key} is gone") from None
-            raise
+        handle, _digest = self._open_pinned(key, pin)
         with handle:
             handle.seek(start)
             return handle.read(max(0, end - start))
 
-    def write_stream(self, key: str, chunks: Iterable[bytes], *, max_bytes: int) -> int:
-        path = self.path(key)
+    @staticmethod
+    def _write_partial(path: Path, chunks: Iterable[bytes], max_bytes: int) -> tuple[Path, int]:
+        """The chunks in a temporary file beside `path`, and their size; nothing is left
+        behind when writing fails."""
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".partial-")
         total = 0
@@ -375,9 +370,18 @@ class LocalRegionStorage(RegionStorage):
                 for chunk in _capped(chunks, max_bytes):
                     handle.write(chunk)
                     total += len(chunk)
-            os.replace(temporary, path)  # the object appears whole or not at all
         except BaseException:
             Path(temporary).unlink(missing_ok=True)
+            raise
+        return Path(temporary), total
+
+    def write_stream(self, key: str, chunks: Iterable[bytes], *, max_bytes: int) -> int:
+        path = self.path(key)
+        temporary, total = self._write_partial(path, chunks, max_bytes)
+        try:
+            os.replace(temporary, path)  # the object appears whole or not at all
+        except BaseException:
+            temporary.unlink(missing_ok=True)
             raise
         return total
 
@@ -385,31 +389,19 @@ class LocalRegionStorage(RegionStorage):
         """write_stream for a key that may be written once (an upload target): a second
         write, even a concurrent one, raises StorageExists and changes nothing."""
         path = self.path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists():
             raise StorageExists(key)
-        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".partial-")
-        total = 0
+        temporary, total = self._write_partial(path, chunks, max_bytes)
         try:
-            with os.fdopen(fd, "wb") as handle:
-                for chunk in _capped(chunks, max_bytes):
-                    handle.write(chunk)
-                    total += len(chunk)
-            try:
-                os.link(temporary, path)  # atomic, and fails when the key is taken
-            except FileExistsError:
-                raise StorageExists(key) from None
+            os.link(temporary, path)  # atomic, and fails when the key is taken
+        except FileExistsError:
+            raise StorageExists(key) from None
         finally:
-            Path(temporary).unlink(missing_ok=True)
+            temporary.unlink(missing_ok=True)
         return total
 
     def open(self, key: str, *, pin: str = "") -> IO[bytes]:
-        try:
-            handle, digest = self._open_pinned(key, pin)
-        except FileNotFoundError:
-            if pin:
-                raise StorageChanged(f"{key} is gone") from None
-            raise
+        handle, digest = self._open_pinned(key, pin)
         if not pin:
             return handle
         return io.BufferedReader(_VerifiedReader(handle, key, digest), buffer_size=1024 * 1024)

@@ -10,13 +10,11 @@ once per input (docs/decisions.md, "Inputs and results")."""
 from __future__ import annotations
 
 import itertools
-import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-import redis
 from django.conf import settings
 from django.core import signing
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse, JsonResponse
@@ -25,8 +23,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from anex.api.throttling import client_address
-from anex.redis import redis_client
+from anex.api.throttling import client_address, window_hit
 from console.constants import Region
 from jobs.services.inputs import input_accepts_upload
 from jobs.storage import (
@@ -38,13 +35,10 @@ from jobs.storage import (
     storage_for,
 )
 
-logger = logging.getLogger(__name__)
-
 # What the form may carry besides the file: its fields (key, policy: a few hundred bytes)
 # and the multipart framing. More than this before the file starts is refused unread.
 FORM_OVERHEAD_BYTES = 64 * 1024
 _READ_BYTES = 1024 * 1024
-THROTTLE_WINDOW_SECONDS = 60
 USED = ("AccessDenied: this upload target has been used (its input is no longer awaiting "
         "an upload). Create a new input to upload another file.")
 
@@ -150,20 +144,10 @@ def _throttled(request: HttpRequest) -> float | None:
     """Seconds to wait when this client has started ANEX_UPLOADS_PER_MINUTE uploads this
     minute; None to go ahead (also when Redis is down: the limiter never takes uploads
     down with it)."""
-    now = time.time()
-    window = int(now // THROTTLE_WINDOW_SECONDS)
-    counter = f"anex:uploads:{client_address(request)}:{window}"
-    try:
-        pipe = redis_client().pipeline()
-        pipe.incr(counter)
-        pipe.expire(counter, THROTTLE_WINDOW_SECONDS * 2)
-        count, _ = pipe.execute()
-    except redis.RedisError as exc:
-        logger.warning("upload limiter unavailable, upload allowed: %s", exc)
+    hit = window_hit("uploads", client_address(request))
+    if hit is None or hit.count <= settings.ANEX_UPLOADS_PER_MINUTE:
         return None
-    if int(count) <= settings.ANEX_UPLOADS_PER_MINUTE:
-        return None
-    return (window + 1) * THROTTLE_WINDOW_SECONDS - now
+    return hit.seconds_left
 
 
 def _local(region: str) -> LocalRegionStorage:

@@ -3,8 +3,11 @@ got, with routes per path (shared by the fetcher's, the ingest's and the webhook
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import ssl
+import subprocess
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -150,3 +153,16 @@ def trickle(first: bytes, *, every: float) -> Route:
             pass  # the client cut the connection: what the tests want
 
     return route
+
+
+def launcher_interrupt(launcher: subprocess.Popen[bytes], timeout: float = 60) -> bool:
+    """Ctrl-C for a launcher started in its own session, as a person would press it; True
+    when it stopped in time, else its whole process group is killed and False."""
+    launcher.send_signal(signal.SIGINT)
+    try:
+        launcher.wait(timeout=timeout)
+        return True
+    except subprocess.TimeoutExpired:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+        return False

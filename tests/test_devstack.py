@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from inference.checkpoints import anex_checkpoints_value
-from tests.servers import free_port
+from tests.servers import free_port, launcher_interrupt
 
 # The local checkpoints are built (and the tiny Qwen3 trained) once per test session by the
 # engine fixtures; make run takes them from ANEX_CHECKPOINTS instead of building its own.
@@ -80,12 +80,8 @@ def test_run_brings_everything_up_and_ctrl_c_takes_it_down(
         assert any("dramatiq" in " ".join(c.cmdline()) for c in children)
         assert any("runperiodic" in " ".join(c.cmdline()) for c in children)
     finally:
-        launcher.send_signal(signal.SIGINT)
-        try:
-            launcher.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            raise
+        stopped = launcher_interrupt(launcher)
+    assert stopped, "Ctrl-C did not stop make run within 60 s"
     assert launcher.returncode == 0, Path(log.name).read_text()
     assert get(f"http://127.0.0.1:{port}/healthz")[0] == 0
     # Nothing it started is left behind: no server still using the run directory.

@@ -16,7 +16,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ import pytest
 import requests
 
 from inference.checkpoints import anex_checkpoints_value
-from tests.servers import free_port
+from tests.servers import free_port, launcher_interrupt
 
 pytest_plugins = ["tests.engine_fixtures"]
 
@@ -85,12 +84,7 @@ def make_run(checkpoint_dirs: dict[str, Path],
         assert key is not None, output
         yield Running(port=port, run_dir=root / "run", key=key.group(1), env=env, log=log)
     finally:
-        launcher.send_signal(signal.SIGINT)
-        try:
-            launcher.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.wait()
+        launcher_interrupt(launcher)
 
 
 def readme_block(name: str) -> str:

@@ -60,7 +60,7 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     for name in ("job_estimate_task", "job_sample_task", "job_start_task", "chunk_run_task",
                  "input_copy_task"):
         monkeypatch.setattr(f"jobs.tasks.{name}.send", lambda *args: calls.append(args[0]))
-    monkeypatch.setattr("jobs.services.recovery.queue_send",
+    monkeypatch.setattr("jobs.services.sampling.queue_send",
                         lambda actor, queue, job_id, **kw: calls.append(job_id))
     monkeypatch.setattr("jobs.services.running.queue_send",
                         lambda actor, queue, chunk_id, **kw: calls.append(chunk_id))

@@ -6,18 +6,15 @@ from __future__ import annotations
 import io
 import json
 import math
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import dramatiq
 import pytest
 import requests
 from pytest_django import Settings
 from rest_framework.test import APIClient
 
-from anex.broker import run_queues_declare
 from billing.models import LedgerEntry
 from billing.services import credits_summary
 from console.models import Organization
@@ -26,7 +23,7 @@ from jobs.models import Chunk, Job
 from jobs.services.running import chunk_run, job_finalize, job_start
 from tests.engine_fixtures import checkpoint_dirs  # noqa: F401
 from tests.factories import api_key_make, input_ready, organization_make
-from tests.workers import running_worker
+from tests.workers import fresh_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 JOBS = "/batch/v1/jobs"
@@ -46,19 +43,9 @@ def served(settings: Settings, checkpoint_dirs: dict[str, Path], live_server) ->
 
 
 @pytest.fixture
-def worker(served: None) -> Iterator[Callable[[Callable[[], bool], float], None]]:
-    broker = dramatiq.get_broker()
-    broker.flush_all()
-    run_queues_declare()
-
-    def until(done: Callable[[], bool], timeout: float = 240) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not done():
-            time.sleep(0.3)
-        assert done(), "timed out"
-
-    with running_worker():
-        yield until
+def worker(served: None) -> Iterator[Callable[..., None]]:
+    with fresh_worker() as wait:
+        yield wait
 
 
 @pytest.fixture

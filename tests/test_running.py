@@ -23,12 +23,13 @@ from jobs.models import Chunk, Job
 from jobs.results import chunk_key
 from jobs.services.data import results_purge_expired
 from jobs.services.lifecycle import job_approve
+from jobs.services.metering import usage_from_json, usage_json
 from jobs.services.recovery import CHUNK, lease_recover
 from jobs.services.running import (
-    _usage_dump,
     chunks_plan,
     job_finalize,
     job_start,
+    job_usage,
     run_queue,
 )
 from jobs.storage import storage_for
@@ -90,7 +91,7 @@ def complete(chunk: Chunk, outcomes: list[RowOutcome], tokens: int = 10) -> None
         error_rows=outcomes.count(RowOutcome.ERROR),
         truncated_rows=outcomes.count(RowOutcome.TRUNCATED),
         format_error_rows=outcomes.count(RowOutcome.FORMAT_ERROR),
-        usage=_usage_dump(Usage(input_tokens=tokens * billable, output_tokens=tokens * billable)))
+        usage=usage_json(Usage(input_tokens=tokens * billable, output_tokens=tokens * billable)))
 
 
 def test_jsonl_inputs_are_planned_in_byte_ranges(organization: Organization) -> None:
@@ -293,15 +294,22 @@ def test_the_reaper_requeues_the_chunks_of_dead_workers(organization: Organizati
 
 
 
-def test_chunk_usage_round_trips_and_old_media_row_keys_still_settle() -> None:
+def test_chunk_usage_round_trips_and_old_media_row_keys_still_settle(
+        organization: Organization) -> None:
     from decimal import Decimal
 
     from billing.pricing import Usage
-    from jobs.services.running import _usage_dump, _usage_load
 
     usage = Usage(input_tokens=5, media_row_tokens=7, images=2, media_seconds=Decimal("1.5"))
-    assert _usage_load(_usage_dump(usage)) == usage
+    assert usage_from_json(usage_json(usage)) == usage
     # a chunk stored before media rows were billed at one rate (images and video apart)
     stored = {"input_tokens": 5, "image_row_tokens": 3, "video_row_tokens": 4, "images": 2,
               "media_seconds": "1.5"}
-    assert _usage_load(stored) == usage
+    assert usage_from_json(stored) == usage
+    # and the job's settled usage, summed in the database, reads both layouts alike
+    job = approved_job(organization, rows=4)
+    Chunk.objects.bulk_create(chunks_plan(job))
+    first, second = job.chunks.order_by("index")[:2]
+    Chunk.objects.filter(pk=first.pk).update(status=ChunkStatus.DONE, usage=stored)
+    Chunk.objects.filter(pk=second.pk).update(status=ChunkStatus.DONE, usage=usage_json(usage))
+    assert job_usage(job) == usage + usage

@@ -11,19 +11,16 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import boto3
-import dramatiq
 import pytest
 import requests
 from pytest_django import Settings
 from rest_framework.test import APIClient
 
-from anex.broker import run_queues_declare
 from billing.models import LedgerEntry
 from billing.services import credits_summary
 from console.models import Organization
@@ -36,7 +33,7 @@ from jobs.storage import storage_for
 from tests.engine_fixtures import checkpoint_dirs  # noqa: F401
 from tests.factories import api_key_make, organization_make
 from tests.test_storage import BUCKETS, s3, s3_endpoint  # noqa: F401
-from tests.workers import running_worker
+from tests.workers import fresh_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 INPUTS = "/batch/v1/inputs"
@@ -63,19 +60,9 @@ def client(served: str) -> tuple[APIClient, Organization]:
 
 
 @pytest.fixture
-def worker(served: str) -> Iterator[Callable[[Callable[[], bool]], None]]:
-    broker = dramatiq.get_broker()
-    broker.flush_all()
-    run_queues_declare()
-
-    def until(done: Callable[[], bool], timeout: float = 240) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not done():
-            time.sleep(0.3)
-        assert done(), "timed out"
-
-    with running_worker():
-        yield until
+def worker(served: str) -> Iterator[Callable[..., None]]:
+    with fresh_worker() as wait:
+        yield wait
 
 
 def rows(count: int, width: int = 1500) -> bytes:

@@ -43,7 +43,7 @@ def setup(settings: Settings, checkpoints: Path, monkeypatch: pytest.MonkeyPatch
 def queued(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The queues messages were sent to (no worker consumes them here)."""
     names: list[str] = []
-    for module in ("sampling", "running", "recovery"):
+    for module in ("sampling", "running"):
         monkeypatch.setattr(f"jobs.services.{module}.queue_send",
                             lambda actor, queue, *args, **kw: names.append(queue))
     return names

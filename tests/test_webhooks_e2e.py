@@ -8,19 +8,16 @@ cancelled while running. Every event of each arrives verified, in order, exactly
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import dramatiq
 import pytest
 import requests
 import standardwebhooks
 from pytest_django import Settings
 from rest_framework.test import APIClient
 
-from anex.broker import run_queues_declare
 from console.models import Organization
 from console.selectors import organization_webhook_secret
 from console.services import organization_webhook_set
@@ -29,7 +26,7 @@ from jobs.models import Job, WebhookDelivery
 from tests.engine_fixtures import checkpoint_dirs  # noqa: F401
 from tests.factories import SYSTEM, api_key_make, input_ready, organization_make
 from tests.servers import LocalServer, tls_context
-from tests.workers import running_worker
+from tests.workers import fresh_worker, until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 JOBS = "/batch/v1/jobs"
@@ -75,18 +72,8 @@ def setup(settings: Settings, checkpoint_dirs: dict[str, Path], live_server,  # 
     api = APIClient()
     api.credentials(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
     api.organization = organization  # type: ignore[attr-defined]
-    broker = dramatiq.get_broker()
-    broker.flush_all()
-    run_queues_declare()
-    with running_worker(threads=2):
+    with fresh_worker(threads=2):
         yield api, Receiver(server, secret)
-
-
-def until(done: Callable[[], bool], timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not done():
-        time.sleep(0.3)
-    assert done(), "timed out"
 
 
 def status(job_id: str) -> str:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import dramatiq
 from django.db import connection
 from dramatiq.worker import _WorkerMiddleware
+
+from anex.broker import run_queues_declare
 
 
 @contextmanager
@@ -24,3 +27,20 @@ def running_worker(threads: int = 1) -> Iterator[dramatiq.Worker]:
         broker.middleware[:] = [m for m in broker.middleware
                                 if not (isinstance(m, _WorkerMiddleware) and m.worker is worker)]
         connection.close()
+
+
+def until(done: Callable[[], bool], timeout: float = 240) -> None:
+    """Wait for done() (a worker's work landing), or fail the test."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not done():
+        time.sleep(0.3)
+    assert done(), "timed out"
+
+
+@contextmanager
+def fresh_worker(threads: int = 1) -> Iterator[Callable[..., None]]:
+    """A running worker on an emptied broker with the run queues declared; yields until."""
+    dramatiq.get_broker().flush_all()
+    run_queues_declare()
+    with running_worker(threads):
+        yield until

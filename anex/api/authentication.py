@@ -10,7 +10,7 @@ from rest_framework.authentication import BaseAuthentication
 from rest_framework.request import Request
 
 from anex.api.errors import ApiError
-from anex.api.throttling import invalid_key_record, invalid_keys_check
+from anex.api.throttling import invalid_key_count
 from console.actors import Actor
 from console.models import ApiKey, Organization
 from console.selectors import api_key_for_plaintext
@@ -73,6 +73,5 @@ def _refuse_invalid(request: Request) -> NoReturn:
     no count of its own until it is found, so invalid ones are counted per client. The limit
     is applied only after the (indexed, cheap) lookup failed: a valid key is never refused
     for what another client behind the same address sent."""
-    invalid_keys_check(request)
-    invalid_key_record(request)
+    invalid_key_count(request)
     raise exceptions.AuthenticationFailed()

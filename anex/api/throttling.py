@@ -6,8 +6,9 @@ Redis cannot be reached the request is let through: a limiter outage must not ta
 API down with it.
 
 A request with an invalid key has no key to count against, so its client (the address it
-comes from) is counted instead: past INVALID_KEYS_PER_MINUTE in a window, the client's
-requests are answered 429 before any key is looked up, until the window ends.
+comes from) is counted instead once its key was not found: past INVALID_KEYS_PER_MINUTE
+in a window, the client's invalid keys are answered 429 rather than 401 until the window
+ends.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import redis
@@ -42,6 +44,30 @@ INVALID_KEYS_DETAIL = (
 )
 
 
+@dataclass(frozen=True)
+class WindowHit:
+    count: int  # hits in this window, the one just counted included
+    seconds_left: float  # until the window ends
+
+
+def window_hit(limiter: str, subject: object) -> WindowHit | None:
+    """Count one hit for `subject` in the current fixed window of the `limiter` counters
+    (a key, a client address); None when Redis cannot be reached, and the caller lets the
+    request through."""
+    now = time.time()
+    window = int(now // WINDOW_SECONDS)
+    counter = f"anex:{limiter}:{subject}:{window}"
+    try:
+        pipe = redis_client().pipeline()
+        pipe.incr(counter)
+        pipe.expire(counter, WINDOW_SECONDS * 2)
+        count, _ = pipe.execute()
+    except redis.RedisError as exc:
+        logger.warning("%s limiter unavailable, request allowed: %s", limiter, exc)
+        return None
+    return WindowHit(int(count), (window + 1) * WINDOW_SECONDS - now)
+
+
 class ApiKeyRateThrottle(BaseThrottle):
     def __init__(self) -> None:
         self._wait: float | None = None
@@ -51,20 +77,10 @@ class ApiKeyRateThrottle(BaseThrottle):
         if not isinstance(key, ApiKey):
             return True
         limit = key.rate_limit_per_minute or settings.ANEX_DEFAULT_RATE_LIMIT_PER_MINUTE
-        now = time.time()
-        window = int(now // WINDOW_SECONDS)
-        counter = f"anex:ratelimit:{key.pk}:{window}"
-        try:
-            pipe = redis_client().pipeline()
-            pipe.incr(counter)
-            pipe.expire(counter, WINDOW_SECONDS * 2)
-            count, _ = pipe.execute()
-        except redis.RedisError as exc:
-            logger.warning("rate limiter unavailable, request allowed: %s", exc)
+        hit = window_hit("ratelimit", key.pk)
+        if hit is None or hit.count <= limit:
             return True
-        if int(count) <= limit:
-            return True
-        self._wait = (window + 1) * WINDOW_SECONDS - now
+        self._wait = hit.seconds_left
         return False
 
     def wait(self) -> float | None:
@@ -83,36 +99,11 @@ def client_address(request: HttpRequest | Request) -> str:
     return str(request.META.get("REMOTE_ADDR", ""))
 
 
-def _invalid_key_counter(request: HttpRequest | Request) -> tuple[str, float]:
-    """This client's counter for the current window, and the seconds the window has left."""
-    now = time.time()
-    window = int(now // WINDOW_SECONDS)
-    return (f"anex:invalid-keys:{client_address(request)}:{window}",
-            (window + 1) * WINDOW_SECONDS - now)
-
-
-def invalid_keys_check(request: HttpRequest | Request) -> None:
-    """429 when this client has sent INVALID_KEYS_PER_MINUTE invalid keys this window
-    (called once its key was not found)."""
-    counter, left = _invalid_key_counter(request)
-    try:
-        count = redis_client().get(counter)
-    except redis.RedisError as exc:
-        logger.warning("invalid-key limiter unavailable, request allowed: %s", exc)
-        return
-    if count is not None and int(count) >= INVALID_KEYS_PER_MINUTE:
+def invalid_key_count(request: HttpRequest | Request) -> None:
+    """Count one invalid key against this client (called once its key was not found); 429
+    once the client has sent INVALID_KEYS_PER_MINUTE of them this window."""
+    hit = window_hit("invalid-keys", client_address(request))
+    if hit is not None and hit.count > INVALID_KEYS_PER_MINUTE:
         raise ApiError(
-            429, INVALID_KEYS_DETAIL, retry_after=max(1, math.ceil(left)),
+            429, INVALID_KEYS_DETAIL, retry_after=max(1, math.ceil(hit.seconds_left)),
             extra={"error": {"code": "rate_limit_exceeded", "message": INVALID_KEYS_DETAIL}})
-
-
-def invalid_key_record(request: HttpRequest | Request) -> None:
-    """Count one invalid key against this client."""
-    counter, _left = _invalid_key_counter(request)
-    try:
-        pipe = redis_client().pipeline()
-        pipe.incr(counter)
-        pipe.expire(counter, WINDOW_SECONDS * 2)
-        pipe.execute()
-    except redis.RedisError as exc:
-        logger.warning("invalid-key limiter unavailable, not counted: %s", exc)

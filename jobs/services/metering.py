@@ -16,9 +16,13 @@ import logging
 from decimal import Decimal
 from typing import Any
 
+from django.db.models import BigIntegerField, DecimalField, QuerySet, Sum
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast
+
 from billing.pricing import Usage
 from inference.catalog import CatalogModel
-from jobs.models import Job
+from jobs.models import Chunk, Job
 from jobs.validation.chat import chat_cost
 from jobs.validation.core import InputRejected, JobContext, JobOptions, RowCost, RowRef
 from jobs.validation.embeddings import embedding_input
@@ -46,6 +50,18 @@ def usage_from_json(raw: dict[str, Any]) -> Usage:
         amount = Decimal(value) if name == "media_seconds" else value
         fields[name] = fields.get(name, 0) + amount
     return Usage(**fields)
+
+
+def usage_sum(chunks: QuerySet[Chunk]) -> Usage:
+    """These chunks' usage added up in the database (the hold is checked before every
+    chunk, so the chunks are never all read into Python)."""
+    totals = chunks.aggregate(**{
+        name: Sum(Cast(KeyTextTransform(name, "usage"),
+                       DecimalField(max_digits=30, decimal_places=9)
+                       if name == "media_seconds" else BigIntegerField()))
+        for name in [f.name for f in dataclasses.fields(Usage)] + list(_USAGE_RENAMED)})
+    return usage_from_json({name: value for name, value in totals.items()
+                            if value is not None})
 
 
 def _text_uncounted(text: str) -> int:

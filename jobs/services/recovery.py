@@ -43,9 +43,8 @@ from jobs.services.running import (
     chunks_send,
     heartbeat_stale,
     job_finalize,
-    queue_send,
 )
-from jobs.services.sampling import sample_queue
+from jobs.services.sampling import sample_send
 from jobs.services.webhooks import deliveries_sweep
 
 logger = logging.getLogger(__name__)
@@ -108,10 +107,7 @@ def _send_estimate(job: Job) -> None:
 
 
 def _send_sample(job: Job) -> None:
-    from jobs.tasks import job_sample_task
-
-    queue_send(job_sample_task, sample_queue(job.data_residency, job.model), str(job.pk),
-               delay_ms=5_000 * job.attempts)
+    sample_send(job, delay_ms=5_000 * job.attempts)
 
 
 def _send_start(job: Job) -> None:
@@ -122,11 +118,6 @@ def _send_start(job: Job) -> None:
 
 def _finalize(job: Job) -> None:
     job_finalize(job_id=job.pk)
-
-
-def _refinalize(job: Job) -> None:
-    if _job_renew(job):
-        job_finalize(job_id=job.pk)
 
 
 def _expire(job: Job) -> None:
@@ -203,7 +194,7 @@ FINALIZE_UNCLAIMED = Lease(
     "finalize, never taken", _chunks_all_settled, "leased_at", heartbeat_stale, _finalize)
 FINALIZE = Lease(
     "finalize", lambda: Job.objects.filter(status=JobStatus.FINALIZING),
-    "leased_at", heartbeat_stale, _refinalize, attempts=3,
+    "leased_at", heartbeat_stale, _job_resend(_finalize), attempts=3,
     give_up=_job_give_up("We could not assemble this job's result. " + NOTHING_BILLED))
 CHUNK = Lease(
     "chunk", lambda: Chunk.objects.filter(status=ChunkStatus.RUNNING),

@@ -15,15 +15,12 @@ import logging
 import threading
 import uuid
 from datetime import timedelta
-from decimal import Decimal
 from typing import Any
 
 import dramatiq
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import BigIntegerField, DecimalField, F, Sum
-from django.db.models.fields.json import KeyTextTransform
-from django.db.models.functions import Cast
+from django.db.models import F, Sum
 from django.utils import timezone
 
 from billing.pricing import Usage, price, usage_cost_usd
@@ -47,7 +44,7 @@ from jobs.services.lifecycle import (
     job_lease_claim,
     job_transition,
 )
-from jobs.services.metering import RowMeter, usage_from_json, usage_json
+from jobs.services.metering import RowMeter, usage_json, usage_sum
 from jobs.services.rows import (
     InputRow,
     chat_kwargs,
@@ -84,11 +81,6 @@ def queue_send(actor: dramatiq.Actor, queue: str, *args: Any,  # type: ignore[ty
                delay_ms: int | None = None) -> None:
     message = actor.message(*args).copy(queue_name=queue)
     dramatiq.get_broker().enqueue(message, delay=delay_ms)
-
-
-# A chunk's usage as stored on it (jobs.services.metering keeps the one conversion).
-_usage_dump = usage_json
-_usage_load = usage_from_json
 
 
 # --- starting ---------------------------------------------------------------------------
@@ -177,40 +169,23 @@ def chunks_send(chunks: Any) -> list[uuid.UUID]:
     return sent
 
 
-def job_spent_usd(job: Job) -> Decimal:
-    """The exact cost (before rounding and the minimum job price) of the job's finished
-    chunks, summed in the database: checked before every chunk, so it must not read them
-    all into Python."""
-    model = model_get(job.model)
-    if model is None:
-        return Decimal(0)
-    numbers = {name: Sum(Cast(KeyTextTransform(name, "usage"), BigIntegerField()))
-               for name in ("input_tokens", "media_tokens", "output_tokens",
-                            "media_row_tokens", "image_row_tokens", "video_row_tokens",
-                            "images", "clips")}
-    seconds = Sum(Cast(KeyTextTransform("media_seconds", "usage"),
-                       DecimalField(max_digits=30, decimal_places=9)))
-    totals = Chunk.objects.filter(job_id=job.pk, status=ChunkStatus.DONE).aggregate(
-        media_seconds=seconds, **numbers)
-    count = {name: int(value or 0) for name, value in totals.items() if name in numbers}
-    usage = Usage(
-        input_tokens=count["input_tokens"], media_tokens=count["media_tokens"],
-        output_tokens=count["output_tokens"],
-        media_row_tokens=count["media_row_tokens"] + count["image_row_tokens"]
-        + count["video_row_tokens"],
-        images=count["images"], clips=count["clips"],
-        media_seconds=Decimal(totals["media_seconds"] or 0))
-    return usage_cost_usd(model, usage)
+def job_usage(job: Job) -> Usage:
+    """What the job's finished chunks consumed."""
+    return usage_sum(Chunk.objects.filter(job_id=job.pk, status=ChunkStatus.DONE))
 
 
-def hold_reached(job: Job) -> bool:
-    """Whether what the job's finished chunks consumed already reaches its hold (the
-    reference: est_cost_cents is the most the job can consume). Compared exactly, before
-    rounding up and before the minimum job price, so an honest job whose rows cost what
-    the estimate counted never stops early."""
+def hold_reached(job: Job, usage: Usage | None = None) -> bool:
+    """Whether what the job's finished chunks consumed (`usage`, when already summed)
+    already reaches its hold (the reference: est_cost_cents is the most the job can
+    consume). Compared exactly, before rounding up and before the minimum job price, so an
+    honest job whose rows cost what the estimate counted never stops early."""
     if job.est_cost_cents is None:
         return False
-    return job_spent_usd(job) * 100 >= job.est_cost_cents
+    model = model_get(job.model)
+    if model is None:
+        return job.est_cost_cents <= 0
+    spent = usage_cost_usd(model, job_usage(job) if usage is None else usage)
+    return spent * 100 >= job.est_cost_cents
 
 
 # --- one chunk --------------------------------------------------------------------------
@@ -284,7 +259,7 @@ def chunk_run(*, chunk_id: uuid.UUID | str) -> ChunkStatus | None:
         status=ChunkStatus.DONE, finished_at=timezone.now(),
         success_rows=counts[RowOutcome.SUCCESS], error_rows=counts[RowOutcome.ERROR],
         truncated_rows=counts[RowOutcome.TRUNCATED],
-        format_error_rows=counts[RowOutcome.FORMAT_ERROR], usage=_usage_dump(usage))
+        format_error_rows=counts[RowOutcome.FORMAT_ERROR], usage=usage_json(usage))
     job_finalize(job_id=job.pk)
     return ChunkStatus.DONE
 
@@ -389,11 +364,6 @@ CHUNKS_FAILED = ("Some rows could not be run after repeated attempts; the rows t
                  "are delivered.")
 
 
-def _failure_reason(job: Job) -> str:
-    # A chunk is failed either by its attempts running out or, unrun, by the hold.
-    return HOLD_REACHED if hold_reached(job) else CHUNKS_FAILED
-
-
 def job_finalize(*, job_id: uuid.UUID | str) -> JobStatus | None:
     """Once every chunk has settled: merge the results, count, charge, and end the job.
     Claimed by one caller (in_progress/cancelling -> finalizing); one whose worker died is
@@ -415,9 +385,7 @@ def job_finalize(*, job_id: uuid.UUID | str) -> JobStatus | None:
     totals = Chunk.objects.filter(pk__in=[c.pk for c in done]).aggregate(
         success=Sum("success_rows"), errors=Sum("error_rows"),
         truncated=Sum("truncated_rows"), format_errors=Sum("format_error_rows"))
-    usage = Usage()
-    for chunk in done:
-        usage = usage + _usage_load(chunk.usage)
+    usage = job_usage(job)
     model = model_get(job.model)
     cost = price(model, usage).cents if model is not None else 0
     status = (JobStatus.FAILED if failed else
@@ -427,7 +395,9 @@ def job_finalize(*, job_id: uuid.UUID | str) -> JobStatus | None:
     finished = job_finish(
         job=job, status=status, cost_cents=cost,
         failure_code=FailureCode.INTERNAL_ERROR if failed else "",
-        failure_reason=_failure_reason(job) if failed else "",
+        # A chunk is failed either by its attempts running out or, unrun, by the hold.
+        failure_reason=(HOLD_REACHED if hold_reached(job, usage) else CHUNKS_FAILED)
+        if failed else "",
         outcome={
             "success_rows": totals["success"] or 0, "error_rows": totals["errors"] or 0,
             "truncated_rows": totals["truncated"] or 0,

@@ -8,7 +8,7 @@ P(Binomial(n, 0.95) < k) >= 0.95; the smallest such k is used. Distribution-free
 n >= 59; a file with fewer rows than the sample size is generated whole, and then the
 largest length is exact for every row.
 
-Samples are free to the customer, so they are bounded (docs/decisions.md, "Estimates"):
+Samples are free to the customer, so they are bounded (docs/decisions.md, "Job lifecycle"):
 an organization may use ANEX_SAMPLE_TOKENS_PER_HOUR sampled tokens an hour. A sample's
 worst case is reserved when it is queued and replaced by what it used; once the hour's
 allowance is spent, a submit that would need a sample answers 429 and a job already
