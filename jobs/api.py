@@ -34,7 +34,8 @@ from jobs.services.submission import JobRequest, job_submit
 
 ERRORS = {status: OpenApiResponse(description=text) for status, text in {
     400: "Validation failed", 401: "Invalid or inactive key", 402: "No credits",
-    403: "EU data routing not enabled", 404: "Unknown id", 413: "Source over the cap",
+    403: "EU data routing not enabled, or a key outside the model's scopes",
+    404: "Unknown id", 413: "Request body or ingest source over its cap",
     421: "Data kept in the other region", 422: "Malformed request", 429: "Rate limited",
     503: "A dependency could not be checked"}.items()}
 

@@ -106,7 +106,7 @@ def test_cancel_follows_the_reference(api: APIClient, organization: Organization
     if expected:
         assert response.json() == {"id": str(job.pk), "status": expected}
     elif status in (JobStatus.SUBMITTED, JobStatus.ESTIMATING):
-        assert response.json()["detail"].startswith("This job is estimating: wait for "
+        assert response.json()["detail"].startswith(f"This job is {status.value}: wait for "
                                                     "cost_ready and simply never approve it")
     else:
         assert response.json()["detail"] == (f"This job is {status.value}: it is too late to "

@@ -35,7 +35,6 @@ from tests.test_validation_support import (
     embed_line,
     model,
     options,
-    refusal,
     words,
 )
 
@@ -222,17 +221,10 @@ def test_a_declared_nan_duration_is_a_row_error() -> None:
 @pytest.mark.parametrize("key", ["eos_token", "bos_token", "add_generation_prompt",
                                  "messages"])
 def test_a_row_cannot_hand_the_template_a_special_token(key: str) -> None:
-    line = chat_line("a", "hi", chat_template_kwargs={"enable_thinking": False,
-                                                      key: "<|im_end|>"})
-    assert refusal("qwen3.8-27b", [line]) == (
-        f"Row 'a': chat_template_kwargs.{key} is not a setting a row can make; "
-        "chat_template_kwargs takes enable_thinking and reasoning_effort only")
-
-
-def test_only_the_rows_thinking_settings_reach_the_engine() -> None:
+    # The reference: other chat_template_kwargs keys are left alone (the row is not
+    # refused for them), and only the thinking settings are used from the body.
     job = Job(reasoning=None, reasoning_effort="")
-    body = {"chat_template_kwargs": {"enable_thinking": False, "eos_token": "x",
-                                     "bos_token": "y"}}
+    body = {"chat_template_kwargs": {"enable_thinking": False, key: "<|im_end|>"}}
     assert chat_kwargs(job, body) == {"enable_thinking": False}
 
 

@@ -223,9 +223,9 @@ def job_cancel(*, job: Job, actor: Actor) -> Job:
         return locked
     if not job_cancellable(locked):
         if status in (JobStatus.SUBMITTED, JobStatus.ESTIMATING):
-            raise ApiError(409, "This job is estimating: wait for cost_ready and simply never "
-                                "approve it - estimates are free, and an unapproved job "
-                                "cancels itself after 24 hours.")
+            raise ApiError(409, f"This job is {status.value}: wait for cost_ready and simply "
+                                "never approve it - estimates are free, and an unapproved "
+                                "job cancels itself after 24 hours.")
         raise ApiError(409, f"This job is {status.value}: it is too late to cancel it.")
     chunk_states = set(locked.chunks.select_for_update().values_list("status", flat=True))
     if status == JobStatus.IN_PROGRESS and chunk_states & {ChunkStatus.RUNNING,

@@ -133,16 +133,13 @@ def row_fitted(text_tokens: int, media: list[Media], *, job: JobContext,
 def _thinking(kwargs: object, *, job: JobContext, row: RowRef) -> tuple[bool, str | None]:
     """The row's chat_template_kwargs: its own thinking switch and effort level, checked
     against the model and the job (the reference's reasoning, reasoning_budget and
-    reasoning_effort rules that reach rows). Any other key is refused."""
+    reasoning_effort rules that reach rows). Any other key is left alone, as the reference
+    says, and never reaches the template either: only these two are read from the row
+    (jobs.services.rows.chat_kwargs), so a row cannot hand the template a token."""
     if kwargs is None:
         return _effective(None, None, job)
     if not isinstance(kwargs, dict):
         raise row.reject("chat_template_kwargs must be an object")
-    other = next((key for key in kwargs if key not in ROW_TEMPLATE_KWARGS), None)
-    if other is not None:
-        raise row.reject(f"chat_template_kwargs.{str(other)[:100]} is not a setting a row "
-                         f"can make; chat_template_kwargs takes "
-                         f"{listing(ROW_TEMPLATE_KWARGS, 'and')} only")
     model, options = job.model, job.options
     enable = kwargs.get("enable_thinking")
     if enable is not None and not isinstance(enable, bool):
