@@ -12,7 +12,7 @@ INSTALLED_CPU := $(VENV)/.installed-cpu
 # tests flush their broker, which must never be the broker of a make run beside it.
 TEST_RUN_DIR ?= .run/test
 
-.PHONY: run test test-fast manage install install-cpu lint typecheck clean
+.PHONY: run test test-fast manage install install-cpu browser lint typecheck clean
 
 # The embedded default serves the local models, so it needs the engines too.
 run: $(INSTALLED_CPU)
@@ -55,6 +55,12 @@ $(INSTALLED_CPU): $(INSTALLED) pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev,cpu]'
 	$(PY) -m pip uninstall --yes torchvision torchaudio torchcodec
 	touch $(INSTALLED_CPU)
+
+# The console's browser tests drive Debian's chromium at /usr/bin/chromium (Playwright's own
+# browser download does not work on these machines); without it they skip, saying so.
+browser:
+	test -x /usr/bin/chromium || (apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .

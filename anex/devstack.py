@@ -17,6 +17,7 @@ import json
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -298,10 +299,14 @@ def cmd_run(services: Services, stopper: Stopper) -> int:
                 "will fail estimation with 'could not prepare a price'")
     demo = json.loads(manage(env, "demoorg", "--state", str(services.root / "demo.json"),
                              capture=True))
+    engines = realtime_engines_start(env)
     children = {
+        **engines,
+        # Threads: a realtime request mostly waits on its engine, and 32 concurrent
+        # clients are served without queueing in front of the web server.
         "gunicorn": subprocess.Popen(
             [sys.executable, "-m", "gunicorn", "anex.wsgi:application",
-             "--bind", f"{host}:{port}", "--workers", "2", "--threads", "4",
+             "--bind", f"{host}:{port}", "--workers", "2", "--threads", "16",
              "--graceful-timeout", "10", "--access-logfile", "-",
              "--access-logformat", ACCESS_LOG_FORMAT],
             env=env, cwd=BASE_DIR,
@@ -324,6 +329,10 @@ def cmd_run(services: Services, stopper: Stopper) -> int:
             say(f"  demo organization {demo['organization_id']}")
             say(f"  demo API key      {demo['api_key']}")
             say("Ctrl-C stops everything.")
+            # Announced apart: the engines load for a few seconds after the web server is up.
+            if engines and realtime_engines_wait(env, stopper):
+                say(f"  realtime API {origin}/realtime/v1  (warm: "
+                    f"{', '.join(engines_models(env))})")
         while not stopper.requested:
             for name, child in children.items():
                 if child.poll() is not None:
@@ -332,8 +341,50 @@ def cmd_run(services: Services, stopper: Stopper) -> int:
             time.sleep(0.5)
         return 0
     finally:
-        say("stopping the web server, the worker and the clock")
+        say("stopping the web server, the worker, the clock and the realtime engines")
         terminate(list(children.values()))
+
+
+def realtime_engines_start(env: dict[str, str]) -> dict[str, subprocess.Popen[bytes]]:
+    """One realtime engine server (manage.py serve_realtime) per local model served in
+    realtime, each holding its engine warm on a loopback port; the web server is told where
+    (ANEX_REALTIME_ENGINES). An environment that names its engines already keeps them."""
+    if env.get("ANEX_REALTIME_ENGINES") or not env.get("ANEX_CHECKPOINTS"):
+        return {}
+    from inference.catalog import model_get
+    from inference.kinds import kind_for
+
+    engines: dict[str, subprocess.Popen[bytes]] = {}
+    addresses = []
+    for item in env["ANEX_CHECKPOINTS"].split(";"):
+        model = model_get(item.partition("=")[0].strip())
+        if (model is None or not kind_for(model).realtime
+                or model.price.realtime_input_per_mtok is None):
+            continue
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            engine_port = probe.getsockname()[1]
+        engines[f"realtime {model.id}"] = subprocess.Popen(
+            [sys.executable, str(BASE_DIR / "manage.py"), "serve_realtime", "--model",
+             model.id, "--port", str(engine_port)], env=env, cwd=BASE_DIR)
+        addresses.append(f"{model.id}=http://127.0.0.1:{engine_port}")
+    env["ANEX_REALTIME_ENGINES"] = ";".join(addresses)
+    return engines
+
+
+def engines_models(env: dict[str, str]) -> list[str]:
+    items = env.get("ANEX_REALTIME_ENGINES", "").split(";")
+    return [item.partition("=")[0] for item in items if item]
+
+
+def realtime_engines_wait(env: dict[str, str], stopper: Stopper) -> bool:
+    """Wait for every realtime engine to answer (their engines load in seconds each)."""
+    items = [item.partition("=") for item in env.get("ANEX_REALTIME_ENGINES", "").split(";")]
+    for model_id, _, url in (item for item in items if item[2]):
+        if not wait_healthy(f"{url}/health", stopper, timeout=300):
+            say(f"the realtime engine for {model_id} did not answer at {url}")
+            return False
+    return bool(items and items[0][2])
 
 
 def cmd_exec(services: Services, stopper: Stopper, command: list[str]) -> int:

@@ -63,10 +63,12 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "allauth",
     "allauth.account",
+    "allauth.mfa",
     "console.apps.ConsoleConfig",
     "billing.apps.BillingConfig",
     "jobs.apps.JobsConfig",
     "inference.apps.InferenceConfig",
+    "realtime.apps.RealtimeConfig",
 ]
 
 MIDDLEWARE = [
@@ -134,7 +136,14 @@ ACCOUNT_SIGNUP_FIELDS = ["email*", "password1*", "password2*"]
 ACCOUNT_EMAIL_VERIFICATION = env.choice(
     "ACCOUNT_EMAIL_VERIFICATION", "mandatory", ("none", "optional", "mandatory")
 )
-LOGIN_REDIRECT_URL = "/"
+LOGIN_REDIRECT_URL = "/console/"
+# The console (console/accounts.py): a sign-up creates the user's organization, with the
+# free grant; optional TOTP two-factor with recovery codes (allauth's MFA, /accounts/2fa/).
+ACCOUNT_ADAPTER = "console.accounts.ConsoleAccountAdapter"
+ACCOUNT_EMAIL_SUBJECT_PREFIX = "[anex] "
+ACCOUNT_LOGOUT_REDIRECT_URL = "/"
+MFA_SUPPORTED_TYPES = ["totp", "recovery_codes"]
+MFA_TOTP_ISSUER = "anex"
 EMAIL_BACKEND = env.string("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
 DEFAULT_FROM_EMAIL = env.string("DEFAULT_FROM_EMAIL", "anex <no-reply@anex.sh>")
 
@@ -191,6 +200,9 @@ ANEX_UPLOAD_WINDOW_SECONDS = env.integer("ANEX_UPLOAD_WINDOW_SECONDS", 3600, min
 # Upload form POSTs one client address may start per minute on the local storage backend
 # (each may carry up to the input cap; S3 throttles its own).
 ANEX_UPLOADS_PER_MINUTE = env.integer("ANEX_UPLOADS_PER_MINUTE", 120, minimum=1)
+# Preflight checks (POST /checks) one organization may start per minute: each reads and
+# tokenizes a whole input on the estimate workers, for free.
+ANEX_CHECKS_PER_MINUTE = env.integer("ANEX_CHECKS_PER_MINUTE", 10, minimum=1)
 ANEX_INPUT_RETENTION_DAYS = env.integer("ANEX_INPUT_RETENTION_DAYS", 7, minimum=1)
 # Results are kept this long after a job ends (the reference: 30 days).
 ANEX_RESULT_RETENTION_DAYS = env.integer("ANEX_RESULT_RETENTION_DAYS", 30, minimum=1)
@@ -235,6 +247,30 @@ ANEX_RETRY_AFTER_SECONDS = env.integer("ANEX_RETRY_AFTER_SECONDS", 5, minimum=1)
 # most 50,000 characters) or a job's fields with a response_format of at most 64 KiB.
 ANEX_API_MAX_BODY_BYTES = env.integer("ANEX_API_MAX_BODY_BYTES", 2 * 1024 * 1024,
                                       minimum=64 * 1024)
+
+# The realtime API (realtime/, docs/realtime.md): the warm engine server answering each
+# realtime model, "model-id=http://127.0.0.1:8101;…" (`make run` starts one per local model
+# and sets this); a model with a realtime rate but no engine here answers 501.
+ANEX_REALTIME_ENGINES: dict[str, str] = {}
+for _item in env.string("ANEX_REALTIME_ENGINES", "").split(";"):
+    if not _item.strip():
+        continue
+    _model, _sep, _url = (part.strip() for part in _item.partition("="))
+    _parts = urlsplit(_url)
+    if not _sep or not _model or _parts.scheme != "http" or not _parts.hostname \
+            or _parts.path not in ("", "/") or _parts.query:
+        raise ImproperlyConfigured(
+            f"ANEX_REALTIME_ENGINES: {_item.strip()!r} is not model-id=http://host:port.")
+    ANEX_REALTIME_ENGINES[_model] = _url.rstrip("/")
+# Realtime requests one organization may have in flight at once (past it: 429).
+ANEX_REALTIME_CONCURRENCY = env.integer("ANEX_REALTIME_CONCURRENCY", 64, minimum=1)
+# How long a realtime request waits for its engine before answering 502.
+ANEX_REALTIME_TIMEOUT_SECONDS = env.integer("ANEX_REALTIME_TIMEOUT_SECONDS", 30, minimum=1)
+# POST /realtime/v1/embeddings may carry 2,097,152 characters, which JSON can spell in up to
+# 12 bytes each (an escaped surrogate pair): its body limit is its own, so a request over
+# the character limits is answered 400 as the reference says, not 413.
+ANEX_REALTIME_EMBEDDINGS_MAX_BODY_BYTES = env.integer(
+    "ANEX_REALTIME_EMBEDDINGS_MAX_BODY_BYTES", 26 * 1024 * 1024, minimum=64 * 1024)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["anex.api.authentication.ApiKeyAuthentication"],

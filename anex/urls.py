@@ -7,7 +7,7 @@ from anex.docs import docs_page
 from anex.health import healthz
 
 batch_api = [path("batch/v1/", include("jobs.urls"))]
-realtime_api = [path("realtime/v1/", include("inference.urls"))]
+realtime_api = [path("realtime/v1/", include("realtime.urls"))]
 
 handler404 = "anex.api.errors.handler404"
 handler500 = "anex.api.errors.handler500"

@@ -1,37 +1,67 @@
-"""Rows per second on the same 2,000 chat rows, three ways, on the local tiny Qwen3:
+"""Rows per second of a whole anex job against the engine called directly, in one process,
+on one engine, measured in alternating rounds so both sides see the same machine load.
 
+    python -m anex.devstack exec -- .venv/bin/python bench/run_throughput.py \
+        [--rows 2000] [--tokens 16 128] [--embed-rows 2000] [--cost-ready-rows 100000]
+        [--rounds 3] [--run-batch]
+
+Chat (tiny-qwen3, greedy, thinking off): for each output cap,
   (a) a whole anex job after the engine is up: approve -> chunks through the broker and a
-      worker -> one engine call per chunk -> chunk results -> the merged result file;
-  (b) vLLM's LLM.chat directly, all rows in one call, on the same engine;
-  (c) vLLM's batch runner (`python -m vllm.entrypoints.openai.run_batch`, what
-      `vllm run-batch` runs), timed whole and with its start-up (a 1-row run) taken off.
+      worker running 4 threads (as `make run` starts it) -> the engine's feed -> chunk
+      results -> the merged result file, timed from approve to done;
+  (b) vLLM's LLM.chat directly, every row in one call, on the same engine;
+  and, with --run-batch, (c) vLLM's batch runner (`python -m vllm.entrypoints.openai.
+  run_batch`, what `vllm run-batch` runs), timed whole and with its start-up taken off.
+Both sides' greedy outputs are compared row by row (text and token count).
 
-    python -m anex.devstack exec -- .venv/bin/python bench/run_throughput.py [ROWS] [TOKENS]
+Embeddings (all-minilm-l6-v2, --embed-rows short rows): (a) a whole anex embedding job
+from approve to done, against (b) LLM.embed directly; and the seconds from submit to
+cost_ready (every row checked and counted) of a --cost-ready-rows embedding job.
+
+Each round runs both sides, the order swapped every round (prefix caching favours the
+second), on rows not seen before; the ratio printed is the median of the rounds' ratios.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "anex.settings")
+CHAT_MODEL, EMBED_MODEL = "tiny-qwen3", "all-minilm-l6-v2"
+WORKER_THREADS = 4  # what `make run` starts (anex.devstack)
+# How long an idle queue's consumer sleeps between polls, at most (Dramatiq's
+# worker_timeout, 1000 ms by default: up to a second per hop, approve -> start -> chunks).
+WORKER_POLL_MS = 100
 
 
-def rows_file(path: Path, rows: int, tokens: int) -> None:
+def chat_rows(path: Path, rows: int, tokens: int, tag: str) -> None:
     with path.open("w") as handle:
         for i in range(rows):
             handle.write(json.dumps({
                 "custom_id": f"row-{i}", "method": "POST", "url": "/v1/chat/completions",
-                "body": {"model": "tiny-qwen3", "max_completion_tokens": tokens,
-                         "messages": [{"role": "user", "content": f"Tell me about item {i}."}],
+                "body": {"messages": [{"role": "user",
+                                       "content": f"Tell me about item {tag}-{i}."}],
                          "chat_template_kwargs": {"enable_thinking": False}}}) + "\n")
+
+
+def embed_rows(path: Path, rows: int, tag: str) -> None:
+    with path.open("w") as handle:
+        for i in range(rows):
+            handle.write(json.dumps({
+                "custom_id": f"row-{i}", "method": "POST", "url": "/v1/embeddings",
+                "body": {"input": f"Short row {tag} number {i} about batch inference."}})
+                + "\n")
 
 
 def run_batch_seconds(checkpoint: Path, source: Path, context: int) -> float:
@@ -40,7 +70,7 @@ def run_batch_seconds(checkpoint: Path, source: Path, context: int) -> float:
         subprocess.run(
             [sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(source),
              "-o", str(Path(scratch) / "out.jsonl"), "--model", str(checkpoint),
-             "--served-model-name", "tiny-qwen3", "--max-model-len", str(context),
+             "--served-model-name", CHAT_MODEL, "--max-model-len", str(context),
              "--enforce-eager", "--enable-prefix-caching"],
             check=True, capture_output=True,
             env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -48,114 +78,284 @@ def run_batch_seconds(checkpoint: Path, source: Path, context: int) -> float:
         return time.monotonic() - started
 
 
-def main() -> None:
-    rows = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
-    tokens = int(sys.argv[2]) if len(sys.argv) > 2 else 16
-    import django
-
-    django.setup()
-    import dramatiq
-    from django.conf import settings
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
-    from django.utils.module_loading import autodiscover_modules
-
-    autodiscover_modules("tasks")  # the actors the in-process worker runs
-    from anex.broker import run_queues_declare
-    from console.actors import Actor
-    from console.services import organization_create
-    from inference.catalog import model_get
-    from inference.checkpoints import checkpoints_build
+def _feed(model_id: str) -> Any:
+    """The engine feed a model's chunks go through (None for an embedding engine)."""
     from inference.engines import engine_for
-    from inference.engines.runtime import llm_load
-    from jobs.constants import JobStatus
-    from jobs.models import Job
-    from jobs.services.inputs import input_upload_create
-    from jobs.services.lifecycle import job_approve
-    from jobs.storage import storage_for
 
-    checkpoint = checkpoints_build()["tiny-qwen3"]
-    settings.ANEX_CHECKPOINTS = {"tiny-qwen3": checkpoint}
-    settings.ANEX_WORKER_MODELS = ["tiny-qwen3"]
-    model = model_get("tiny-qwen3")
-    assert model is not None
-    source = Path(tempfile.mkdtemp()) / "rows.jsonl"
-    rows_file(source, rows, tokens)
-    one_row = source.with_name("one.jsonl")
-    rows_file(one_row, 1, tokens)
+    return getattr(engine_for(model_id), "feed", None)
 
-    engine = engine_for("tiny-qwen3")  # (a) and (b) share this engine, loaded once here
-    llm = llm_load(checkpoint, runner="generate", max_model_len=model.context_tokens).llm
 
-    # (b) LLM.chat directly: every row in one call.
+class Bench:
+    """The database, broker and worker of one process, and a funded organization."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[float, float, float, float]] = []
+        import django
+
+        django.setup()
+        from django.core.management import call_command
+
+        call_command("migrate", verbosity=0)
+        from django.utils.module_loading import autodiscover_modules
+
+        autodiscover_modules("tasks")  # the actors the in-process worker runs
+        from django.conf import settings
+
+        from billing.services import credits_grant
+        from console.actors import Actor
+        from console.services import organization_create
+        from inference.checkpoints import checkpoints_build
+
+        built = checkpoints_build()
+        settings.ANEX_CHECKPOINTS = {CHAT_MODEL: built["tiny-qwen3"],
+                                     EMBED_MODEL: built["minilm"]}
+        settings.ANEX_WORKER_MODELS = [CHAT_MODEL, EMBED_MODEL]
+        self.settings = settings
+        self.actor = Actor(system="bench")
+        self.organization = organization_create(name="bench", actor=self.actor)
+        credits_grant(organization=self.organization, cents=10**8, reason="bench",
+                      actor=self.actor)
+
+    def input_of(self, source: Path) -> Any:
+        from console.constants import Region
+        from jobs.constants import InputFormat
+        from jobs.services.inputs import input_refresh, input_upload_create
+        from jobs.storage import storage_for
+
+        item, _ = input_upload_create(organization=self.organization, actor=self.actor,
+                                      fmt=InputFormat.JSONL, residency=Region.WORLD)
+        with source.open("rb") as handle:
+            storage_for("world").write_stream(item.object_key,
+                                              iter(lambda: handle.read(1 << 20), b""),
+                                              max_bytes=10**10)
+        return input_refresh(item=item)
+
+    def job_run(self, source: Path, model: str, rows: int, tokens: int | None) -> float:
+        """Approve -> done of a cost_ready job on this input; seconds. `self.spans` keeps
+        where that time went: (approve -> first engine step, engine busy, engine idle
+        between its first and last step, last step -> done)."""
+        from inference.catalog import model_get
+        from inference.kinds import kind_for
+        from jobs.constants import JobStatus
+        from jobs.models import Job
+        from jobs.services.lifecycle import job_approve
+
+        catalog = model_get(model)
+        assert catalog is not None
+        job = Job.objects.create(organization=self.organization, input=self.input_of(source),
+                                 model=model, task_type=kind_for(catalog).task,
+                                 status=JobStatus.COST_READY,
+                                 est_cost_cents=10**7, row_count=rows,
+                                 max_output_tokens=tokens,
+                                 reasoning=False if tokens is not None else None)
+        feed = _feed(model)
+        started = time.monotonic()
+        job_approve(job=job, actor=self.actor)
+        while Job.objects.get(pk=job.pk).status not in (JobStatus.DONE, JobStatus.FAILED):
+            time.sleep(0.02)
+        ended = time.monotonic()
+        seconds = ended - started
+        if feed is not None:
+            periods = [(a, b) for a, b in feed.busy_periods if a >= started and b <= ended]
+            if periods:
+                busy = sum(b - a for a, b in periods)
+                first, last = periods[0][0], periods[-1][1]
+                self.spans.append((first - started, busy, last - first - busy, ended - last))
+        self.last_job = Job.objects.get(pk=job.pk)
+        assert self.last_job.status == JobStatus.DONE, self.last_job.failure_reason
+        return seconds
+
+    def result_rows(self) -> dict[str, dict[str, Any]]:
+        import orjson
+
+        from jobs.results import result_key
+        from jobs.storage import storage_for
+
+        out = {}
+        with storage_for("world").open(result_key(self.last_job)) as handle:
+            for line in handle:
+                row = orjson.loads(line)
+                out[row["custom_id"]] = row["response"]["body"]
+        return out
+
+    def submit_to_cost_ready(self, source: Path, rows: int) -> float:
+        """submit -> cost_ready of an embedding job (every row checked and counted)."""
+        from console.constants import Region
+        from jobs.constants import JobStatus
+        from jobs.models import Job
+        from jobs.services.submission import JobRequest, job_submit
+
+        item = self.input_of(source)
+        started = time.monotonic()
+        job = job_submit(organization=self.organization, actor=self.actor,
+                         request=JobRequest(model=EMBED_MODEL, input_id=str(item.pk)),
+                         host_region=Region.WORLD)
+        while Job.objects.get(pk=job.pk).status not in (JobStatus.COST_READY,
+                                                        JobStatus.FAILED):
+            time.sleep(0.02)
+        seconds = time.monotonic() - started
+        finished = Job.objects.get(pk=job.pk)
+        assert finished.row_count == rows, finished.failure_reason
+        return seconds
+
+
+def chat_bench(bench: Bench, rows: int, tokens: int, rounds: int,
+               run_batch: bool) -> dict[str, Any]:
     from vllm import SamplingParams
 
-    conversations = [json.loads(line)["body"]["messages"] for line in source.open()]
-    # The engine's own settings (greedy, same cap), so both sides generate the same tokens.
+    from inference.catalog import model_get
+    from inference.engines import engine_for
+
+    model = model_get(CHAT_MODEL)
+    assert model is not None
+    llm = engine_for(CHAT_MODEL).llm  # type: ignore[union-attr]
     params = SamplingParams(max_tokens=tokens, temperature=0.0)
-    llm.chat(conversations[:8], params, use_tqdm=False,
-             chat_template_kwargs={"enable_thinking": False})  # warm-up
-    started = time.monotonic()
-    outputs = llm.chat(conversations, params, use_tqdm=False,
-                       chat_template_kwargs={"enable_thinking": False})
-    direct = time.monotonic() - started
-    direct_tokens = sum(len(output.outputs[0].token_ids) for output in outputs)
+    kwargs = {"enable_thinking": False}
+    # Warm-up at full size: the first batch of a size pays for allocations both sides reuse.
+    llm.chat([[{"role": "user", "content": f"warm up {i}"}] for i in range(rows)], params,
+             use_tqdm=False, chat_template_kwargs=kwargs)
+    ratios, anex_best, direct_best = [], float("inf"), float("inf")
+    mismatched = generated = 0
+    bench.spans = []
+    folder = Path(tempfile.mkdtemp())
+    for number in range(rounds):
+        source = folder / f"chat-{tokens}-{number}.jsonl"
+        chat_rows(source, rows, tokens, tag=f"{tokens}.{number}")
+        conversations = [json.loads(line)["body"]["messages"] for line in source.open()]
 
-    # (a) a whole anex job, engine already up.
-    actor = Actor(system="bench")
-    organization = organization_create(name="bench", actor=actor)
-    from billing.services import credits_grant
+        def direct(conversations: list[Any] = conversations) -> tuple[float, Any]:
+            started = time.monotonic()
+            outputs = llm.chat(conversations, params, use_tqdm=False,
+                               chat_template_kwargs=kwargs)
+            return time.monotonic() - started, outputs
 
-    credits_grant(organization=organization, cents=10**7, reason="bench", actor=actor)
-    from console.constants import Region
-    from jobs.constants import InputFormat
+        if number % 2 == 0:
+            direct_seconds, outputs = direct()
+            anex_seconds = bench.job_run(source, CHAT_MODEL, rows, tokens)
+        else:
+            anex_seconds = bench.job_run(source, CHAT_MODEL, rows, tokens)
+            direct_seconds, outputs = direct()
+        ratios.append(direct_seconds / anex_seconds)
+        anex_best, direct_best = min(anex_best, anex_seconds), min(direct_best, direct_seconds)
+        served = bench.result_rows()
+        for i, output in enumerate(outputs):
+            body = served[f"row-{i}"]
+            completion = output.outputs[0]
+            generated += len(completion.token_ids)
+            if body["choices"][0]["message"]["content"] != completion.text or \
+                    body["usage"]["completion_tokens"] != len(completion.token_ids):
+                mismatched += 1
+    result: dict[str, Any] = {"anex": rows / anex_best, "direct": rows / direct_best,
+              "ratio": statistics.median(ratios), "ratios": ratios, "mismatched": mismatched,
+              "generated": generated,
+              "spans": [statistics.median(span) for span in zip(*bench.spans, strict=True)]}
+    if run_batch:
+        one = folder / "one.jsonl"
+        chat_rows(one, 1, tokens, tag="one")
+        checkpoint = bench.settings.ANEX_CHECKPOINTS[CHAT_MODEL]
+        whole = run_batch_seconds(checkpoint, folder / f"chat-{tokens}-0.jsonl",
+                                  model.context_tokens)
+        startup = run_batch_seconds(checkpoint, one, model.context_tokens)
+        result.update(run_batch=rows / whole, run_batch_work=rows / max(whole - startup, 1e-3))
+    return result
 
-    item, _ = input_upload_create(organization=organization, actor=actor,
-                                  fmt=InputFormat.JSONL, residency=Region.WORLD)
-    storage_for("world").write_stream(item.object_key, iter([source.read_bytes()]),
-                                      max_bytes=10**9)
-    from jobs.services.inputs import input_refresh
 
-    item = input_refresh(item=item)
-    job = Job.objects.create(organization=organization, input=item, model="tiny-qwen3",
-                             status=JobStatus.COST_READY, est_cost_cents=10**6, row_count=rows,
-                             max_output_tokens=tokens, reasoning=False)
+def cost_ready_seconds(bench: Bench, rows: int) -> float:
+    """submit -> cost_ready of a `rows`-row embedding job (no engine: every row checked and
+    counted with the checkpoint's tokenizer)."""
+    source = Path(tempfile.mkdtemp()) / "cost-ready.jsonl"
+    embed_rows(source, rows, tag="estimate")
+    return bench.submit_to_cost_ready(source, rows)
+
+
+def embed_bench(bench: Bench, rows: int, rounds: int) -> dict[str, Any]:
+    from vllm.pooling_params import PoolingParams
+
+    from inference.engines import engine_for
+
+    engine = engine_for(EMBED_MODEL)
+    llm = engine.llm  # type: ignore[union-attr]
+    params = PoolingParams(use_activation=False)  # as the engine asks (normalised after)
+    llm.embed([f"warm up {i}" for i in range(min(rows, 10_000))], pooling_params=params,
+              use_tqdm=False)
+    ratios, anex_best, direct_best = [], float("inf"), float("inf")
+    folder = Path(tempfile.mkdtemp())
+    for number in range(rounds):
+        source = folder / f"embed-{number}.jsonl"
+        embed_rows(source, rows, tag=str(number))
+        texts = [json.loads(line)["body"]["input"] for line in source.open()]
+
+        def direct(texts: list[str] = texts) -> float:
+            started = time.monotonic()
+            llm.embed(texts, pooling_params=params, use_tqdm=False)
+            return time.monotonic() - started
+
+        if number % 2 == 0:
+            direct_seconds = direct()
+            anex_seconds = bench.job_run(source, EMBED_MODEL, rows, None)
+        else:
+            anex_seconds = bench.job_run(source, EMBED_MODEL, rows, None)
+            direct_seconds = direct()
+        ratios.append(direct_seconds / anex_seconds)
+        anex_best, direct_best = min(anex_best, anex_seconds), min(direct_best, direct_seconds)
+    return {"anex": rows / anex_best, "direct": rows / direct_best,
+            "ratio": statistics.median(ratios), "ratios": ratios}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=2000)
+    parser.add_argument("--tokens", type=int, nargs="*", default=[16, 128])
+    parser.add_argument("--embed-rows", type=int, default=2_000, help="0: skip")
+    parser.add_argument("--cost-ready-rows", type=int, default=100_000, help="0: skip")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--run-batch", action="store_true")
+    args = parser.parse_args()
+    bench = Bench()
+    import dramatiq
+
+    from anex.broker import run_queues_declare
+
     broker = dramatiq.get_broker()
     broker.flush_all()
     run_queues_declare()
-    worker = dramatiq.Worker(broker, worker_threads=1)  # the only worker of this process
+    worker = dramatiq.Worker(broker, worker_threads=WORKER_THREADS,
+                             worker_timeout=WORKER_POLL_MS)
     worker.start()
-    del engine
-    started = time.monotonic()
-    job_approve(job=job, actor=actor)
-    while Job.objects.get(pk=job.pk).status not in (JobStatus.DONE, JobStatus.FAILED):
-        time.sleep(0.05)
-    whole_job = time.monotonic() - started
-    worker.stop()
-    finished = Job.objects.get(pk=job.pk)
-    assert finished.status == JobStatus.DONE
-    from jobs.models import Chunk
-
-    anex_tokens = sum(chunk.usage.get("output_tokens", 0) for chunk in Chunk.objects.filter(
-        job=finished))
-
-    # (c) the batch runner, in its own process (it loads the model itself).
-    batch_total = run_batch_seconds(checkpoint, source, model.context_tokens)
-    batch_startup = run_batch_seconds(checkpoint, one_row, model.context_tokens)
-    batch_work = max(batch_total - batch_startup, 1e-3)
-
-    print(f"{rows} rows x {tokens} output tokens, tiny-qwen3 on {os.cpu_count()} CPU cores, "
-          f"chunks of {settings.ANEX_CHUNK_ROWS}")
-    print(f"(a) anex job            {rows / whole_job:9.1f} rows/s  ({whole_job:.1f} s, "
-          f"{anex_tokens} tokens generated)")
-    print(f"(b) LLM.chat direct     {rows / direct:9.1f} rows/s  ({direct:.1f} s, "
-          f"{direct_tokens} tokens generated)")
-    print(f"(c) run-batch, whole    {rows / batch_total:9.1f} rows/s  ({batch_total:.1f} s)")
-    print(f"(c) run-batch, no start {rows / batch_work:9.1f} rows/s  ({batch_work:.1f} s)")
-    print(f"anex / direct = {direct / whole_job:.2f}   anex / run-batch (whole) = "
-          f"{batch_total / whole_job:.2f}   anex / run-batch (no start-up) = "
-          f"{batch_work / whole_job:.2f}")
+    print(f"{time.strftime('%Y-%m-%d')}  {os.cpu_count()} CPU cores, load "
+          f"{os.getloadavg()[0]:.1f}, chunks of {bench.settings.ANEX_CHUNK_ROWS} rows, worker "
+          f"threads {WORKER_THREADS} polling every {WORKER_POLL_MS} ms, median of "
+          f"{args.rounds} alternating rounds", flush=True)
+    try:
+        if args.cost_ready_rows:
+            seconds = cost_ready_seconds(bench, args.cost_ready_rows)
+            print(f"embed {args.cost_ready_rows} rows: submit -> cost_ready {seconds:.2f} s",
+                  flush=True)
+        for tokens in args.tokens:
+            r = chat_bench(bench, args.rows, tokens, args.rounds, args.run_batch)
+            print(
+                f"chat  {args.rows} rows x {tokens:>3} tokens: anex {r['anex']:7.1f} rows/s  "
+                f"LLM.chat {r['direct']:7.1f} rows/s  anex/direct = {r['ratio']:.2f} "
+                f"(rounds {', '.join(f'{x:.2f}' for x in r['ratios'])}); greedy outputs "
+                f"differing: {r['mismatched']} of {args.rows * args.rounds} rows "
+                f"({r['generated']} tokens)", flush=True)
+            if r["spans"]:
+                start, busy, idle, finish = r["spans"]
+                print(f"      anex job, median: approve -> first engine step {start:.2f} s, "
+                      f"engine busy {busy:.2f} s, idle between steps {idle:.2f} s, last "
+                      f"step -> done {finish:.2f} s", flush=True)
+            if "run_batch" in r:
+                print(f"      vLLM run-batch {r['run_batch']:.1f} rows/s whole, "
+                      f"{r['run_batch_work']:.1f} rows/s without its start-up", flush=True)
+        if args.embed_rows:
+            r = embed_bench(bench, args.embed_rows, args.rounds)
+            print(
+                f"embed {args.embed_rows} rows: anex {r['anex']:7.1f} rows/s  LLM.embed "
+                f"{r['direct']:7.1f} rows/s  anex/direct = {r['ratio']:.2f} (rounds "
+                f"{', '.join(f'{x:.2f}' for x in r['ratios'])})", flush=True)
+    finally:
+        worker.stop()
+    print(f"load at the end {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

@@ -1,19 +1,22 @@
-"""Benchmark: the row checker against a naive read, on chat JSONL files of 10k, 100k and 1M
+"""Benchmark: the row checker against parsing alone, on chat JSONL files of 10k, 100k and 1M
 rows.
 
-    .venv/bin/python bench/validate_rows.py [--sizes 10000 100000 1000000]
+    ANEX_RUN_DIR=... .venv/bin/python bench/validate_rows.py [--sizes 10000 100000 1000000]
 
 Each run happens in a fresh subprocess, so its peak RSS (the child's own ru_maxrss) belongs
-to that run alone. The naive baseline json.loads every line into a list and checks nothing;
-the checker runs every rule and keeps only running sums and 8 bytes per custom_id. The token
-counter is a whitespace split on both sides' behalf (the checker calls it), so the figures
-measure the checking, not a tokenizer.
+to that run alone. Four runs per size: orjson parsing every line and checking nothing; the
+checker (validate_jsonl, every rule, running sums and 8 bytes per custom_id kept) with a
+whitespace-split token counter, which measures the checking; the floor of counting for
+real, orjson plus the tokenizer's encode_batch_fast over every message's text; and the
+checker with the checkpoint's real tokenizer and chat template, each row counted exactly as
+the prompt the engine will render.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import resource
 import subprocess
@@ -24,6 +27,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "qwen3.8-27b"
+# The real tokenizer and chat template: the local tiny Qwen3 (its template is Qwen3's
+# shape; `manage.py build_checkpoints` builds it under $ANEX_RUN_DIR/checkpoints).
+CHECKPOINT = Path(os.environ.get("ANEX_RUN_DIR") or ROOT / ".run").resolve() \
+    / "checkpoints" / "tiny-qwen3"
 WORDS = ("the quick brown fox jumps over a lazy dog while batch inference counts every "
          "token twice and prices it once").split()
 
@@ -47,20 +54,36 @@ def rows_write(path: Path, rows: int) -> None:
 def child(side: str, path: Path) -> None:
     """One measured run; prints its result as one JSON line."""
     sys.path.insert(0, str(ROOT))
+    import orjson
+
     from inference.catalog import model_get
+    from inference.tokens import checkpoint_tokens
     from jobs.validation import JobOptions, validate_jsonl
 
     model = model_get(MODEL)
     assert model is not None
+    tokens = checkpoint_tokens(CHECKPOINT) if side in ("real", "floor") else None
     started = time.perf_counter()
-    if side == "validator":
-        with path.open("rb") as stream:
+    rows = 0
+    with path.open("rb") as stream:
+        if side in ("whitespace", "real"):
+            counter = tokens if tokens is not None else (lambda text: len(text.split()))
             rows = validate_jsonl(stream, JobOptions(model=model),
-                                  count_tokens=lambda text: len(text.split())).rows
-    else:
-        with path.open("rb") as stream:
-            loaded = [json.loads(line) for line in stream]
-        rows = len(loaded)
+                                  count_tokens=counter).rows  # type: ignore[arg-type]
+        elif side == "orjson":
+            for line in stream:
+                orjson.loads(line)
+                rows += 1
+        else:  # floor: parse, and count every message's text in batches
+            assert tokens is not None
+            texts: list[str] = []
+            for line in stream:
+                texts.extend(m["content"] for m in orjson.loads(line)["body"]["messages"])
+                rows += 1
+                if len(texts) >= 2048:
+                    tokens.count_batch(texts)
+                    texts = []
+            tokens.count_batch(texts)
     seconds = time.perf_counter() - started
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     print(json.dumps({"rows": rows, "seconds": seconds, "peak_kib": peak_kib}))
@@ -83,26 +106,36 @@ def main() -> None:
     if args.child:
         child(args.child[0], Path(args.child[1]))
         return
-    print(f"model {MODEL}; chat JSONL; token counter: whitespace split; Python "
-          f"{sys.version.split()[0]}")
-    header = (f"{'rows':>9} {'file MB':>8} | {'validator rows/s':>16} {'peak RSS MB':>11} | "
-              f"{'naive rows/s':>12} {'peak RSS MB':>11} | {'time x':>6} {'RSS x':>6}")
+    print(f"{time.strftime('%Y-%m-%d')}  model {MODEL}; chat JSONL; Python "
+          f"{sys.version.split()[0]}; {os.cpu_count()} CPU cores, load "
+          f"{os.getloadavg()[0]:.1f}; rows/s (peak RSS MB)")
+    header = (f"{'rows':>9} | {'orjson':>15} {'checker, ws':>17} {'ratio':>5} | "
+              f"{'floor':>15} {'checker, real':>17} {'ratio':>5}")
     print(header)
     print("-" * len(header))
     with tempfile.TemporaryDirectory() as folder:
         for size in args.sizes:
             path = Path(folder) / f"rows-{size}.jsonl"
             rows_write(path, size)
-            checked = measure("validator", path)
-            naive = measure("baseline", path)
-            assert checked["rows"] == naive["rows"] == size
-            print(f"{size:>9,} {path.stat().st_size / 1e6:>8.1f} | "
-                  f"{size / checked['seconds']:>16,.0f} {checked['peak_kib'] / 1024:>11.1f} | "
-                  f"{size / naive['seconds']:>12,.0f} {naive['peak_kib'] / 1024:>11.1f} | "
-                  f"{checked['seconds'] / naive['seconds']:>6.2f} "
-                  f"{checked['peak_kib'] / naive['peak_kib']:>6.2f}")
+            runs = {side: measure(side, path)
+                    for side in ("orjson", "whitespace", "floor", "real")}
+            assert all(run["rows"] == size for run in runs.values())
+
+            def cell(side: str, runs: dict[str, dict[str, float]] = runs,
+                     size: int = size) -> str:
+                run = runs[side]
+                return f"{size / run['seconds']:>9,.0f} ({run['peak_kib'] / 1024:>4.0f})"
+
+            print(f"{size:>9,} | {cell('orjson'):>15} {cell('whitespace'):>17} "
+                  f"{runs['orjson']['seconds'] / runs['whitespace']['seconds']:>5.2f} | "
+                  f"{cell('floor'):>15} {cell('real'):>17} "
+                  f"{runs['floor']['seconds'] / runs['real']['seconds']:>5.2f}")
             path.unlink()
-    print("time x: validator seconds / naive seconds; RSS x: validator peak / naive peak")
+    print("orjson: orjson.loads of every line, nothing checked; floor: orjson plus "
+          "encode_batch_fast over every message's text; checker: validate_jsonl, every "
+          "rule, with a whitespace counter (ws) or the checkpoint's tokenizer and chat "
+          "template (real: each row counted as the prompt the engine renders); ratio: "
+          "rows/s of the checker over its baseline")
 
 
 if __name__ == "__main__":

@@ -100,7 +100,8 @@ def clip_seconds_billed(model: CatalogModel, modality: str, *,
     return Decimal(ceiling)
 
 
-def _usd(amount: Decimal | None) -> str:
+def usd(amount: Decimal | None) -> str:
+    """A price as the docs write it: "$0.05", "$1.20"; "-" when there is none."""
     if amount is None:
         return "-"
     text = format(amount.normalize(), "f")
@@ -108,13 +109,15 @@ def _usd(amount: Decimal | None) -> str:
     return f"${whole}.{fraction.ljust(2, '0')}"
 
 
-def _per_million(amount: Decimal) -> str:
-    return _usd(amount * MILLION) if amount else "-"
+def usd_per_million(amount: Decimal) -> str:
+    """A per-item price as the docs write it, per million items."""
+    return usd(amount * MILLION) if amount else "-"
 
 
 def pricing_markdown() -> str:
     """The /docs/pricing page, generated from the catalog so it can never drift from it."""
     from inference.catalog import catalog
+    from inference.kinds import kind_for, kinds_all
 
     models = list(catalog().values())
     lines = [
@@ -128,69 +131,16 @@ def pricing_markdown() -> str:
         "(`est_cost_cents`); the final charge settles against that hold and never exceeds it,",
         "and the rest is released - on done, failed and cancelled jobs alike.",
         "",
-        "## Chat models",
-        "",
-        "| Model | Input (per 1M tokens) | Media input (per 1M tokens) | Output (per 1M tokens) "
-        "| Per audio/video clip | Audio/video surcharge (per minute) | Minimum job |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for m in models:
-        if m.task != "chat":
-            continue
-        p = m.price
-        lines.append(
-            f"| `{m.id}` | {_usd(p.input_per_mtok)} | {_usd(p.media_input_rate)} "
-            f"| {_usd(p.output_per_mtok)} | {_usd(p.per_clip)} | {_usd(p.per_media_minute)} "
-            f"| {_usd(p.minimum_job)} |"
-        )
-    lines += [
-        "",
-        "Images, audio and video become input tokens at the media input rate (a clip costs",
-        "tokens per frame x (seconds x rate, rounded up, + 1)); each clip adds the flat",
-        "per-clip charge and the per-minute surcharge on its duration.",
-        "",
-        "## Embedding models",
-        "",
-        "A row is billed by its input tokens at one of two rates: text-only, or with media",
-        "when it carries any image or video (its text included). Each image and video clip",
-        "also adds a flat charge for the fetch and decode work it forces.",
-        "",
-        "| Model | Text-only rows (per 1M tokens) | Rows with media (per 1M tokens) "
-        "| Per 1M images | Per 1M video clips | Realtime (per 1M tokens) | Minimum job |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for m in models:
-        if m.task != "embed":
-            continue
-        p = m.price
-        media = "image" in m.modalities or "video" in m.modalities
-        lines.append(
-            f"| `{m.id}` | {_usd(p.input_per_mtok)} "
-            f"| {_usd(p.media_row_rate) if media else '-'} | {_per_million(p.per_image)} "
-            f"| {_per_million(p.per_clip)} | {_usd(p.realtime_input_per_mtok)} "
-            f"| {_usd(p.minimum_job) if p.minimum_job else '-'} |"
-        )
-    lines += [
-        "",
-        "## Decision model",
-        "",
-        "Input tokens only: the text is counted once per question, plus each question's own",
-        "words. `est_output_tok` is always 0.",
-        "",
-        "| Model | Input (per 1M tokens) | Realtime (per 1M tokens) | Minimum job |",
-        "| --- | --- | --- | --- |",
-    ]
-    for m in models:
-        if m.task == "decide":
-            p = m.price
-            lines.append(f"| `{m.id}` | {_usd(p.input_per_mtok)} "
-                         f"| {_usd(p.realtime_input_per_mtok)} | {_usd(p.minimum_job)} |")
+    # Each kind of model prices its own rows: one section each, in the kinds' order.
+    for kind in kinds_all():
+        lines += kind.pricing_section([m for m in models if kind_for(m) is kind])
+        lines.append("")
     ceilings = [
         f"{_duration(m.media.audio_max_seconds)} of audio on `{m.id}`"
         for m in models if m.media.audio_max_seconds
     ]
     lines += [
-        "",
         "## Audio and video durations",
         "",
         "Declare `duration_seconds` on a clip and it is checked and billed at exactly that",

@@ -307,3 +307,20 @@ def hold_settle(*, job: Job, cost_cents: int) -> int:
         _entry_write(organization=organization, kind=EntryKind.RELEASE, job=job, api_key=key,
                      held_delta=-(held - charge), idempotency_key=f"job:{job.pk}:release")
     return charge
+
+
+def realtime_charge_write(*, organization: Organization, api_key: ApiKey, cents: int,
+                          through_cents: int, reason: str) -> LedgerEntry:
+    """Charge `cents` of a key's realtime usage, inside the caller's transaction with the
+    organization already locked (realtime.services.realtime_charges_settle). Realtime
+    usage is metered exactly and charged in whole credits as its running total passes
+    them; `through_cents` is that total after this charge, unique per key, so a repeat
+    writes nothing twice."""
+    if cents <= 0:
+        raise ValueError("a charge is a positive number of credits")
+    entry, _ = _entry_write(
+        organization=organization, kind=EntryKind.CHARGE, balance_delta=-cents,
+        api_key=api_key, idempotency_key=f"realtime:{api_key.pk}:through:{through_cents}",
+        reason=reason[:500],
+    )
+    return entry

@@ -56,7 +56,7 @@ class OrganizationForm(ModelForm):
 
     class Meta:
         model = Organization
-        fields = ["name", "webhook_url", "auto_approve", "eu_data_routing"]
+        fields = ["name", "webhook_url", "auto_approve", "eu_data_routing", "progress_webhooks"]
 
     def clean_webhook_url(self) -> str:
         # The same check organization_webhook_set makes, shown on the field.
@@ -72,8 +72,8 @@ class OrganizationAdmin(admin.ModelAdmin):
     list_display = ["name", "id", "eu_data_routing", "auto_approve", "created_at"]
     list_filter = ["eu_data_routing", "auto_approve"]
     search_fields = ["name", "id"]
-    fields = ["id", "name", "webhook_url", "auto_approve", "eu_data_routing", "created_at",
-              "credits"]
+    fields = ["id", "name", "webhook_url", "auto_approve", "progress_webhooks", "eu_data_routing",
+              "created_at", "credits"]
     readonly_fields = ["id", "created_at", "credits"]
     inlines = [MembershipInline, ApiKeyInline]
     actions = ["grant_credits"]
@@ -93,6 +93,7 @@ class OrganizationAdmin(admin.ModelAdmin):
                 name=form.cleaned_data["name"], actor=actor,
                 eu_data_routing=form.cleaned_data["eu_data_routing"],
                 auto_approve=form.cleaned_data["auto_approve"],
+                progress_webhooks=form.cleaned_data["progress_webhooks"],
             )
             if form.cleaned_data["webhook_url"]:
                 organization_webhook_set(organization=created, actor=actor,

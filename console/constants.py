@@ -20,6 +20,7 @@ class AuditAction(models.TextChoices):
     WEBHOOK_SECRET_ROTATED = "webhook.secret_rotated"  # noqa: S105 - an action name
     WEBHOOK_TEST_SENT = "webhook.test_sent"
     MEMBER_ADDED = "member.added"
+    MEMBER_INVITED = "member.invited"
     API_KEY_CREATED = "api_key.created"
     API_KEY_REVOKED = "api_key.revoked"
     CREDITS_GRANTED = "credits.granted"

@@ -31,6 +31,10 @@ class Organization(models.Model):
     eu_data_routing = models.BooleanField(
         default=False, help_text="Keep this organization's data in the EEA (turned on by staff)."
     )
+    progress_webhooks = models.BooleanField(
+        default=False,
+        help_text="Also send a `progress` webhook at 25, 50 and 75 % of a job's rows.",
+    )
 
     class Meta:
         ordering = ["name"]
@@ -135,3 +139,36 @@ class AuditEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.action} by {self.actor_label}"
+
+
+class Invitation(models.Model):
+    """An owner's invitation of an email address into the organization. Only a digest of
+    its token is stored; the link in the mail carries the token, and whoever accepts it
+    must be signed in with that address verified."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(
+        Organization, on_delete=models.CASCADE, related_name="invitations"
+    )
+    email = models.EmailField()
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    token_hash = models.CharField(max_length=64, unique=True)
+    invited_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    accepted_at = models.DateTimeField(null=True, blank=True)
+    accepted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="+",
+    )
+
+    objects = OrgScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.email} to {self.organization} ({self.role})"

@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
+from datetime import date, timedelta
 
+from django.conf import settings
 from django.contrib.auth.models import User
+from django.db.models import QuerySet, Sum
+from django.db.models.functions import TruncDate
 from django.utils import timezone
 
+from anex.api.errors import ApiError
 from anex.crypto import secret_decrypt
 from anex.tenancy import scoped_get
+from billing.constants import EntryKind
+from billing.models import LedgerEntry
 from console.keys import key_parse, secret_matches
-from console.models import ApiKey, Membership, Organization
+from console.models import ApiKey, AuditEvent, Invitation, Membership, Organization
+from inference.catalog import CatalogModel, catalog, local_models
+from jobs.constants import JobStatus
+from jobs.models import Job, WebhookDelivery
+from jobs.selectors import job_progress
 
 
 def api_key_for_plaintext(raw: str) -> ApiKey | None:
@@ -18,8 +30,13 @@ def api_key_for_plaintext(raw: str) -> ApiKey | None:
     parts = key_parse(raw)
     if parts is None:
         return None
-    key = ApiKey.objects.select_related("organization").filter(prefix=parts.prefix).first()
-    if key is None or not secret_matches(parts.secret, key.secret_hash):
+    try:
+        # get(), not first(): the prefix is unique, and every API request runs this query,
+        # so it carries no ORDER BY to compile or plan.
+        key = ApiKey.objects.select_related("organization").get(prefix=parts.prefix)
+    except ApiKey.DoesNotExist:
+        return None
+    if not secret_matches(parts.secret, key.secret_hash):
         return None
     if key.revoked_at is not None:
         return None
@@ -32,6 +49,9 @@ def api_key_get(*, organization: Organization, id: uuid.UUID | str) -> ApiKey:
     return scoped_get(ApiKey.objects.all(), organization=organization, id=id, noun="API key")
 
 
+def api_key_list(*, organization: Organization) -> QuerySet[ApiKey]:
+    return ApiKey.objects.for_org(organization).select_related("created_by")
+
 
 def organization_webhook_secret(*, organization: Organization) -> str | None:
     """The endpoint's signing secret, for its owners to see (the Settings page)."""
@@ -40,7 +60,110 @@ def organization_webhook_secret(*, organization: Organization) -> str | None:
     return secret_decrypt(encrypted) if encrypted else None
 
 
-def membership_current(*, user: User) -> Membership | None:
-    """The membership the console acts in: the user's first organization."""
+def membership_current(*, user: User, organization_id: str | None = None) -> Membership | None:
+    """The membership the console acts in: the organization the user picked (kept in
+    their session), else their first one. An id that is not one of theirs is ignored."""
+    memberships = Membership.objects.filter(user=user).select_related("organization")
+    chosen = None
+    if organization_id:
+        try:
+            chosen = memberships.filter(organization_id=uuid.UUID(organization_id)).first()
+        except ValueError:
+            chosen = None
+    return chosen or memberships.order_by("created_at").first()
+
+
+def membership_list(*, user: User) -> QuerySet[Membership]:
+    """Every organization the user belongs to (the organization switcher)."""
     return (Membership.objects.filter(user=user).select_related("organization")
-            .order_by("created_at").first())
+            .order_by("organization__name"))
+
+
+def organization_member_list(*, organization: Organization) -> QuerySet[Membership]:
+    return Membership.objects.for_org(organization).select_related("user").order_by("created_at")
+
+
+def invitation_open_list(*, organization: Organization) -> QuerySet[Invitation]:
+    return Invitation.objects.for_org(organization).filter(
+        accepted_at__isnull=True, expires_at__gt=timezone.now())
+
+
+def audit_event_list(*, organization: Organization) -> QuerySet[AuditEvent]:
+    return AuditEvent.objects.for_org(organization)
+
+
+def webhook_delivery_list(*, organization: Organization) -> QuerySet[WebhookDelivery]:
+    """The organization's job and test events (ingest callbacks go elsewhere)."""
+    return WebhookDelivery.objects.for_org(organization).filter(input__isnull=True)
+
+
+def webhook_delivery_get(*, organization: Organization, id: uuid.UUID | str) -> WebhookDelivery:
+    delivery = scoped_get(WebhookDelivery.objects.all(), organization=organization, id=id,
+                          noun="Delivery")
+    if delivery.input_id is not None:
+        raise ApiError.not_found("Delivery")
+    return delivery
+
+
+def job_list(*, organization: Organization, status: str = "",
+             model: str = "") -> QuerySet[Job]:
+    """Every job of the organization, newest first, optionally one status or model."""
+    jobs = Job.objects.for_org(organization)
+    if status:
+        jobs = jobs.filter(status=status)
+    if model:
+        jobs = jobs.filter(model=model)
+    return jobs.order_by("-created_at", "-id")
+
+
+def job_models_used(*, organization: Organization) -> list[str]:
+    return sorted(set(Job.objects.for_org(organization).values_list("model", flat=True)))
+
+
+@dataclass(frozen=True)
+class JobProgress:
+    """A job's progress as the console shows it (the API's GET /jobs/{id}/progress)."""
+
+    rows_done: int
+    rows_total: int | None
+    eta_seconds: int | None
+
+    @property
+    def percent(self) -> int:
+        if not self.rows_total:
+            return 0
+        return min(100, round(100 * self.rows_done / self.rows_total))
+
+
+def job_progress_shown(*, organization: Organization, job: Job) -> JobProgress:
+    """The API's progress (jobs.selectors.job_progress); before the first chunk has landed
+    a running job's ETA is what is left of its est_processing_seconds."""
+    progress = job_progress(organization=organization, id=job.pk)
+    eta = progress.eta_seconds
+    if eta is None and job.status == JobStatus.IN_PROGRESS and job.approved_at is not None \
+            and job.est_processing_seconds is not None and not progress.done_rows:
+        elapsed = (timezone.now() - job.approved_at).total_seconds()
+        eta = max(round(job.est_processing_seconds - elapsed), 0)
+    return JobProgress(rows_done=progress.done_rows, rows_total=progress.total_rows,
+                       eta_seconds=eta)
+
+
+def spend_per_day(*, organization: Organization, days: int = 30) -> list[tuple[date, int]]:
+    """Credits charged per day over the last `days` days (today included), oldest first;
+    a day without charges is 0. A sum over the ledger's charge entries."""
+    today = timezone.localdate()
+    first = today - timedelta(days=days - 1)
+    rows = (LedgerEntry.objects.for_org(organization)
+            .filter(kind=EntryKind.CHARGE, created_at__date__gte=first)
+            .annotate(day=TruncDate("created_at")).values("day")
+            .annotate(spent=Sum("balance_delta")))
+    spent = {row["day"]: -row["spent"] for row in rows}
+    return [(first + timedelta(days=n), spent.get(first + timedelta(days=n), 0))
+            for n in range(days)]
+
+
+def console_models() -> list[CatalogModel]:
+    """The model dropdown: the public catalog, plus the local models this deployment
+    serves from its own checkpoints (the embedded default's)."""
+    local = [m for model_id, m in local_models().items() if model_id in settings.ANEX_CHECKPOINTS]
+    return [*local, *catalog().values()]

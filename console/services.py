@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import hashlib
+import secrets
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
+from allauth.account.models import EmailAddress
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.mail import send_mail
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -20,7 +24,7 @@ from console.actors import Actor
 from console.audit import audit_record
 from console.constants import AuditAction, Role
 from console.keys import key_generate, secret_hash
-from console.models import ApiKey, Membership, Organization
+from console.models import ApiKey, Invitation, Membership, Organization
 from jobs.models import WebhookDelivery
 from jobs.services.webhooks import (
     SECRET_GRACE,
@@ -32,13 +36,16 @@ from jobs.services.webhooks import (
 
 # last_used_at is advisory: writing it on every request would turn each read into a write.
 LAST_USED_RESOLUTION = timedelta(minutes=1)
+INVITATION_VALIDITY = timedelta(days=7)
 
 
 @transaction.atomic
 def organization_create(*, name: str, actor: Actor, eu_data_routing: bool = False,
-                        auto_approve: bool = False) -> Organization:
+                        auto_approve: bool = False,
+                        progress_webhooks: bool = False) -> Organization:
     organization = Organization.objects.create(
-        name=name, eu_data_routing=eu_data_routing, auto_approve=auto_approve
+        name=name, eu_data_routing=eu_data_routing, auto_approve=auto_approve,
+        progress_webhooks=progress_webhooks,
     )
     audit_record(
         organization=organization, actor=actor, action=AuditAction.ORGANIZATION_CREATED,
@@ -54,7 +61,7 @@ def organization_create(*, name: str, actor: Actor, eu_data_routing: bool = Fals
 
 # The organization settings a service may change, and how each is recorded. The webhook
 # endpoint is not one of them: it is checked and given a secret by organization_webhook_set.
-ORGANIZATION_SETTINGS = ("name", "auto_approve", "eu_data_routing")
+ORGANIZATION_SETTINGS = ("name", "auto_approve", "eu_data_routing", "progress_webhooks")
 
 
 @transaction.atomic
@@ -63,6 +70,12 @@ def organization_update(*, organization: Organization, actor: Actor,
     unknown = set(changes) - set(ORGANIZATION_SETTINGS)
     if unknown:
         raise ValueError(f"not an organization setting: {', '.join(sorted(unknown))}")
+    _owner_require(organization=organization, actor=actor,
+                   message="Only an owner can change the organization's settings.")
+    # EU data routing is turned on by us on request (the reference), never by a customer.
+    if "eu_data_routing" in changes and not _staff_or_system(actor) and \
+            changes["eu_data_routing"] != organization.eu_data_routing:
+        raise PermissionDenied("EU data routing is turned on by anex staff on request.")
     locked = Organization.objects.select_for_update().get(pk=organization.pk)
     changed = {
         name: {"from": getattr(locked, name), "to": value}
@@ -79,14 +92,25 @@ def organization_update(*, organization: Organization, actor: Actor,
     return organization
 
 
-def _webhook_owner_require(*, organization: Organization, actor: Actor) -> None:
-    """The endpoint and its secret are an owner's (the reference: "an owner does this on
-    the console's Settings page"); staff and the system (createorg) act for them."""
-    if actor.system is not None or (actor.user is not None and actor.user.is_staff):
+def _staff_or_system(actor: Actor) -> bool:
+    return actor.system is not None or (actor.user is not None and actor.user.is_staff)
+
+
+def _owner_require(*, organization: Organization, actor: Actor, message: str) -> None:
+    """Settings, members and the webhook are an owner's; staff and the system (createorg,
+    the admin) act for them. A member, or a key, is refused."""
+    if _staff_or_system(actor):
         return
     if actor.user is None or not Membership.objects.filter(
             organization=organization, user=actor.user, role=Role.OWNER).exists():
-        raise PermissionDenied("Only an owner can change the webhook settings.")
+        raise PermissionDenied(message)
+
+
+def _webhook_owner_require(*, organization: Organization, actor: Actor) -> None:
+    """The endpoint and its secret are an owner's (the reference: "an owner does this on
+    the console's Settings page")."""
+    _owner_require(organization=organization, actor=actor,
+                   message="Only an owner can change the webhook settings.")
 
 
 def webhook_url_validate(url: str) -> None:
@@ -171,6 +195,79 @@ def membership_add(*, organization: Organization, user: User, role: Role,
 
 
 @transaction.atomic
+def organization_signup(*, user: User) -> Organization:
+    """A new console user's own organization, with them as its owner and the free grant
+    (console.accounts calls it as allauth saves the user)."""
+    actor = Actor(user=user)
+    local_part = (user.email or user.get_username()).split("@")[0]
+    organization = organization_create(name=f"{local_part}'s organization", actor=actor)
+    membership_add(organization=organization, user=user, role=Role.OWNER, actor=actor)
+    return organization
+
+
+def _invitation_token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def invitation_create(*, organization: Organization, actor: Actor, email: str,
+                      role: Role = Role.MEMBER, accept_url: Callable[[str], str],
+                      ) -> Invitation:
+    """Invite an email address; the mail carries accept_url(token), sent after commit.
+    Only the token's digest is stored, so the link works from the mail alone."""
+    _owner_require(organization=organization, actor=actor,
+                   message="Only an owner can invite members.")
+    email = email.strip().lower()
+    if Membership.objects.for_org(organization).filter(user__email__iexact=email).exists():
+        raise ValidationError(f"{email} is already a member of {organization.name}.",
+                              code="member")
+    token = secrets.token_urlsafe(32)
+    with transaction.atomic():
+        invitation = Invitation.objects.create(
+            organization=organization, email=email, role=role,
+            token_hash=_invitation_token_hash(token), invited_by=actor.user,
+            expires_at=timezone.now() + INVITATION_VALIDITY,
+        )
+        audit_record(organization=organization, actor=actor, action=AuditAction.MEMBER_INVITED,
+                     target=invitation, data={"email": email, "role": str(role)})
+        link = accept_url(token)
+        inviter = actor.user.email if actor.user is not None else "anex"
+        transaction.on_commit(lambda: send_mail(
+            subject=f"{settings.ACCOUNT_EMAIL_SUBJECT_PREFIX}You are invited to "
+                    f"{organization.name}",
+            message=(f"{inviter} invited you to join {organization.name} on anex as "
+                     f"{role.label.lower()}.\n\nSign in (or sign up) with this address, "
+                     f"then open this link to accept:\n\n{link}\n\nThe link works for "
+                     f"{INVITATION_VALIDITY.days} days."),
+            from_email=None, recipient_list=[email]))
+    return invitation
+
+
+def invitation_for_token(token: str) -> Invitation | None:
+    """The open invitation this link's token is (not accepted, not expired), or None."""
+    return (Invitation.objects.select_related("organization")
+            .filter(token_hash=_invitation_token_hash(token), accepted_at__isnull=True,
+                    expires_at__gt=timezone.now()).first())
+
+
+@transaction.atomic
+def invitation_accept(*, invitation: Invitation, user: User) -> Membership:
+    """Join the organization. The user must have proved they own the invited address;
+    an invitation is used once."""
+    if not EmailAddress.objects.filter(user=user, email__iexact=invitation.email,
+                                       verified=True).exists():
+        raise PermissionDenied(f"This invitation is for {invitation.email}: sign in with "
+                               "that address (verified) to accept it.")
+    taken = Invitation.objects.filter(pk=invitation.pk, accepted_at__isnull=True,
+                                      expires_at__gt=timezone.now()).update(
+        accepted_at=timezone.now(), accepted_by=user)
+    if taken != 1:
+        raise ValidationError("This invitation has already been used or has expired.",
+                              code="invitation")
+    return membership_add(organization=invitation.organization, user=user,
+                          role=Role(invitation.role), actor=Actor(user=user))
+
+
+@transaction.atomic
 def api_key_create(*, organization: Organization, actor: Actor, name: str = "",
                    expires_at: datetime | None = None, model_scopes: Iterable[str] = (),
                    spend_budget_cents: int | None = None,
@@ -219,7 +316,14 @@ def api_key_revoke(*, key: ApiKey, actor: Actor) -> ApiKey:
 
 
 def api_key_mark_used(*, key: ApiKey) -> None:
+    """Record that the key was used, to LAST_USED_RESOLUTION. `key` was loaded for this
+    request: when its last_used_at is already that fresh there is nothing to write, and a
+    busy key's requests skip the UPDATE (a round trip and a row lock each) altogether."""
     now = timezone.now()
+    stale = now - LAST_USED_RESOLUTION
+    if key.last_used_at is not None and key.last_used_at >= stale:
+        return
+    # Conditional, so that concurrent first requests write it once between them.
     ApiKey.objects.filter(pk=key.pk).filter(
-        Q(last_used_at__isnull=True) | Q(last_used_at__lt=now - LAST_USED_RESOLUTION)
+        Q(last_used_at__isnull=True) | Q(last_used_at__lt=stale)
     ).update(last_used_at=now)

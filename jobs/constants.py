@@ -108,3 +108,19 @@ class RowOutcome(models.TextChoices):
     ERROR = "error"
     TRUNCATED = "truncated"  # stopped on the output-token cap
     FORMAT_ERROR = "format_error"  # could not satisfy its response_format
+
+
+class CheckStatus(models.TextChoices):
+    """A preflight check's life (POST /checks): checking until every row was read."""
+
+    CHECKING = "checking"
+    PASSED = "passed"
+    FAILED = "failed"
+
+
+# A check reports at most this many failing rows (it still reads, and counts, the rest).
+CHECK_ERRORS_MAX = 1000
+# What a re-run may pick: the outcomes of rows that did not produce a clean answer.
+RERUN_OUTCOMES = (RowOutcome.ERROR, RowOutcome.TRUNCATED, RowOutcome.FORMAT_ERROR)
+# The share of a job's rows at which an opted-in organization gets a `progress` webhook.
+PROGRESS_THRESHOLDS = (25, 50, 75)

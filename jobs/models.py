@@ -9,6 +9,7 @@ from django.utils import timezone
 from anex.tenancy import OrgScopedQuerySet
 from console.constants import Region
 from jobs.constants import (
+    CheckStatus,
     ChunkStatus,
     DeliveryStatus,
     FailureCode,
@@ -105,6 +106,16 @@ class Job(models.Model):
     failure_code = models.CharField(max_length=32, choices=FailureCode.choices, blank=True,
                                     default="")
     failure_reason = models.TextField(blank=True, default="")
+    # A re-run (POST /jobs/{id}/rerun): the job whose rows it runs again, and which of
+    # their outcomes were picked (RowOutcome values). Its input is exactly those rows of
+    # the parent's, in the parent's order: the merged result lines them up by that order
+    # (jobs.services.rerun).
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT,
+                               related_name="children")
+    rerun_include = models.JSONField(null=True, blank=True)
+    # The highest progress threshold (percent of rows) whose webhook was recorded: each is
+    # sent once, whichever chunk (or re-run of one) crosses it (jobs.services.progress).
+    progress_sent = models.PositiveSmallIntegerField(default=0)
 
     objects = OrgScopedQuerySet.as_manager()
 
@@ -255,3 +266,74 @@ class Chunk(models.Model):
 
     def __str__(self) -> str:
         return f"chunk {self.index} of job {self.job_id} ({self.status})"
+
+
+class IdempotencyRecord(models.Model):
+    """The response a POST with an Idempotency-Key gave, kept 24 hours so that the same
+    key and body replay it (anex.api.idempotency). Written in the transaction that does
+    the request's work, so a record exists only for work that was committed."""
+
+    id = models.BigAutoField(primary_key=True)
+    organization = models.ForeignKey(
+        "console.Organization", on_delete=models.CASCADE, related_name="+"
+    )
+    key = models.CharField(max_length=255)
+    # SHA-256 of the method, the path and the canonical JSON body: another endpoint or
+    # body under the same key is refused, never answered with this response.
+    fingerprint = models.CharField(max_length=64)
+    # Null only inside the request's own transaction, which no other request sees.
+    status_code = models.PositiveSmallIntegerField(null=True)
+    # The response body's JSON, encrypted (anex.crypto): an ingest's answer carries its
+    # callback secret, an upload target its signed form.
+    body_encrypted = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField(db_index=True)
+
+    objects = OrgScopedQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            # The lock a concurrent duplicate waits on: its insert blocks until the first
+            # request's transaction ends.
+            models.UniqueConstraint(fields=["organization", "key"],
+                                    name="idempotency_unique_key"),
+        ]
+
+    def __str__(self) -> str:
+        return f"idempotency key {self.key!r} ({self.status_code})"
+
+
+class PreflightCheck(models.Model):
+    """POST /checks: an input's rows checked for a model and a job's fields as a job's
+    estimate checks them, collecting every failing row (up to CHECK_ERRORS_MAX) instead
+    of stopping at the first. Free: no job, no approval slot, no hold
+    (jobs.services.checks)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(
+        "console.Organization", on_delete=models.PROTECT, related_name="checks"
+    )
+    input = models.ForeignKey(Input, on_delete=models.PROTECT, related_name="checks")
+    created_by_key = models.ForeignKey(
+        "console.ApiKey", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    model = models.CharField(max_length=100)
+    # The job fields the rows are checked against, as submit would take them.
+    options = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=16, choices=CheckStatus.choices,
+                              default=CheckStatus.CHECKING)
+    row_count = models.PositiveIntegerField(null=True, blank=True)
+    est_input_tok = models.PositiveBigIntegerField(null=True, blank=True)
+    error_count = models.PositiveIntegerField(null=True, blank=True)
+    # [{"line", "custom_id", "reason"}], at most CHECK_ERRORS_MAX, in file order.
+    errors = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = OrgScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"check {self.pk} of input {self.input_id} ({self.status})"

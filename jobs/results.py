@@ -1,20 +1,54 @@
 """The result file: chunk results merged in input order into the input's format
 (output-format.txt). JSONL rows get the OpenAI batch output envelope; parquet rows keep the
-input's columns plus id/row_index, output (or embedding) and error_type."""
+input's columns plus id/row_index, output (or embedding) and error_type. Each row also
+carries its share of the job's charge (billing.allocation): "cost": {"credits": "…"} in
+the JSONL envelope, a cost_credits decimal column in parquet."""
 
 from __future__ import annotations
 
 import json
 import tempfile
 from collections.abc import Iterator
+from decimal import Decimal, localcontext
 from typing import Any
 
-from jobs.constants import InputFormat, RowOutcome, TaskType
+import orjson
+
+from billing.allocation import ALLOCATION_CONTEXT, SHARE_PLACES, ChargeAllocator, credits_text
+from billing.pricing import CENTS_PER_USD, usage_cost_usd
+from inference.catalog import CatalogModel, model_get
+from inference.kinds import kind_named
+from jobs.constants import InputFormat, RowOutcome
 from jobs.models import Chunk, Job
+from jobs.services.metering import usage_from_json
 from jobs.storage import storage_for
 
 # The parquet error_type of a row that stopped on the output-token cap.
 TRUNCATED_MARKER = "length"
+ZERO = Decimal(0)
+
+
+def _cost_type() -> Any:
+    import pyarrow as pa
+
+    return pa.decimal128(38, SHARE_PLACES)
+
+
+def line_loads(line: bytes | str) -> Any:
+    """One JSONL line read with orjson; what orjson will not read (an integer wider than 64
+    bits, which Python's json takes) falls back to the standard library."""
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return json.loads(line)
+
+
+def line_dumps(value: Any) -> bytes:
+    """One JSONL line (newline included), compact, UTF-8, written with orjson."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_APPEND_NEWLINE)
+    except TypeError:  # an integer wider than 64 bits from a customer's body
+        return json.dumps(value, separators=(",", ":")).encode() + b"\n"
 
 
 def chunk_key(job: Job, index: int) -> str:
@@ -32,19 +66,22 @@ def records(job: Job, chunks: list[Chunk]) -> Iterator[dict[str, Any]]:
         with storage.open(chunk_key(job, chunk.index)) as handle:
             for line in handle:
                 if line.strip():
-                    yield json.loads(line)
+                    yield line_loads(line)
 
 
 def envelope(row: dict[str, Any]) -> dict[str, Any]:
     ident = row["id"]
     produced = row["outcome"] != RowOutcome.ERROR
-    return {
+    out = {
         "id": f"batch_req_{ident}",
         "custom_id": ident,
         "response": {"status_code": row["status_code"], "request_id": f"req_{ident}",
                      "body": row["body"] if produced else None},
         "error": row["error"],
     }
+    if "cost" in row:  # additive to the OpenAI envelope (docs/output-format.md)
+        out["cost"] = {"credits": row["cost"]}
+    return out
 
 
 def _error_type(row: dict[str, Any]) -> str | None:
@@ -53,24 +90,59 @@ def _error_type(row: dict[str, Any]) -> str | None:
     return (row["error"] or {}).get("type") if row["outcome"] != RowOutcome.SUCCESS else None
 
 
-def result_write(job: Job, chunks: list[Chunk]) -> tuple[str, int]:
-    """Write the result object; returns its key and how many rows it holds."""
-    storage = storage_for(job.data_residency)
+def _row_weight(row: dict[str, Any], model: CatalogModel | None) -> Decimal:
+    """A row's exact price in credits, before any rounding: what it is charged a share by."""
+    usage = row.get("usage")
+    if model is None or not usage:
+        return ZERO
+    return usage_cost_usd(model, usage_from_json(usage)) * CENTS_PER_USD
+
+
+def records_costed(job: Job, chunks: list[Chunk], *, charge: int) -> Iterator[dict[str, Any]]:
+    """records() with each row's share of the job's `charge` as "cost" (billing.allocation:
+    in proportion to the rows' exact prices, adding up to the charge exactly). Two reads
+    of the chunk results: one to weigh, one to hand out; no row is held."""
+    model = model_get(job.model)
+    total, billed = ZERO, 0
+    with localcontext(ALLOCATION_CONTEXT):
+        for row in records(job, chunks):
+            total += _row_weight(row, model)
+            billed += row["outcome"] != RowOutcome.ERROR
+    # Zero rates (or results written before rows carried their usage): an even split over
+    # the billed rows.
+    even = not total
+    allocator = ChargeAllocator(charge=charge, total_weight=Decimal(billed) if even else total)
+    for row in records(job, chunks):
+        weight = (Decimal(row["outcome"] != RowOutcome.ERROR) if even
+                  else _row_weight(row, model))
+        yield {**row, "cost": credits_text(allocator.share(weight))}
+
+
+def result_write(job: Job, chunks: list[Chunk], *, charge: int = 0) -> tuple[str, int]:
+    """Write the result object, each row carrying its share of `charge` (the credits the
+    job is charged); returns its key and how many rows it holds."""
     key = result_key(job)
+    return key, rows_write(job, records_costed(job, chunks, charge=charge), key)
+
+
+def rows_write(job: Job, rows: Iterator[dict[str, Any]], key: str) -> int:
+    """Write these records (in input order, "i" the row's index in the job's input) as a
+    result file of the job's format at `key`; returns how many rows it holds."""
+    storage = storage_for(job.data_residency)
     if job.format == InputFormat.JSONL:
         count = [0]
 
         def lines() -> Iterator[bytes]:
-            for row in records(job, chunks):
+            for row in rows:
                 count[0] += 1
-                yield json.dumps(envelope(row), separators=(",", ":")).encode() + b"\n"
+                yield line_dumps(envelope(row))
 
         storage.write_stream(key, lines(), max_bytes=2**62)
-        return key, count[0]
-    return key, _parquet_write(job, chunks, key)
+        return count[0]
+    return _parquet_write(job, rows, key)
 
 
-def _parquet_write(job: Job, chunks: list[Chunk], key: str) -> int:
+def _parquet_write(job: Job, results: Iterator[dict[str, Any]], key: str) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -78,19 +150,18 @@ def _parquet_write(job: Job, chunks: list[Chunk], key: str) -> int:
 
     source = pq.ParquetFile(input_parquet_path(job))
     has_id = "id" in source.schema_arrow.names
-    embed = job.task_type == TaskType.EMBED
-    results = records(job, chunks)
+    kind = kind_named(job.task_type)
     pending = next(results, None)
     written = 0
     with tempfile.NamedTemporaryFile(suffix=".parquet") as local:
         writer: pq.ParquetWriter | None = None
         row_index = 0
         for batch in source.iter_batches(batch_size=4096):
-            take, outputs, error_types = [], [], []
+            take, delivered, error_types = [], [], []
             for offset in range(batch.num_rows):
                 if pending is not None and pending["i"] == row_index:
                     take.append(offset)
-                    outputs.append(pending["embedding"] if embed else pending["output"])
+                    delivered.append(pending)
                     error_types.append(_error_type(pending))
                     pending = next(results, None)
                 row_index += 1
@@ -100,12 +171,12 @@ def _parquet_write(job: Job, chunks: list[Chunk], key: str) -> int:
             if not has_id:
                 table = table.append_column("row_index", pa.array(
                     [row_index - batch.num_rows + i for i in take], pa.int64()))
-            if embed:
-                table = table.append_column("embedding", pa.array(
-                    outputs, pa.list_(pa.float32())))
-            else:
-                table = table.append_column("output", pa.array(outputs, pa.string()))
+            # The row's output, or its vector: the kind's column.
+            table = table.append_column(*kind.parquet_output(delivered))
             table = table.append_column("error_type", pa.array(error_types, pa.string()))
+            table = table.append_column("cost_credits", pa.array(
+                [Decimal(row["cost"]) if "cost" in row else None for row in delivered],
+                _cost_type()))
             if writer is None:
                 writer = pq.ParquetWriter(local.name, table.schema)
             writer.write_table(table)

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import math
 import uuid
+from dataclasses import dataclass
+
+from django.db.models import Q, Sum
+from django.utils import timezone
 
 from anex.tenancy import scoped_get
 from console.models import Organization
-from jobs.models import Input, Job
+from jobs.constants import ChunkStatus, JobStatus
+from jobs.models import Chunk, Input, Job, PreflightCheck
 
 
 def input_get(*, organization: Organization, id: uuid.UUID | str) -> Input:
@@ -15,3 +21,47 @@ def input_get(*, organization: Organization, id: uuid.UUID | str) -> Input:
 
 def job_get(*, organization: Organization, id: uuid.UUID | str) -> Job:
     return scoped_get(Job.objects.all(), organization=organization, id=id, noun="Job")
+
+
+def check_get(*, organization: Organization, id: uuid.UUID | str) -> PreflightCheck:
+    return scoped_get(PreflightCheck.objects.all(), organization=organization, id=id,
+                      noun="Check")
+
+
+@dataclass(frozen=True)
+class Progress:
+    """GET /jobs/{id}/progress (docs/decisions.md, "Idempotency keys, progress and the
+    CLI")."""
+
+    done_rows: int
+    total_rows: int | None
+    eta_seconds: int | None
+    rows_per_second: float | None
+
+
+def job_progress(*, organization: Organization, id: uuid.UUID | str) -> Progress:
+    """How far a job's run has come, from its chunks: one aggregate query, no row read.
+
+    done_rows counts the rows of finished chunks (a chunk's rows finish together); the rate
+    is those rows over the seconds since approval (until the job ended, for a finished
+    one). eta_seconds is the rows left at that rate while the job runs, 0 once none are
+    left, and null when it cannot be told: no chunk finished yet, not approved yet, or
+    stopped with rows that will never run (cancelling, failed, cancelled).
+    """
+    job = job_get(organization=organization, id=id)
+    chunks = Chunk.objects.filter(job_id=job.pk).aggregate(
+        planned=Sum("row_count"),
+        done=Sum("row_count", filter=Q(status=ChunkStatus.DONE)))
+    total = job.row_count if job.row_count is not None else chunks["planned"]
+    done = chunks["done"] or 0
+    rate: float | None = None
+    if job.approved_at is not None and done:
+        elapsed = ((job.finished_at or timezone.now()) - job.approved_at).total_seconds()
+        rate = round(done / max(elapsed, 0.001), 3)
+    left = None if total is None else max(total - done, 0)
+    eta: int | None = None
+    if left == 0 and job.approved_at is not None:
+        eta = 0
+    elif left and rate and job.status == JobStatus.IN_PROGRESS:
+        eta = math.ceil(left / rate)
+    return Progress(done_rows=done, total_rows=total, eta_seconds=eta, rows_per_second=rate)

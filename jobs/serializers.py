@@ -10,8 +10,8 @@ from rest_framework import serializers
 
 from console.constants import Region
 from inference.catalog import model_get
-from jobs.constants import InputStatus, JobStatus
-from jobs.models import Input, Job
+from jobs.constants import RERUN_OUTCOMES, CheckStatus, InputStatus, JobStatus, RowOutcome
+from jobs.models import Input, Job, PreflightCheck
 
 
 def utc_iso(moment: datetime | None) -> str | None:
@@ -164,6 +164,15 @@ class JobOut(serializers.ModelSerializer[Job]):
         data: dict[str, Any] = super().to_representation(job)
         if job.max_tokens_alias:
             data["max_tokens"] = job.max_output_tokens_requested  # echoed under its old name
+        # Re-runs, only where there are some, so an ordinary job's answer is exactly the
+        # reference's: on a re-run the job whose rows it runs again, on a job re-run its
+        # re-runs, oldest first.
+        if job.parent_id:
+            data["parent_id"] = str(job.parent_id)
+        children = [str(pk) for pk in job.children.order_by("created_at", "id")
+                    .values_list("pk", flat=True)]
+        if children:
+            data["children"] = children
         return data
 
     def get_reasoning_budget(self, job: Job) -> int | None:
@@ -197,4 +206,99 @@ JOB_STATE_SCHEMA = {
     "required": ["id", "status"],
     "properties": {"id": {"type": "string", "format": "uuid"},
                    "status": {"type": "string", "enum": list(JobStatus.values)}},
+}
+
+
+class CheckOut(serializers.ModelSerializer[PreflightCheck]):
+    """GET /checks/{id}: the outcome once every row was read (errors empty until then)."""
+
+    input_id = serializers.UUIDField()
+    created_at = serializers.SerializerMethodField()
+    finished_at = serializers.SerializerMethodField()
+
+    class Meta:
+        model = PreflightCheck
+        fields = ["id", "status", "input_id", "model", "row_count", "est_input_tok",
+                  "error_count", "created_at", "finished_at"]
+
+    def to_representation(self, check: PreflightCheck) -> dict[str, Any]:
+        data: dict[str, Any] = super().to_representation(check)
+        # Not a declared field: a serializer's own `errors` is its validation errors.
+        failing = list(check.errors) if check.status != CheckStatus.CHECKING else []
+        ordered = list(data.items())
+        at = [name for name, _ in ordered].index("error_count") + 1
+        return dict([*ordered[:at], ("errors", failing), *ordered[at:]])
+
+    def get_created_at(self, check: PreflightCheck) -> str | None:
+        return utc_offset_iso(check.created_at)
+
+    def get_finished_at(self, check: PreflightCheck) -> str | None:
+        return utc_offset_iso(check.finished_at)
+
+
+CHECK_STATE_SCHEMA = {
+    "type": "object",
+    "required": ["id", "status"],
+    "properties": {"id": {"type": "string", "format": "uuid"},
+                   "status": {"type": "string", "enum": list(CheckStatus.values)}},
+}
+CHECK_ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["line", "custom_id", "reason"],
+    "properties": {
+        "line": {"type": ["integer", "null"],
+                 "description": "The JSONL line number (from 1); null for a parquet row or a "
+                                "fault of the whole file."},
+        "custom_id": {"type": ["string", "null"],
+                      "description": "The row's custom_id (parquet: its id), when readable."},
+        "reason": {"type": "string",
+                   "description": "The failure_reason a job on this input would fail with."},
+        "row_index": {"type": "integer", "description": "Parquet rows only."},
+    },
+}
+
+
+class RerunIn(serializers.Serializer):
+    include = serializers.ListField(
+        child=serializers.ChoiceField(choices=[o.value for o in RERUN_OUTCOMES]),
+        required=False, allow_empty=False,
+        help_text="The row outcomes to run again; default [\"error\"].")
+
+    def validate_include(self, value: list[str]) -> list[str]:
+        # Kept in RowOutcome's order, each once, so the same choice is the same request.
+        return [o.value for o in RowOutcome if o.value in set(value)]
+
+
+RERUN_SCHEMA = {
+    "type": "object",
+    "required": ["id", "status", "parent_id"],
+    "properties": {"id": {"type": "string", "format": "uuid"},
+                   "status": {"type": "string", "enum": list(JobStatus.values)},
+                   "parent_id": {"type": "string", "format": "uuid"},
+                   "row_count": {"type": "integer",
+                                 "description": "The rows the re-run runs again."}},
+}
+
+CHECK_OUT_SCHEMA = {
+    "type": "object",
+    "required": ["id", "status", "input_id", "model", "row_count", "est_input_tok",
+                 "error_count", "errors", "created_at", "finished_at"],
+    "properties": {
+        "id": {"type": "string", "format": "uuid"},
+        "status": {"type": "string", "enum": list(CheckStatus.values)},
+        "input_id": {"type": "string", "format": "uuid"},
+        "model": {"type": "string"},
+        "row_count": {"type": ["integer", "null"],
+                      "description": "Rows in the file, failing ones included; null while "
+                                     "checking or when the file could not be read."},
+        "est_input_tok": {"type": ["integer", "null"],
+                          "description": "Input tokens of the rows that passed, media "
+                                         "included: what a job's estimate would count."},
+        "error_count": {"type": ["integer", "null"],
+                        "description": "Every failing row and file fault, also past the "
+                                       "1,000 listed."},
+        "errors": {"type": "array", "items": CHECK_ERROR_SCHEMA, "maxItems": 1000},
+        "created_at": {"type": "string", "format": "date-time"},
+        "finished_at": {"type": ["string", "null"], "format": "date-time"},
+    },
 }

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dramatiq
 
+from anex.api.idempotency import idempotency_records_purge
+from jobs.services.checks import check_run, checks_settle_stale
 from jobs.services.data import results_purge_expired
 from jobs.services.estimation import job_estimate
 from jobs.services.inputs import input_copy, inputs_expire
@@ -20,8 +22,9 @@ INGEST_TIME_LIMIT_MS = 65 * 60 * 1000
 DELIVERY_TIME_LIMIT_MS = 60 * 1000
 SWEEP_TIME_LIMIT_MS = 5 * 60 * 1000
 ESTIMATE_TIME_LIMIT_MS = 30 * 60 * 1000
-# One chunk is one engine call: generous, since a slow model on long rows takes a while;
-# a worker that dies is caught sooner by the heartbeat lease.
+# One chunk's rows through the engine's running batch, beside the worker's other chunks
+# (inference/engines/feed.py): generous, since a slow model on long rows takes a while; a
+# worker that dies is caught sooner by the heartbeat lease.
 CHUNK_TIME_LIMIT_MS = 60 * 60 * 1000
 START_TIME_LIMIT_MS = 15 * 60 * 1000
 
@@ -52,10 +55,26 @@ def results_purge_expired_task() -> None:
     results_purge_expired()
 
 
+@dramatiq.actor(queue_name="periodic", max_retries=0, time_limit=SWEEP_TIME_LIMIT_MS)
+def idempotency_records_purge_task() -> None:
+    idempotency_records_purge()
+
+
+@dramatiq.actor(queue_name="periodic", max_retries=0, time_limit=SWEEP_TIME_LIMIT_MS)
+def checks_settle_stale_task() -> None:
+    checks_settle_stale()
+
+
 @dramatiq.actor(queue_name="estimate", max_retries=0, time_limit=ESTIMATE_TIME_LIMIT_MS)
 def job_estimate_task(job_id: str) -> None:
     # A crash leaves the estimate claimed; the recovery pass hands it out after its lease.
     job_estimate(job_id=job_id)
+
+
+@dramatiq.actor(queue_name="estimate", max_retries=0, time_limit=ESTIMATE_TIME_LIMIT_MS)
+def check_run_task(check_id: str) -> None:
+    # A preflight check reads a whole input as an estimate does, on the same workers.
+    check_run(check_id=check_id)
 
 
 @dramatiq.actor(queue_name="jobs", max_retries=3, time_limit=START_TIME_LIMIT_MS)

@@ -19,7 +19,7 @@ from tests.servers import LocalServer
 # starts the product's own processes. `make test` (and CI) runs both tiers.
 ENGINE_MODULES = ("test_engines_*.py",)
 E2E_MODULES = ("test_devstack.py", "test_run_e2e.py", "test_run_kill.py", "test_first_job.py",
-               "test_webhooks_e2e.py")
+               "test_webhooks_e2e.py", "test_cli_e2e.py")
 ENGINE_FIXTURES = {"checkpoint_dirs", "chat_engine", "embedding_engine", "decision_engine"}
 
 
@@ -90,6 +90,16 @@ def local_storage(settings: Settings, tmp_path: Path) -> Path:
     settings.ANEX_STORAGE_BACKEND = "local"
     settings.ANEX_STORAGE_ROOT = tmp_path / "storage"
     return tmp_path / "storage"
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The chunk ids sent to the run queues, which nothing consumes here: the test runs or
+    records the chunks itself (tests/chunks.py)."""
+    calls: list[str] = []
+    monkeypatch.setattr("jobs.services.running.queue_send",
+                        lambda actor, queue, *args, **kw: calls.append(args[0]))
+    return calls
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -59,3 +60,9 @@ def input_ready(organization: Organization, content: bytes, *, fmt: str = "jsonl
     storage_for(residency).write_stream(item.object_key, iter([content]),
                                         max_bytes=len(content) + 1)
     return input_refresh(item=item)
+
+
+def chat_request_line(custom_id: str, text: str = "hi") -> bytes:
+    """One JSONL line of a chat job's input: a single user message."""
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
+                       "body": {"messages": [{"role": "user", "content": text}]}}).encode() + b"\n"

@@ -32,6 +32,9 @@ from inference.engines import (
 )
 from inference.engines.chat import BUDGET_NOTICE
 from inference.engines.runtime import llm_load
+from inference.kinds import kind_for
+from inference.kinds.chat import ChatKind
+from inference.kinds.embed import EmbedKind
 from inference.tokens import token_counter
 
 pytest_plugins = ["tests.engine_fixtures"]
@@ -136,10 +139,11 @@ def test_the_local_models_are_in_the_catalog_marked_local() -> None:
     assert set(local_models()) == {"tiny-qwen3", "all-minilm-l6-v2"}
     assert not set(local_models()) & set(catalog())  # the public list stays the reference's
     chat, embed = model_get("tiny-qwen3"), model_get("all-minilm-l6-v2")
-    assert chat is not None and chat.local and chat.task == "chat" and chat.reasoning
+    assert chat is not None and chat.local and isinstance(kind_for(chat), ChatKind)
+    assert chat.reasoning
     assert chat.effort_levels == ("low", "medium", "xhigh")
     assert chat.price.input_per_mtok > 0 and chat.price.output_per_mtok > 0
-    assert embed is not None and embed.local and embed.task == "embed"
+    assert embed is not None and embed.local and isinstance(kind_for(embed), EmbedKind)
     assert (embed.dimensions_native, embed.dimensions_min) == (384, 32)
 
 

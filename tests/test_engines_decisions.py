@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from inference.engines import DecisionEngine, DecisionOutcome, DecisionRow
-from jobs.validation.decisions import _question_text
+from inference.engines.decisions import question_text
 
 # The reference's worked example ("Decision jobs", "Realtime decisions").
 STATE = {"body": "We were billed twice for March. Please refund it today."}
@@ -88,10 +88,10 @@ def test_input_tokens_follow_the_billing_rule_the_estimate_counts(
     outcomes = decision_engine.decide(rows)
     count = decision_engine.count
     text = '{"body":"We were billed twice for March. Please refund it today."}'
-    assert outcomes[0].input_tokens == sum(count(text) + count(_question_text(q))
+    assert outcomes[0].input_tokens == sum(count(text) + count(question_text(q))
                                            for q in QUESTIONS.values())
     assert outcomes[1].input_tokens == count("a short text") + count(
-        _question_text(QUESTIONS["urgent"]))
+        question_text(QUESTIONS["urgent"]))
 
 
 def test_a_text_longer_than_the_context_is_cut(decision_engine: DecisionEngine) -> None:
@@ -100,10 +100,10 @@ def test_a_text_longer_than_the_context_is_cut(decision_engine: DecisionEngine) 
                                                     questions={"q": QUESTIONS["urgent"]})])
     answered(outcome)
     full = decision_engine.count(long_text) + decision_engine.count(
-        _question_text(QUESTIONS["urgent"]))
+        question_text(QUESTIONS["urgent"]))
     assert outcome.input_tokens < full
     assert outcome.input_tokens <= 512 + decision_engine.count(
-        _question_text(QUESTIONS["urgent"])) + 2
+        question_text(QUESTIONS["urgent"])) + 2
 
 
 @pytest.mark.parametrize("state,lang,route", [

@@ -206,7 +206,9 @@ def test_a_parquet_chat_job_keeps_its_columns(client, worker) -> None:  # type: 
     body = run_to_done(api, worker, str(item.pk), model="tiny-qwen3", max_output_tokens=8,
                        reasoning=False)
     table = pq.read_table(io.BytesIO(download(api, body["id"])))
-    assert table.column_names == ["id", "prompt", "extra", "output", "error_type"]
+    # The reference's columns, then what each row cost (docs/output-format.md).
+    assert table.column_names == ["id", "prompt", "extra", "output", "error_type",
+                                  "cost_credits"]
     assert table.column("id").to_pylist() == ["a", "b", "c"]
 
 

@@ -19,10 +19,11 @@ from rest_framework.test import APIClient
 
 from console.models import Organization
 from inference.catalog import catalog_limits
+from inference.kinds.chat import chat_kwargs
 from jobs.constants import InputFormat, InputStatus, JobStatus
 from jobs.models import Input, Job
 from jobs.services import rows as rows_module
-from jobs.services.rows import chat_kwargs, input_parquet_path, parquet_cache_prune
+from jobs.services.rows import input_parquet_path, parquet_cache_prune
 from jobs.storage import storage_for
 from jobs.validation import InputRejected, validate_jsonl, validate_parquet
 from jobs.validation.core import MAX_TOKEN_BYTES, TEXT_MAX_BYTES, line_max_bytes

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 WINDOW_SECONDS = 60
+RATE_LIMITER = "ratelimit"  # the per-key request counters
 # A client that sends a valid key gets this wrong rarely (a rotated key in one deploy);
 # a flood of guessed or revoked keys is held to it.
 INVALID_KEYS_PER_MINUTE = 60
@@ -50,13 +51,23 @@ class WindowHit:
     seconds_left: float  # until the window ends
 
 
+def window_counter(limiter: str, subject: object, now: float) -> tuple[str, float]:
+    """The Redis counter of `subject`'s current window, and the seconds until it ends (the
+    realtime API counts a key's requests in the same one, realtime/concurrency.py)."""
+    window = int(now // WINDOW_SECONDS)
+    return f"anex:{limiter}:{subject}:{window}", (window + 1) * WINDOW_SECONDS - now
+
+
+def key_rate_limit(key: ApiKey) -> int:
+    """The requests a minute this key may send."""
+    return key.rate_limit_per_minute or settings.ANEX_DEFAULT_RATE_LIMIT_PER_MINUTE
+
+
 def window_hit(limiter: str, subject: object) -> WindowHit | None:
     """Count one hit for `subject` in the current fixed window of the `limiter` counters
     (a key, a client address); None when Redis cannot be reached, and the caller lets the
     request through."""
-    now = time.time()
-    window = int(now // WINDOW_SECONDS)
-    counter = f"anex:{limiter}:{subject}:{window}"
+    counter, seconds_left = window_counter(limiter, subject, time.time())
     try:
         pipe = redis_client().pipeline()
         pipe.incr(counter)
@@ -65,7 +76,7 @@ def window_hit(limiter: str, subject: object) -> WindowHit | None:
     except redis.RedisError as exc:
         logger.warning("%s limiter unavailable, request allowed: %s", limiter, exc)
         return None
-    return WindowHit(int(count), (window + 1) * WINDOW_SECONDS - now)
+    return WindowHit(int(count), seconds_left)
 
 
 class ApiKeyRateThrottle(BaseThrottle):
@@ -76,8 +87,8 @@ class ApiKeyRateThrottle(BaseThrottle):
         key = request.auth
         if not isinstance(key, ApiKey):
             return True
-        limit = key.rate_limit_per_minute or settings.ANEX_DEFAULT_RATE_LIMIT_PER_MINUTE
-        hit = window_hit("ratelimit", key.pk)
+        limit = key_rate_limit(key)
+        hit = window_hit(RATE_LIMITER, key.pk)
         if hit is None or hit.count <= limit:
             return True
         self._wait = hit.seconds_left

@@ -1,12 +1,14 @@
-"""Chat rows through vLLM: the whole chunk in one engine run.
+"""Chat rows through vLLM: a chunk's rows rendered once, then fed to the running engine.
 
 Each row's prompt is rendered here with the checkpoint's own chat template and that row's
 chat_template_kwargs (vLLM's LLM.chat takes one set of kwargs for a whole call, and rows
-differ: thinking on or off, effort), then every row goes to one LLM.generate. A row the
-engine refuses fails alone:
+differ: thinking on or off, effort) by inference.tokens.ChatTemplate, the function the
+estimate counts with, and the chunk's prompts are encoded in one batch. The rows then join
+the engine's running batch through its feed (feed.py), beside the rows of the worker's
+other chunks. A row the engine refuses fails alone:
 - its prompt leaves no room to answer in the context: refused before anything runs;
 - its response_format cannot be compiled into a grammar (vLLM refuses it as the request is
-  added): the run is retried with that row left out, every other row still in one run.
+  added): that request alone is refused, every other row still runs.
 
 Thinking (output-format.txt): the checkpoint's template opens the trace of a thinking row
 (Qwen3's `<think>`), so everything generated until `</think>` is reasoning and goes to
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inference.engines.runtime import llm_load
+from inference.engines.runtime import feed_of, llm_load
 from inference.engines.thinking import thinking_args
 from inference.engines.types import (
     ChatOutcome,
@@ -34,6 +36,7 @@ from inference.engines.types import (
     RowError,
     RowRefused,
 )
+from inference.tokens import RENDERING_ARGUMENTS, checkpoint_tokens
 from jobs.response_format import json_schema_satisfied, response_format_problem
 
 logger = logging.getLogger(__name__)
@@ -64,7 +67,10 @@ class ChatEngine:
         self.llm = loaded.llm
         self.lock = loaded.lock
         self.load_seconds = loaded.seconds
+        self.feed = feed_of(loaded)
         self.tokenizer = self.llm.get_tokenizer()
+        # The template and tokenizer the estimate counts with (inference/tokens.py).
+        self.tokens = checkpoint_tokens(checkpoint.resolve())
         # The context a row is served in: the catalog's, within what the engine was built
         # with (it may be shared with another model id on the same checkpoint).
         self.context_tokens = min(context_tokens, int(self.llm.model_config.max_model_len))
@@ -90,63 +96,51 @@ class ChatEngine:
     # -- the chunk --------------------------------------------------------------------------
 
     def generate(self, rows: list[ChatRow], settings: ChatSettings) -> list[ChatOutcome]:
+        """Every row rendered once, its prompt encoded in one batch with the chunk's others,
+        then all of them through the engine's feed beside whatever else is running."""
         outcomes: list[ChatOutcome | None] = [None] * len(rows)
-        prepared: list[_Prepared] = []
+        texts: list[str] = []
+        rendered: list[int] = []
         for index, row in enumerate(rows):
             try:
-                prepared.append(self._prepare(index, row, settings))
+                texts.append(self._render(row))
             except RowRefused as refused:
                 outcomes[index] = ChatOutcome.failed(refused.error)
-        with self.lock:
-            ran = self._run(prepared, outcomes)
-        for item, output in ran:
-            outcomes[item.index] = self._outcome(item, output)
+                continue
+            rendered.append(index)
+        prepared: list[_Prepared] = []
+        shared: dict[int, Any] = {}  # rows with the same plain settings share their params
+        for index, text, prompt in zip(rendered, texts, self._encode_batch(texts),
+                                       strict=True):
+            try:
+                prepared.append(self._prepare(index, rows[index], text, prompt, settings,
+                                              shared))
+            except RowRefused as refused:
+                outcomes[index] = ChatOutcome.failed(refused.error)
+        refusals = _refusal_types()
+        results = self.feed.run([{"prompt_token_ids": item.prompt} for item in prepared],
+                                [item.params for item in prepared])
+        for item, result in zip(prepared, results, strict=True):
+            if isinstance(result, refusals):
+                outcomes[item.index] = ChatOutcome.failed(_refusal(result))
+            elif isinstance(result, Exception):
+                raise result  # not the row's fault: the chunk fails and is retried
+            else:
+                outcomes[item.index] = self._outcome(item, result)
         assert all(outcome is not None for outcome in outcomes)
         return [outcome for outcome in outcomes if outcome is not None]
 
-    def _run(self, prepared: list[_Prepared],
-             outcomes: list[ChatOutcome | None]) -> list[tuple[_Prepared, Any]]:
-        """One engine run for every prepared row. vLLM refuses a bad request as it is
-        added and drops the whole call; then the refused rows are found one by one (adding
-        is cheap, nothing has run) and the rest run together."""
-        if not prepared:
-            return []
-        refusals = _refusal_types()
-        prompts = [{"prompt_token_ids": item.prompt} for item in prepared]
-        try:
-            results = self.llm.generate(prompts, [item.params for item in prepared],
-                                        use_tqdm=False)
-            return list(zip(prepared, results, strict=True))
-        except refusals as error:
-            if len(prepared) == 1:
-                outcomes[prepared[0].index] = ChatOutcome.failed(_refusal(error))
-                return []
-        accepted: list[_Prepared] = []
-        request_ids: list[str] = []
-        for item in prepared:
-            try:
-                [request_id] = self.llm.enqueue(
-                    [{"prompt_token_ids": item.prompt}], [item.params], use_tqdm=False)
-            except refusals as error:
-                outcomes[item.index] = ChatOutcome.failed(_refusal(error))
-                continue
-            accepted.append(item)
-            request_ids.append(request_id)
-        if not accepted:
-            return []
-        by_id = {output.request_id: output
-                 for output in self.llm.wait_for_completion(use_tqdm=False)}
-        # enqueue answers vLLM's internal id, "<our id>-<8 random characters>"; an output
-        # carries ours.
-        return [(item, by_id[request_id.rsplit("-", 1)[0]])
-                for item, request_id in zip(accepted, request_ids, strict=True)]
+    def _encode_batch(self, texts: list[str]) -> list[list[int]]:
+        if self.tokens is not None:
+            return self.tokens.encode_batch(texts)
+        return [self._encode(text) for text in texts]
 
     # -- one row ----------------------------------------------------------------------------
 
-    def _prepare(self, index: int, row: ChatRow, settings: ChatSettings) -> _Prepared:
+    def _prepare(self, index: int, row: ChatRow, text: str, prompt: list[int],
+                 settings: ChatSettings, shared: dict[int, Any]) -> _Prepared:
         from vllm import SamplingParams
 
-        prompt = self._render(row)
         room = self.context_tokens - len(prompt)
         if room < 1:
             raise RowRefused(RowError.invalid_request(
@@ -154,21 +148,26 @@ class ChatEngine:
                 f"output in the {self.context_tokens:,}-token context of model "
                 f"'{self.model_id}'. Shorten or split this row.",
                 code="context_length_exceeded", param="messages"))
-        thinking = self._opens_trace(prompt)
+        thinking = self._opens_trace(text)
         response_format = _structured(row.response_format)
         extra_args = None
         if thinking and settings.reasoning_budget and self.open_id is not None \
                 and self.close_id is not None:
             extra_args = thinking_args(budget=settings.reasoning_budget, open_id=self.open_id,
                                        close_id=self.close_id, notice_ids=self.notice_ids)
-        params = SamplingParams(
-            # The job's cap, within what is left of the context once the prompt is in it.
-            max_tokens=min(settings.max_tokens, room),
-            temperature=settings.temperature,
-            seed=settings.seed,
-            structured_outputs=_structured_params(response_format),
-            extra_args=extra_args,
-        )
+        # The job's cap, within what is left of the context once the prompt is in it.
+        max_tokens = min(settings.max_tokens, room)
+        plain = response_format is None and extra_args is None
+        params = shared.get(max_tokens) if plain else None
+        if params is None:
+            # detokenize=False: the outcome decodes the ids itself (reasoning is split from
+            # content by token), so the engine's step loop need not build text as well.
+            params = SamplingParams(
+                max_tokens=max_tokens, temperature=settings.temperature, seed=settings.seed,
+                structured_outputs=_structured_params(response_format), extra_args=extra_args,
+                detokenize=False)
+            if plain:
+                shared[max_tokens] = params
         return _Prepared(index=index, prompt=prompt, params=params, thinking=thinking,
                          response_format=response_format)
 
@@ -186,27 +185,30 @@ class ChatEngine:
                         f"model '{self.model_id}' reads text only; this row carries a "
                         f"{kind!r} content part", param="messages"))
 
-    def _render(self, row: ChatRow) -> list[int]:
+    def _render(self, row: ChatRow) -> str:
+        """The row's prompt text: the checkpoint's template under the row's kwargs, by the
+        very function the estimate counts with (inference.tokens.ChatTemplate)."""
         self._check_parts(row)
-        # The row's kwargs reach the template; none may stand in for a rendering argument.
-        kwargs = {key: value for key, value in (row.chat_template_kwargs or {}).items()
-                  if key.isidentifier() and key not in _RENDERING_ARGUMENTS}
+        kwargs = row.chat_template_kwargs or {}
         try:
-            text = self.tokenizer.apply_chat_template(
-                row.messages, tokenize=False, add_generation_prompt=True, **kwargs)
+            if self.tokens is not None and self.tokens.template is not None:
+                return self.tokens.template.render(row.messages, kwargs)
+            # The row's kwargs reach the template; none may stand in for a rendering argument.
+            own = {key: value for key, value in kwargs.items()
+                   if key.isidentifier() and key not in RENDERING_ARGUMENTS}
+            return str(self.tokenizer.apply_chat_template(
+                row.messages, tokenize=False, add_generation_prompt=True, **own))
         except Exception as error:
             raise RowRefused(RowError.invalid_request(
                 f"The chat template of model '{self.model_id}' could not render this row's "
                 f"messages: {error}", param="messages")) from error
-        return self._encode(str(text))
 
-    def _opens_trace(self, prompt: list[int]) -> bool:
-        """The template left a trace open: the row thinks (chat_template_kwargs decided)."""
+    def _opens_trace(self, text: str) -> bool:
+        """The template left a trace open: the row thinks (chat_template_kwargs decided).
+        Read off the text: both markers are single special tokens of the checkpoint."""
         if self.open_id is None:
             return False
-        last_open = max((i for i, t in enumerate(prompt) if t == self.open_id), default=-1)
-        last_close = max((i for i, t in enumerate(prompt) if t == self.close_id), default=-1)
-        return last_open > last_close
+        return text.rfind(THINK_OPEN) > text.rfind(THINK_CLOSE)
 
     def _outcome(self, item: _Prepared, output: Any) -> ChatOutcome:
         completion = output.outputs[0]
@@ -283,14 +285,6 @@ def _satisfies(content: str | None, response_format: dict[str, Any]) -> bool:
     except Exception as error:  # any failure of the check is the row's, not the chunk's
         logger.info("response_format check failed on a row: %s", type(error).__name__)
         return False
-
-
-_RENDERING_ARGUMENTS = frozenset({
-    "conversation", "tools", "documents", "chat_template", "add_generation_prompt",
-    "continue_final_message", "tokenize", "padding", "truncation", "max_length",
-    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
-    "messages",
-})
 
 
 def _refusal_types() -> tuple[type[Exception], ...]:

@@ -6,9 +6,9 @@ How a question is answered: the text, then the question and its options each beh
 one-token label (A, B, …), are rendered through the checkpoint's chat template with
 thinking off; the model's next-token log-probabilities of the labels, renormalised over the
 labels, are the option probabilities. Every question of every row of a chunk is one prompt
-of one LLM.generate (max_tokens=1, logprob_token_ids = the labels): nothing is generated
-that anyone reads. The text comes first in each prompt, so a row's questions share their
-prefix and prefix caching reads the text once.
+of one engine run through the checkpoint's feed (feed.py; max_tokens=1, logprob_token_ids =
+the labels): nothing is generated that anyone reads. The text comes first in each prompt,
+so a row's questions share their prefix and prefix caching reads the text once.
 
 Routing: a row's text goes to the "english" checkpoint when the row's lang is one that
 checkpoint reads, or, without a lang, when its letters are mostly Latin script; otherwise
@@ -22,16 +22,16 @@ from __future__ import annotations
 import json
 import math
 import string
-import threading
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer
 
-from inference.engines.runtime import llm_load
+from inference.engines.feed import EngineFeed
+from inference.engines.runtime import feed_of, llm_load
 from inference.engines.types import DecisionOutcome, DecisionRow, RowError, RowRefused
 
 ENGLISH = "english"
@@ -69,7 +69,7 @@ class _Reader:
     """One routed checkpoint: its engine, tokenizer and single-token labels."""
 
     llm: Any
-    lock: threading.Lock
+    feed: EngineFeed  # shared with the chat engine on the same checkpoint (feed.py)
     tokenizer: Any
     labels: list[tuple[str, int]]
     max_model_len: int
@@ -107,7 +107,7 @@ class DecisionEngine:
             ids = tokenizer.encode(label, add_special_tokens=False)
             if len(ids) == 1:
                 labels.append((label, int(ids[0])))
-        return _Reader(llm=loaded.llm, lock=loaded.lock, tokenizer=tokenizer, labels=labels,
+        return _Reader(llm=loaded.llm, feed=feed_of(loaded), tokenizer=tokenizer, labels=labels,
                        max_model_len=int(loaded.llm.model_config.max_model_len))
 
     # -- the chunk --------------------------------------------------------------------------
@@ -119,7 +119,7 @@ class DecisionEngine:
         readers: dict[int, _Reader] = {}
         plans: dict[int, tuple[list[_Question], dict[str, str], int]] = {}
         for index, row in enumerate(rows):
-            text = _state_text(row.state)
+            text = state_text(row.state)
             routing = route_for(text if text is not None else "", row.lang)
             try:
                 if text is None:
@@ -160,10 +160,11 @@ class DecisionEngine:
                                  logprob_token_ids=[t for _, t in
                                                     reader.labels[:len(question.keys)]])
                   for _, question, _ in batch]
-        with reader.lock:
-            results = reader.llm.generate(
-                [{"prompt_token_ids": prompt} for _, _, prompt in batch], params,
-                use_tqdm=False)
+        results = reader.feed.run([{"prompt_token_ids": prompt} for _, _, prompt in batch],
+                                  params)
+        for result in results:
+            if isinstance(result, Exception):  # a prompt we built: the chunk fails, retried
+                raise result
         scored = []
         for (_, question, _), result in zip(batch, results, strict=True):
             logprobs = result.outputs[0].logprobs[0]
@@ -244,7 +245,7 @@ class DecisionEngine:
             name=name, type=kind, instructions=self._cut(instructions, INSTRUCTIONS_TOKENS,
                                                           reader),
             keys=[key for key, _ in options], texts=texts,
-            billed_text=_billed_text(instructions, criteria), legend=legend)
+            billed_text=question_text(raw), legend=legend)
 
     def _fit_options(self, options: list[tuple[str, str]], reader: _Reader,
                      refuse: Callable[[str], RowRefused]) -> list[str]:
@@ -338,9 +339,11 @@ def _model_len(checkpoint: Path) -> int:
 
 # -- answers -------------------------------------------------------------------------------
 
-def _state_text(state: object) -> str | None:
-    """The text a row is read as: a string, or an object's compact JSON rendering (what the
-    validator measures against the state limit)."""
+def state_text(state: object) -> str | None:
+    """The text a decision row (or realtime request) is read and billed as: a string as it
+    is, an object as its compact, unescaped JSON rendering (the reference: "an object
+    counts as its JSON rendering"); None for anything else. The validator measures this
+    against the state limit and counts it, the engine reads it."""
     if isinstance(state, str):
         return state
     if isinstance(state, dict):
@@ -353,11 +356,15 @@ def _described(answer: str, description: object) -> str:
         else answer
 
 
-def _billed_text(instructions: str, criteria: object) -> str:
-    """A question's own words, joined as the estimator joins them (jobs/validation/
-    decisions.py): the instructions, then each option as "key: description" (or the
-    description alone for a score level)."""
-    pieces = [instructions]
+def question_text(question: Mapping[str, object]) -> str:
+    """A question's own words, as a row's estimate counts them and its serving bills them:
+    the instructions, then each option as "key: description" (the key alone when it has
+    no description; a score level's description alone), one per line."""
+    pieces: list[str] = []
+    instructions = question.get("instructions")
+    if isinstance(instructions, str):
+        pieces.append(instructions)
+    criteria = question.get("criteria")
     if isinstance(criteria, dict):
         pieces += [f"{k}: {v}" if isinstance(v, str) else str(k) for k, v in criteria.items()]
     elif isinstance(criteria, list):

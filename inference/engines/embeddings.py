@@ -1,4 +1,5 @@
-"""Embedding rows through vLLM's pooling runner: one engine run per chunk.
+"""Embedding rows through vLLM's pooling runner: one engine run per chunk, its texts
+tokenized in one batch and its vectors cut and normalised as one matrix.
 
 What reaches the model is the row's text, verbatim: no instruction, no template (the
 reference's "How embedding inputs are processed"). The checkpoint's own tokenizer adds its
@@ -18,12 +19,12 @@ text (the estimator's text-plus-one count is one short of that on this checkpoin
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 from inference.engines.runtime import llm_load
 from inference.engines.types import EmbedOutcome, EmbedRow, RowError
+from inference.tokens import checkpoint_tokens
 
 END_OF_TEXT = "<|endoftext|>"
 
@@ -41,18 +42,28 @@ class EmbeddingEngine:
         self.context_tokens = min(context_tokens, int(self.llm.model_config.max_model_len))
         self.dimensions_native = dimensions_native or int(self.llm.model_config.embedding_size)
         self.dimensions_min = dimensions_min or 1
+        # The tokenizer the estimate counts with (inference/tokens.py), in batches.
+        self.tokens = checkpoint_tokens(checkpoint.resolve())
+        # Whether the tokenizer adds markers of its own is a property of the tokenizer, not
+        # of a text: asked once. Where it adds none, one end-of-text token is appended.
+        self.end_id: int | None = None
+        if self._encode(["x"], marked=True) == self._encode(["x"], marked=False):
+            end = self.tokenizer.convert_tokens_to_ids(END_OF_TEXT)
+            if not isinstance(end, int) or end == self.tokenizer.unk_token_id:
+                end = self.tokenizer.eos_token_id
+            self.end_id = end if isinstance(end, int) else None
 
     def embed(self, rows: list[EmbedRow]) -> list[EmbedOutcome]:
-        from vllm.pooling_params import PoolingParams
-
         outcomes: list[EmbedOutcome | None] = [None] * len(rows)
-        accepted: list[tuple[int, list[int]]] = []
+        valid: list[int] = []
         for index, row in enumerate(rows):
             error = self._refusal(row)
             if error is not None:
                 outcomes[index] = EmbedOutcome(vector=None, prompt_tokens=0, error=error)
-                continue
-            ids = self._tokens(row.text)
+            else:
+                valid.append(index)
+        accepted: list[tuple[int, list[int]]] = []
+        for index, ids in zip(valid, self._tokens([rows[i].text for i in valid]), strict=True):
             if len(ids) > self.context_tokens:
                 outcomes[index] = EmbedOutcome(vector=None, prompt_tokens=0,
                                                error=RowError.invalid_request(
@@ -62,28 +73,42 @@ class EmbeddingEngine:
                 continue
             accepted.append((index, ids))
         if accepted:
-            with self.lock:
-                results = self.llm.embed(
-                    [{"prompt_token_ids": ids} for _, ids in accepted],
-                    # Unnormalised: the width is cut first, then normalised (see above).
-                    pooling_params=PoolingParams(use_activation=False), use_tqdm=False)
-            for (index, ids), result in zip(accepted, results, strict=True):
-                outcomes[index] = EmbedOutcome(
-                    vector=_unit(result.outputs.embedding, rows[index].dimensions),
-                    prompt_tokens=len(ids))
+            vectors = self._pooled([ids for _, ids in accepted],
+                                   [rows[index].dimensions for index, _ in accepted])
+            for (index, ids), vector in zip(accepted, vectors, strict=True):
+                outcomes[index] = EmbedOutcome(vector=vector, prompt_tokens=len(ids))
         return [outcome for outcome in outcomes if outcome is not None]
 
-    def _tokens(self, text: str) -> list[int]:
-        """The text with the checkpoint's own markers; where its tokenizer adds none, one
+    def _pooled(self, prompts: list[list[int]], widths: list[int | None]) -> list[list[float]]:
+        """One engine run; each pooled state cut to its row's width, then made unit length
+        (unnormalised from the engine: truncating a unit vector would leave it short)."""
+        import torch
+        from vllm.pooling_params import PoolingParams
+
+        with self.lock:
+            results = self.llm.encode([{"prompt_token_ids": ids} for ids in prompts],
+                                      pooling_params=PoolingParams(use_activation=False),
+                                      pooling_task="embed", use_tqdm=False)
+        states = torch.stack([result.outputs.data for result in results]).to(torch.float64)
+        if len(set(widths)) == 1:  # the common chunk: one width, cut and scaled at once
+            return _unit_rows(states, widths[0])
+        return [_unit_rows(state.unsqueeze(0), width)[0]
+                for state, width in zip(states, widths, strict=True)]
+
+    def _encode(self, texts: list[str], *, marked: bool) -> list[list[int]]:
+        if self.tokens is not None:
+            return self.tokens.encode_batch_marked(texts) if marked \
+                else self.tokens.encode_batch(texts)
+        return [list(self.tokenizer.encode(text, add_special_tokens=marked)) for text in texts]
+
+    def _tokens(self, texts: list[str]) -> list[list[int]]:
+        """Each text with the checkpoint's own markers; where its tokenizer adds none, one
         end-of-text token appended (the reference: a string row is pooled there)."""
-        ids = list(self.tokenizer.encode(text, add_special_tokens=True))
-        if ids == list(self.tokenizer.encode(text, add_special_tokens=False)):
-            end = self.tokenizer.convert_tokens_to_ids(END_OF_TEXT)
-            if not isinstance(end, int) or end == self.tokenizer.unk_token_id:
-                end = self.tokenizer.eos_token_id
-            if isinstance(end, int):
-                ids.append(end)
-        return ids
+        encoded = self._encode(texts, marked=True)
+        if self.end_id is not None:
+            for ids in encoded:
+                ids.append(self.end_id)
+        return encoded
 
     def _refusal(self, row: EmbedRow) -> RowError | None:
         if not isinstance(row.text, str) or not row.text:
@@ -99,11 +124,12 @@ class EmbeddingEngine:
         return None
 
 
-def _unit(vector: Any, dimensions: int | None) -> list[float]:
-    values = [float(x) for x in vector]
-    if dimensions is not None:
-        values = values[:dimensions]
-    norm = math.sqrt(math.fsum(x * x for x in values))
-    if norm == 0.0:
-        return values  # an all-zero state has no direction to keep
-    return [x / norm for x in values]
+def _unit_rows(states: Any, width: int | None) -> list[list[float]]:
+    """Rows of a float64 matrix cut to `width` and scaled to unit length (an all-zero state
+    has no direction to keep and is left as it is)."""
+    import torch
+
+    cut = states[:, :width] if width is not None else states
+    norms = torch.linalg.vector_norm(cut, dim=1, keepdim=True)
+    scaled = torch.where(norms > 0, cut / torch.where(norms > 0, norms, 1.0), cut)
+    return list(scaled.tolist())

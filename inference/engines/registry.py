@@ -1,8 +1,9 @@
 """engine_for(model_id): the process's engine for a served model id.
 
 Which checkpoint serves which id is deployment configuration (ANEX_CHECKPOINTS); what kind
-of engine, and its limits, come from the catalog (STYLE.md rule 9). Engines are built once
-per process and kept (runtime.py shares one vLLM engine between ids on one checkpoint).
+of engine, and its limits, come from the catalog (STYLE.md rule 9): the model's task kind
+(inference.kinds) builds it. Engines are built once per process and kept (runtime.py shares
+one vLLM engine between ids on one checkpoint).
 """
 
 from __future__ import annotations
@@ -15,12 +16,10 @@ from inference.catalog import model_get
 from inference.engines.chat import ChatEngine
 from inference.engines.decisions import DecisionEngine
 from inference.engines.embeddings import EmbeddingEngine
+from inference.kinds import kind_for
 from inference.warmth import engine_used
 
 Engine = ChatEngine | EmbeddingEngine | DecisionEngine
-
-# The catalog's option budget when a decision model states none (the reference: 192).
-DEFAULT_OPTION_BUDGET = 192
 
 
 class EngineNotConfigured(LookupError):
@@ -55,16 +54,4 @@ def _build(model_id: str) -> Engine:
     if not checkpoint.is_dir():
         raise EngineNotConfigured(f"model '{model_id}': checkpoint {checkpoint} is not a "
                                   "directory")
-    if model.task == "chat":
-        return ChatEngine(model_id=model_id, checkpoint=checkpoint,
-                          context_tokens=model.context_tokens, reasoning=model.reasoning)
-    if model.task == "embed":
-        return EmbeddingEngine(model_id=model_id, checkpoint=checkpoint,
-                               context_tokens=model.context_tokens,
-                               dimensions_native=model.dimensions_native,
-                               dimensions_min=model.dimensions_min)
-    return DecisionEngine(model_id=model_id, checkpoint=checkpoint,
-                          context_tokens=model.context_tokens,
-                          option_budget_tokens=model.option_budget_tokens
-                          or DEFAULT_OPTION_BUDGET,
-                          max_questions=model.max_questions)
+    return kind_for(model).engine_build(model, checkpoint)

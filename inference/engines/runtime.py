@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from inference.engines.feed import EngineFeed
+
 logger = logging.getLogger(__name__)
 
 CPU_KVCACHE_GIB = "1"
@@ -40,6 +42,7 @@ class Loaded:
 
 
 _engines: dict[tuple[Path, str], Loaded] = {}
+_feeds: dict[int, EngineFeed] = {}
 _lock = threading.Lock()
 
 
@@ -74,6 +77,16 @@ def llm_load(checkpoint: Path, *, runner: str, max_model_len: int,
             loaded = _engines[key] = _build(key[0], runner=runner, max_model_len=max_model_len,
                                             reasoning_parser=reasoning_parser)
         return loaded
+
+
+def feed_of(loaded: Loaded) -> EngineFeed:
+    """The one feed of a loaded generate engine (feed.py): every chunk thread of the process
+    hands its requests to it, so they share one running batch."""
+    with _lock:
+        feed = _feeds.get(id(loaded.llm))
+        if feed is None:
+            feed = _feeds[id(loaded.llm)] = EngineFeed(loaded.llm, loaded.lock)
+        return feed
 
 
 def _build(checkpoint: Path, *, runner: str, max_model_len: int,

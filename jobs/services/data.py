@@ -24,6 +24,11 @@ DELETED = "The result data has been deleted: job payloads are kept for 30 days a
 STOPPING = "the job is being cancelled; its input and any result will be deleted once it stops"
 
 
+def merged_key(job: Job) -> str:
+    """Where GET /jobs/{id}/result?merged=true writes the job's merged result."""
+    return f"results/{job.organization_id}/{job.pk}/merged.{job.format}"
+
+
 def job_result_link(*, job: Job) -> dict[str, object]:
     """GET /jobs/{id}/result: a fresh presigned link, or why there is none."""
     if job.data_deleted_at is not None:
@@ -49,6 +54,13 @@ def job_data_purge(*, job: Job) -> Job:
         storage.delete(chunk_key(job, chunk.index))
     if job.result_key:
         storage.delete(job.result_key)
+    # A merged result (jobs.services.rerun) copies its re-runs' rows: the job's own goes,
+    # and so does every ancestor's that may hold this job's rows (re-made on the next
+    # ?merged=true without them).
+    ancestor: Job | None = job
+    while ancestor is not None:
+        storage_for(ancestor.data_residency).delete(merged_key(ancestor))
+        ancestor = ancestor.parent
     if job.input is not None:
         storage.delete(job.input.object_key)
         # The input may be shared by other jobs: its object is gone for all of them, so it

@@ -15,12 +15,13 @@ import tempfile
 import uuid
 
 from anex.net import FetchError, fetch
-from billing.pricing import Usage, price
+from billing.pricing import price
 from inference.catalog import CatalogModel, model_get
+from inference.kinds import kind_for
 from inference.tokens import token_counter
 from inference.warmth import startup_seconds
-from jobs.constants import FailureCode, InputFormat, JobStatus, TaskType
-from jobs.models import Job
+from jobs.constants import FailureCode, InputFormat, JobStatus
+from jobs.models import Input, Job
 from jobs.services.inputs import INPUT_CHANGED
 from jobs.services.lifecycle import (
     WORKER,
@@ -31,14 +32,19 @@ from jobs.services.lifecycle import (
 )
 from jobs.services.sampling import sample_enqueue
 from jobs.storage import StorageChanged, storage_for
-from jobs.validation import FileReport, InputRejected, JobOptions, validate_jsonl, validate_parquet
+from jobs.validation import (
+    CountTokens,
+    FileReport,
+    InputRejected,
+    JobOptions,
+    RowErrors,
+    validate_jsonl,
+    validate_parquet,
+)
 
 logger = logging.getLogger(__name__)
 
 CANNOT_PRICE = "We could not prepare a price for this job automatically."
-# Processing time is the start-up the workers measured (inference/warmth.py) plus the
-# tokens at a conservative rate per task (a chat job's sample measures its own rate).
-TOKENS_PER_SECOND = {TaskType.CHAT: 2_000, TaskType.EMBED: 50_000, TaskType.DECIDE: 100_000}
 
 
 def media_content_type(url: str) -> str | None:
@@ -55,15 +61,11 @@ def media_content_type(url: str) -> str | None:
 
 
 def needs_sample(job: Job, model: CatalogModel) -> bool:
-    """The reference: the output cap is estimated from a sample when omitted, and on a
-    reasoning model the sample still sets the thinking budget unless one was given or
-    reasoning is off."""
-    if model.task != "chat":
-        return False
-    if job.max_output_tokens_requested is None:
-        return True
-    return (model.reasoning and job.reasoning is not False
-            and job.reasoning_budget_requested is None)
+    """Whether the job is priced from a sampled output length (its kind decides, from what
+    the job asked for)."""
+    return kind_for(model).needs_sample(
+        model, max_output_tokens=job.max_output_tokens_requested, reasoning=job.reasoning,
+        reasoning_budget=job.reasoning_budget_requested)
 
 
 def _claim(job: Job) -> bool:
@@ -81,35 +83,39 @@ def _validate(job: Job, model: CatalogModel, count_tokens: object) -> FileReport
         reasoning_effort=job.reasoning_effort or None, response_format=job.response_format,
         dimensions=job.dimensions, video_fps=job.video_fps,
     )
-    storage = storage_for(job.input.data_residency)
+    return input_validate(item=job.input, options=options,
+                          count_tokens=count_tokens)  # type: ignore[arg-type]
+
+
+def input_validate(*, item: Input, options: JobOptions, count_tokens: CountTokens,
+                   errors: RowErrors | None = None) -> FileReport:
+    """Every row of the input checked against a job's options and counted: a job's
+    estimate, and (collecting every failing row in `errors`) a preflight check."""
+    storage = storage_for(item.data_residency)
     # Pinned to the bytes the input froze on: a swapped file raises StorageChanged.
-    with storage.open(job.input.object_key, pin=job.input.content_pin) as stream:
-        if job.format == InputFormat.JSONL:
-            return validate_jsonl(stream, options, count_tokens=count_tokens,  # type: ignore[arg-type]
-                                  probe_content_type=media_content_type)
+    with storage.open(item.object_key, pin=item.content_pin) as stream:
+        if item.format == InputFormat.JSONL:
+            return validate_jsonl(stream, options,  # type: ignore[arg-type]
+                                  count_tokens=count_tokens,
+                                  probe_content_type=media_content_type, errors=errors)
         # Parquet is read by row group, which needs a seekable file: spool it to disk.
         with tempfile.TemporaryFile() as local:
             shutil.copyfileobj(stream, local, 1024 * 1024)
             local.seek(0)
-            return validate_parquet(local, options, count_tokens=count_tokens,  # type: ignore[arg-type]
-                                    probe_content_type=media_content_type)
+            return validate_parquet(local, options, count_tokens=count_tokens,
+                                    probe_content_type=media_content_type, errors=errors)
 
 
 def _estimate_fields(job: Job, model: CatalogModel, report: FileReport) -> dict[str, object]:
-    output_per_row = job.max_output_tokens_requested or 0
-    usage: Usage = report.usage
-    if model.task == "chat":
-        if report.output_headroom is not None and output_per_row > report.output_headroom:
-            raise InputRejected(
-                f"max_output_tokens {output_per_row:,} does not fit: the longest row leaves "
-                f"{report.output_headroom:,} tokens of '{model.id}''s context for the output. "
-                "Lower max_output_tokens, or shorten or split the longest rows.")
-        usage = usage + Usage(output_tokens=output_per_row * report.rows)
+    kind = kind_for(model)
+    usage = kind.estimate_usage(model, report,
+                                max_output_tokens=job.max_output_tokens_requested)
     input_tokens = usage.input_tokens + usage.media_tokens + usage.media_row_tokens
-    task = TaskType(model.task)
     generated = input_tokens + usage.output_tokens
-    seconds = (startup_seconds(model_id=model.id, task=task)
-               + generated // TOKENS_PER_SECOND[task])
+    # Processing time is the start-up the workers measured (inference/warmth.py) plus the
+    # tokens at the kind's conservative rate (a chat job's sample measures its own rate).
+    seconds = (startup_seconds(model_id=model.id, task=kind.task)
+               + generated // kind.tokens_per_second)
     return {
         "est_input_tok": input_tokens,
         "est_output_tok": usage.output_tokens,

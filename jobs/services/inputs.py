@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import datetime, timedelta
 from pathlib import PurePosixPath
 from urllib.parse import urlsplit
@@ -94,6 +94,26 @@ def input_upload_create(*, organization: Organization, actor: Actor, fmt: InputF
                      target=item, data={"mode": "upload", "format": fmt,
                                         "data_residency": residency})
     return item, {"upload_url": target.url, "fields": target.fields}
+
+
+def input_derived_create(*, organization: Organization, actor: Actor, fmt: InputFormat,
+                         residency: Region, chunks: Iterable[bytes], mode: str) -> Input:
+    """An input the product writes itself from rows it already holds (a re-run's rows,
+    jobs.services.rerun): stored, frozen on its bytes and ready at once, kept as long as
+    an upload. Call it inside the transaction that uses it; the caller removes the object
+    (jobs.storage delete) if that transaction does not commit."""
+    input_id = uuid.uuid4()
+    key = _object_key(organization, input_id, fmt)
+    storage = storage_for(residency)
+    storage.write_stream(key, chunks, max_bytes=settings.ANEX_INPUT_MAX_BYTES)
+    size, pin = storage.fingerprint(key)
+    item = Input.objects.create(
+        id=input_id, organization=organization, format=fmt, data_residency=residency,
+        object_key=key, input_s3_uri=storage.uri(key), created_by_key=actor.key,
+        **_ready_fields(size, pin))  # type: ignore[arg-type]
+    audit_record(organization=organization, actor=actor, action=AuditAction.INPUT_CREATED,
+                 target=item, data={"mode": mode, "format": fmt, "data_residency": residency})
+    return item
 
 
 def _advertised_size(source_url: str) -> int | None:

@@ -1,33 +1,25 @@
-"""A chunk's rows: read from the input, turned into engine requests, and each outcome
-turned into the record the chunk's results object keeps (one JSON line per row).
-
-The job's model and output cap always win over a row's; a row's own thinking setting,
-effort level and response_format win over the job's (output-format.txt).
+"""A chunk's rows: read from the input (a parquet row as the request body its kind reads it
+as), and each served row turned into the record the chunk's results object keeps (one JSON
+line per row). What a row's body becomes for the engine, and what its outcome becomes, is
+its kind's (inference.kinds).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jobs.constants import TERMINAL_STATUSES, InputFormat, RowOutcome
+from inference.kinds import ServedRow, kind_named
+from jobs.constants import TERMINAL_STATUSES, InputFormat
 from jobs.models import Chunk, Job
+from jobs.results import line_loads
 from jobs.storage import LocalRegionStorage, storage_for
-from jobs.validation.chat import ROW_TEMPLATE_KWARGS
-from jobs.validation.parquet import (
-    MESSAGES,
-    PROMPT,
-    parquet_columns,
-    parquet_open,
-    parquet_rows,
-)
+from jobs.validation.parquet import parquet_columns, parquet_open, parquet_rows
 
 # Downloaded parquet inputs on this machine (an S3 object is fetched once per job, not per
 # chunk), one folder per job: a job's purge removes its folder, a job that has ended loses
@@ -135,75 +127,26 @@ def rows_read(job: Job, chunk: Chunk) -> list[InputRow]:
         lines = [line for line in data.splitlines() if line.strip()]
         rows = []
         for offset, line in enumerate(lines):
-            request = json.loads(line)
+            request = line_loads(line)
             rows.append(InputRow(chunk.first_row + offset, str(request["custom_id"]),
                                  request.get("body") or {}))
         return rows
+    reading = kind_named(job.task_type).parquet
+    assert reading is not None, "a parquet input was validated for a kind that reads it"
     parquet = parquet_open(input_parquet_path(job))
-    content, identity = parquet_columns(parquet, job.task_type)
+    content, identity = parquet_columns(parquet, reading)
     rows = []
     for row_index, name, value in parquet_rows(parquet, content, identity,
                                                start=chunk.first_row):
         if row_index >= chunk.first_row + chunk.row_count:
             break
-        if content == PROMPT:
-            body: dict[str, Any] = {"messages": [{"role": "user", "content": value}]}
-        elif content == MESSAGES:
-            body = {"messages": json.loads(value) if isinstance(value, str) else value}
-        else:
-            body = {"input": value}
-        rows.append(InputRow(row_index, str(name if identity else row_index), body))
+        rows.append(InputRow(row_index, str(name if identity else row_index),
+                             reading.body(content, value)))
     return rows
 
 
-def chat_kwargs(job: Job, body: dict[str, Any]) -> dict[str, Any]:
-    """The row's chat_template_kwargs, the job's thinking setting and effort filling in
-    only what the row leaves unsaid. Only the keys a row may set reach the template
-    (jobs.validation.chat.ROW_TEMPLATE_KWARGS): never a special token of its own."""
-    own = body.get("chat_template_kwargs")
-    kwargs = {key: value for key, value in own.items() if key in ROW_TEMPLATE_KWARGS} \
-        if isinstance(own, dict) else {}
-    if "enable_thinking" not in kwargs and job.reasoning is not None:
-        kwargs["enable_thinking"] = job.reasoning
-    if "reasoning_effort" not in kwargs and job.reasoning_effort:
-        kwargs["reasoning_effort"] = job.reasoning_effort
-    return kwargs
-
-
-def row_response_format(job: Job, body: dict[str, Any]) -> dict[str, Any] | None:
-    """A row's own response_format replaces the job's whole (all or nothing)."""
-    own = body.get("response_format")
-    return own if own is not None else job.response_format
-
-
-def record(row: InputRow, outcome: RowOutcome, *, body: dict[str, Any] | None = None,
-           error: dict[str, Any] | None = None, status_code: int | None = None,
-           output: str | None = None, embedding: list[float] | None = None) -> dict[str, Any]:
+def record(row: InputRow, served: ServedRow) -> dict[str, Any]:
     """One row's result as the chunk object keeps it; the result file is made from these."""
-    return {"i": row.index, "id": row.ident, "outcome": outcome.value, "status_code": status_code,
-            "body": body, "error": error, "output": output, "embedding": embedding}
-
-
-def completion_body(job: Job, row: InputRow, *, content: str | None, reasoning: str | None,
-                    finish_reason: str, prompt_tokens: int, completion_tokens: int,
-                    reasoning_tokens: int) -> dict[str, Any]:
-    """The chat completion object, as an OpenAI-compatible server returns it."""
-    message: dict[str, Any] = {"role": "assistant", "content": content}
-    if reasoning is not None:
-        message["reasoning"] = reasoning  # the trace, never mixed into content
-    return {
-        "id": f"chatcmpl-{job.pk.hex[:12]}-{row.index}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": job.model,
-        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                  "total_tokens": prompt_tokens + completion_tokens,
-                  "completion_tokens_details": {"reasoning_tokens": reasoning_tokens}},
-    }
-
-
-def embedding_body(job: Job, vector: list[float], prompt_tokens: int) -> dict[str, Any]:
-    return {"object": "list", "model": job.model,
-            "data": [{"object": "embedding", "index": 0, "embedding": vector}],
-            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}}
+    return {"i": row.index, "id": row.ident, "outcome": served.outcome.value,
+            "status_code": served.status_code, "body": served.body, "error": served.error,
+            "output": served.output, "embedding": served.embedding}

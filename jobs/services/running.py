@@ -1,5 +1,6 @@
 """Running an approved job: chunks dispatched to the workers that serve its model and
-region, each chunk one engine call, results kept per chunk, then one result file.
+region, each chunk's rows fed to the engine's running batch beside the worker's other
+chunks (inference/engines/feed.py), results kept per chunk, then one result file.
 
 Safe to run twice everywhere (STYLE.md rule 6): a chunk is claimed by a guarded update and
 its counts are recorded by the guarded move to done; its results object is keyed by the
@@ -10,7 +11,6 @@ once and settles the money once.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import uuid
@@ -24,7 +24,9 @@ from django.db.models import F, Sum
 from django.utils import timezone
 
 from billing.pricing import Usage, price, usage_cost_usd
+from billing.services import hold_open_cents
 from inference.catalog import model_get
+from inference.kinds import kind_named
 from jobs.constants import (
     CHUNK_SETTLED,
     ChunkStatus,
@@ -32,10 +34,9 @@ from jobs.constants import (
     InputFormat,
     JobStatus,
     RowOutcome,
-    TaskType,
 )
 from jobs.models import Chunk, Job
-from jobs.results import chunk_key, result_write
+from jobs.results import chunk_key, line_dumps, result_write
 from jobs.services.inputs import INPUT_CHANGED
 from jobs.services.lifecycle import (
     WORKER,
@@ -45,15 +46,8 @@ from jobs.services.lifecycle import (
     job_transition,
 )
 from jobs.services.metering import RowMeter, usage_json, usage_sum
-from jobs.services.rows import (
-    InputRow,
-    chat_kwargs,
-    completion_body,
-    embedding_body,
-    record,
-    row_response_format,
-    rows_read,
-)
+from jobs.services.progress import job_progress_notify
+from jobs.services.rows import InputRow, record, rows_read
 from jobs.storage import StorageChanged, storage_for
 
 logger = logging.getLogger(__name__)
@@ -67,8 +61,6 @@ def heartbeat_stale() -> timedelta:
     return timedelta(seconds=settings.ANEX_HEARTBEAT_STALE_SECONDS)
 
 CHUNK_ATTEMPTS = 3
-FORMAT_ERROR = {"message": "The output does not satisfy the row's response_format.",
-                "type": "format_error", "code": None, "param": "response_format"}
 
 
 def run_queue(region: str, model_id: str) -> str:
@@ -245,7 +237,7 @@ def chunk_run(*, chunk_id: uuid.UUID | str) -> ChunkStatus | None:
         rows = rows_read(job, chunk)
         with _Heartbeat(chunk.pk):
             results, usage = execute(job, rows)
-        lines = (json.dumps(item, separators=(",", ":")).encode() + b"\n" for item in results)
+        lines = (line_dumps(item) for item in results)
         storage_for(job.data_residency).write_stream(chunk_key(job, chunk.index), lines,
                                                      max_bytes=2**62)
     except Exception:
@@ -260,6 +252,7 @@ def chunk_run(*, chunk_id: uuid.UUID | str) -> ChunkStatus | None:
         success_rows=counts[RowOutcome.SUCCESS], error_rows=counts[RowOutcome.ERROR],
         truncated_rows=counts[RowOutcome.TRUNCATED],
         format_error_rows=counts[RowOutcome.FORMAT_ERROR], usage=usage_json(usage))
+    job_progress_notify(job_id=job.pk)  # before finalize: its events come first
     job_finalize(job_id=job.pk)
     return ChunkStatus.DONE
 
@@ -279,78 +272,20 @@ def _chunk_retry_or_fail(chunk: Chunk) -> ChunkStatus:
     return ChunkStatus.FAILED
 
 
-def _error(error: Any) -> dict[str, Any]:
-    return {"message": error.message, "type": error.type, "code": error.code,
-            "param": error.param}
-
-
 def execute(job: Job, rows: list[InputRow]) -> tuple[list[dict[str, Any]], Usage]:
-    """Run the rows through the model's engine in one call; a row the engine refuses fails
-    alone. Returns each row's record and what the billable rows consumed (a row that
-    failed is never billed)."""
-    from inference import engines
-
-    engine = engines.engine_for(job.model)
-    results: list[dict[str, Any]] = []
-    usage = Usage()
+    """Run the rows through the model's engine in one call (the job's task kind makes the
+    engine requests and reads the outcomes); a row the engine refuses fails alone. Returns
+    each row's record and what the billable rows consumed (a row that failed is never
+    billed)."""
     # The rows' media (images, clips, minutes) are billed as the estimate counted them.
     meter = RowMeter(job, model_get(job.model))
-    if job.task_type == TaskType.CHAT:
-        outcomes = engine.generate(  # type: ignore[union-attr]
-            [engines.ChatRow(messages=row.body.get("messages") or [],
-                             chat_template_kwargs=chat_kwargs(job, row.body),
-                             response_format=row_response_format(job, row.body))
-             for row in rows],
-            engines.ChatSettings(max_tokens=job.max_output_tokens or 1,
-                                 reasoning_budget=job.reasoning_budget or None))
-        for row, out in zip(rows, outcomes, strict=True):
-            if out.error is not None:
-                results.append(record(row, RowOutcome.ERROR, error=_error(out.error),
-                                      status_code=out.error.status_code))
-                continue
-            body = completion_body(job, row, content=out.content, reasoning=out.reasoning,
-                                   finish_reason=out.finish_reason,
-                                   prompt_tokens=out.prompt_tokens,
-                                   completion_tokens=out.completion_tokens,
-                                   reasoning_tokens=out.reasoning_tokens)
-            outcome = (RowOutcome.FORMAT_ERROR if out.format_error else
-                       RowOutcome.TRUNCATED if out.finish_reason == "length" else
-                       RowOutcome.SUCCESS)
-            results.append(record(row, outcome, body=body, status_code=200,
-                                  error=FORMAT_ERROR if out.format_error else None,
-                                  output=out.content))
-            usage = usage + meter.chat(row.body, prompt_tokens=out.prompt_tokens,
-                                       completion_tokens=out.completion_tokens)
-    elif job.task_type == TaskType.EMBED:
-        vectors = engine.embed([  # type: ignore[union-attr]
-            engines.EmbedRow(text=str(row.body["input"]),
-                             dimensions=row.body.get("dimensions") or job.dimensions)
-            for row in rows])
-        for row, out in zip(rows, vectors, strict=True):
-            if out.error is not None:
-                results.append(record(row, RowOutcome.ERROR, error=_error(out.error),
-                                      status_code=out.error.status_code))
-                continue
-            results.append(record(row, RowOutcome.SUCCESS, status_code=200,
-                                  body=embedding_body(job, out.vector, out.prompt_tokens),
-                                  embedding=out.vector))
-            usage = usage + meter.embedding(row.body, prompt_tokens=out.prompt_tokens)
-    else:
-        answers = engine.decide([  # type: ignore[union-attr]
-            engines.DecisionRow(state=row.body["state"],
-                                questions=row.body.get("questions") or {},
-                                lang=row.body.get("lang"))
-            for row in rows])
-        for row, out in zip(rows, answers, strict=True):
-            if out.error is not None:
-                results.append(record(row, RowOutcome.ERROR, error=_error(out.error),
-                                      status_code=out.error.status_code))
-                continue
-            body = {"model": job.model, "answers": out.answers, "routing": out.routing,
-                    "usage": {"input_tokens": out.input_tokens, "output_tokens": 0}}
-            results.append(record(row, RowOutcome.SUCCESS, body=body, status_code=200,
-                                  output=json.dumps(out.answers)))
-            usage = usage + Usage(input_tokens=out.input_tokens)
+    results: list[dict[str, Any]] = []
+    usage = Usage()
+    for row, served in zip(rows, kind_named(job.task_type).serve(job, rows, meter),
+                           strict=True):
+        # The row's own usage rides along: its share of the charge is priced from it.
+        results.append({**record(row, served), "usage": usage_json(served.usage)})
+        usage = usage + served.usage
     return results, usage
 
 
@@ -381,13 +316,16 @@ def job_finalize(*, job_id: uuid.UUID | str) -> JobStatus | None:
     done = [chunk for chunk in chunks if chunk.status == ChunkStatus.DONE]
     skipped = any(chunk.status == ChunkStatus.SKIPPED for chunk in chunks)
     failed = any(chunk.status == ChunkStatus.FAILED for chunk in chunks)
-    key, delivered = result_write(job, done)
+    usage = job_usage(job)
+    model = model_get(job.model)
+    # Priced once, at the end; what the settlement will charge (never over the hold) is
+    # what the result's per-row costs add up to.
+    cost = min(price(model, usage).cents if model is not None else 0,
+               hold_open_cents(job=job))
+    key, delivered = result_write(job, done, charge=cost)
     totals = Chunk.objects.filter(pk__in=[c.pk for c in done]).aggregate(
         success=Sum("success_rows"), errors=Sum("error_rows"),
         truncated=Sum("truncated_rows"), format_errors=Sum("format_error_rows"))
-    usage = job_usage(job)
-    model = model_get(job.model)
-    cost = price(model, usage).cents if model is not None else 0
     status = (JobStatus.FAILED if failed else
               JobStatus.CANCELLED if skipped or job.cancel_requested else JobStatus.DONE)
     rows = job.row_count or sum(c.row_count for c in chunks)

@@ -35,12 +35,15 @@ from anex.api.errors import ApiError
 from billing.pricing import Usage, price
 from billing.services import organization_lock
 from inference.catalog import CatalogModel, model_get
+from inference.engines import ChatSettings
+from inference.kinds import kind_for
+from inference.kinds.chat import ChatKind
 from inference.warmth import startup_seconds
-from jobs.constants import FailureCode, JobStatus, TaskType
+from jobs.constants import FailureCode, JobStatus
 from jobs.models import Job
 from jobs.services.lifecycle import job_cost_ready, job_fail, job_lease_claim
 from jobs.services.metering import usage_from_json, usage_json
-from jobs.services.rows import InputRow, chat_kwargs, row_response_format, rows_read
+from jobs.services.rows import InputRow, rows_read
 from jobs.services.running import chunks_plan, queue_send
 
 logger = logging.getLogger(__name__)
@@ -204,20 +207,19 @@ def _sample_rows(job: Job) -> tuple[list[InputRow], bool]:
 
 
 def sample_generate(job: Job, model: CatalogModel) -> SampleResult:
-    from inference import engines
-
+    kind = kind_for(model)
+    assert isinstance(kind, ChatKind), "job_sample samples the generating kind only"
     rows, whole = _sample_rows(job)
     ceiling = _ceiling(job, model)
     thinking_wanted = model.reasoning and job.reasoning is not False \
         and job.reasoning_budget_requested is None
-    engine = engines.engine_for(job.model)
+    engine = kind.engine(job.model)
     started = time.monotonic()
-    outcomes = engine.generate(  # type: ignore[union-attr]
-        [engines.ChatRow(messages=row.body.get("messages") or [],
-                         chat_template_kwargs=chat_kwargs(job, row.body),
-                         response_format=row_response_format(job, row.body)) for row in rows],
-        engines.ChatSettings(max_tokens=ceiling,
-                             reasoning_budget=job.reasoning_budget_requested or None))
+    # The job's own rows, under its own thinking and response_format, up to the ceiling.
+    generation = ChatSettings(max_tokens=ceiling,
+                              reasoning_budget=job.reasoning_budget_requested or None)
+    outcomes = engine.generate([kind.engine_request(job, row.body) for row in rows],
+                               generation)
     elapsed = max(time.monotonic() - started, 1e-3)
     usable = [out for out in outcomes if out.error is None]
     if not usable:
@@ -267,7 +269,7 @@ def job_sample(*, job_id: uuid.UUID | str) -> JobStatus | None:
         return None
     job = Job.objects.select_related("input", "organization").get(pk=job_id)
     model = model_get(job.model)
-    if model is None or model.task != TaskType.CHAT:
+    if model is None or not kind_for(model).generates:  # only generated text is sampled
         return None
     try:
         result = sample_generate(job, model)

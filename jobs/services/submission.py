@@ -20,7 +20,8 @@ from console.audit import audit_record
 from console.constants import AuditAction, Region
 from console.models import ApiKey, Organization
 from inference.catalog import CatalogModel, model_get
-from jobs.constants import AWAITING_APPROVAL_STATUSES, InputFormat, InputStatus, TaskType
+from inference.kinds import AnyKind, kind_for
+from jobs.constants import AWAITING_APPROVAL_STATUSES, InputStatus, TaskType
 from jobs.models import Input, Job
 from jobs.response_format import response_format_problem
 from jobs.selectors import input_get
@@ -32,11 +33,6 @@ from jobs.services.sampling import sample_allowance_require
 MAX_OUTPUT_TOKENS = 32_768
 APPROVAL_QUEUE_LIMIT = 10
 APPROVAL_QUEUE_RETRY_AFTER = 60
-# Thinking needs room to close before the answer (the reference: "at least 64 below an
-# explicit max_output_tokens").
-BUDGET_HEADROOM = 64
-GENERATION_FIELDS = ("max_output_tokens", "reasoning", "reasoning_budget", "reasoning_effort",
-                     "response_format", "video_fps")
 
 
 @dataclass(frozen=True)
@@ -74,67 +70,6 @@ def model_for_key(model_id: str, key: ApiKey | None) -> CatalogModel:
     return model
 
 
-def _check_fields(request: JobRequest, model: CatalogModel) -> None:
-    """The reference's per-model-type acceptance rules for the job-level fields."""
-    if model.task != "chat":
-        refused = [f for f in GENERATION_FIELDS if request.given(f)]
-        if model.task == "decide" and request.given("dimensions"):
-            refused.append("dimensions")
-        if refused:
-            names = [("max_tokens" if f == "max_output_tokens" and request.max_tokens_alias
-                      else f) for f in refused]
-            verb = "is" if len(names) == 1 else "are"
-            why = ("the embedding model '{}': it returns vectors, not generated text"
-                   if model.task == "embed" else
-                   "the decision model '{}': it answers typed questions in one pass, with no "
-                   "generated text").format(model.id)
-            raise _unprocessable(f"{', '.join(names)} {verb} not accepted on {why}.")
-    elif request.given("dimensions"):
-        raise _unprocessable(f"dimensions is for embedding models; '{model.id}' is a "
-                             "chat-completions model.")
-    if model.task == "embed" and request.dimensions is not None:
-        low, high = model.dimensions_min, model.dimensions_native
-        if low is None or high is None or not low <= request.dimensions <= high:
-            raise _unprocessable(f"dimensions must be from {low} to {high} on '{model.id}'; "
-                                 f"got {request.dimensions}.")
-    if model.task != "chat":
-        return
-    if request.reasoning is True and not model.reasoning:
-        raise _unprocessable(f"reasoning cannot be true on '{model.id}': it produces no "
-                             "reasoning trace.")
-    budget = request.reasoning_budget
-    if budget:  # 0 means "no cap" and is accepted on any generation model
-        if not model.reasoning:
-            raise _unprocessable(f"reasoning_budget cannot be set on '{model.id}': it "
-                                 "produces no reasoning trace (0 is accepted).")
-        if request.reasoning is False:
-            raise _unprocessable("reasoning_budget needs thinking on: a budget of 1 or more "
-                                 "with reasoning false is refused.")
-        cap = request.max_output_tokens
-        if cap is not None and budget > cap - BUDGET_HEADROOM:
-            raise _unprocessable(f"reasoning_budget must be at least {BUDGET_HEADROOM} below "
-                                 f"max_output_tokens ({cap}); got {budget}.")
-    effort = request.reasoning_effort
-    if effort is not None:
-        if not model.effort_levels:
-            raise _unprocessable(f"reasoning_effort cannot be set on '{model.id}': it has no "
-                                 "thinking effort levels.")
-        if effort not in model.effort_levels:
-            raise _unprocessable(f"reasoning_effort must be one of "
-                                 f"{', '.join(model.effort_levels)} on '{model.id}' "
-                                 f"(case-sensitive); got '{effort}'.")
-        if request.reasoning is False:
-            raise _unprocessable("reasoning_effort cannot be set with reasoning false.")
-    fps = request.video_fps
-    if fps is not None:
-        ceiling = model.media.video_fps_max
-        if ceiling is None:
-            raise _unprocessable(f"model '{model.id}' does not support video_fps")
-        if fps > ceiling:
-            raise _unprocessable(f"video_fps {fps:g} is above the {ceiling} fps ceiling of "
-                                 f"{model.id}")
-
-
 def _input_for(request: JobRequest, organization: Organization) -> Input:
     if request.input_id is not None:
         return input_get(organization=organization, id=request.input_id)
@@ -165,15 +100,28 @@ def _require_ready(item: Input) -> None:
                         "days, an upload window open about an hour): create a new input.")
 
 
-def job_submit(*, organization: Organization, actor: Actor, request: JobRequest,
-               host_region: Region) -> Job:
-    """Create a job from a checked request, in `submitted`; estimating starts after commit.
+@dataclass(frozen=True)
+class Admitted:
+    """A request that passed every check made before a job exists."""
 
-    host_region is the region of the API host the request reached (421 if it is not the
-    job's).
-    """
+    model: CatalogModel
+    kind: AnyKind
+    residency: Region
+    input: Input
+
+
+def job_request_admit(*, organization: Organization, actor: Actor, request: JobRequest,
+                      host_region: Region) -> Admitted:
+    """Every check the reference makes before a job exists, in its order: the model and
+    its field rules (422), response_format's shape (400), residency (403) and the host
+    (421), credits (402), then the input (404, 422, 409, 400, 410). Submit and a preflight
+    check (POST /checks) both pass through it, so they answer alike."""
     model = model_for_key(request.model, actor.key)
-    _check_fields(request, model)
+    kind = kind_for(model)
+    # The reference's per-model-type acceptance rules for the job-level fields.
+    problem = kind.fields_problem(model, request)
+    if problem:
+        raise _unprocessable(problem)
     if request.response_format is not None:
         problem = response_format_problem(request.response_format)
         if problem:
@@ -189,12 +137,27 @@ def job_submit(*, organization: Organization, actor: Actor, request: JobRequest,
         raise _unprocessable(
             f"The input is stored in the {item.data_residency} region and the job asks for "
             f"{residency.value}: a job's data_residency must match its input's.")
-    if model.task == "decide" and item.format != InputFormat.JSONL:
+    if item.format not in kind.input_formats:
         raise _unprocessable(f"'{model.id}' takes JSONL input only; this input is "
                              f"{item.format}.")
     # Submission settles an upload's readiness itself (no separate poll needed).
     item = input_refresh(item=item)
     _require_ready(item)
+    return Admitted(model=model, kind=kind, residency=residency, input=item)
+
+
+def job_submit(*, organization: Organization, actor: Actor, request: JobRequest,
+               host_region: Region, parent: Job | None = None,
+               rerun_include: list[str] | None = None) -> Job:
+    """Create a job from a checked request, in `submitted`; estimating starts after commit.
+
+    host_region is the region of the API host the request reached (421 if it is not the
+    job's). A re-run (jobs.services.rerun) names its `parent` and the outcomes it picked.
+    """
+    admitted = job_request_admit(organization=organization, actor=actor, request=request,
+                                 host_region=host_region)
+    model, kind, residency, item = (admitted.model, admitted.kind, admitted.residency,
+                                    admitted.input)
     with transaction.atomic():
         # Counted under the organization lock, so concurrent submits cannot overshoot.
         organization_lock(organization.pk)
@@ -208,10 +171,10 @@ def job_submit(*, organization: Organization, actor: Actor, request: JobRequest,
                 retry_after=APPROVAL_QUEUE_RETRY_AFTER)
         job = Job.objects.create(
             organization=organization, input=item, model=model.id,
-            task_type=TaskType(model.task), format=item.format, data_residency=residency,
+            task_type=TaskType(kind.task), format=item.format, data_residency=residency,
             created_by_key=actor.key,
             max_output_tokens_requested=request.max_output_tokens,
-            max_output_tokens=0 if model.task != "chat" else request.max_output_tokens,
+            max_output_tokens=request.max_output_tokens if kind.generates else 0,
             max_tokens_alias=request.max_tokens_alias,
             reasoning=request.reasoning,
             reasoning_budget_requested=request.reasoning_budget,
@@ -220,6 +183,7 @@ def job_submit(*, organization: Organization, actor: Actor, request: JobRequest,
             response_format=request.response_format,
             dimensions=request.dimensions,
             video_fps=request.video_fps,
+            parent=parent, rerun_include=rerun_include,
         )
         if needs_sample(job, model):
             # A sample is free work on the paid workers: none past the organization's

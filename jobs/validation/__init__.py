@@ -10,7 +10,9 @@ tokenizer (`count_tokens`) and, optionally, the product's SSRF-safe HEAD probe
     price(model, report.usage)
 
 A violation raises RowRejected (an InputRejected) whose `message` is the job's
-failure_reason; the job fails with failure_code invalid_input and is never billed.
+failure_reason; the job fails with failure_code invalid_input and is never billed. Given
+`errors=RowErrors(limit)` (a preflight check), the checker instead records each failing
+row with that same message and reads on, reporting the rows that passed.
 """
 
 from jobs.validation.core import (
@@ -23,6 +25,8 @@ from jobs.validation.core import (
     InputRejected,
     JobOptions,
     ProbeContentType,
+    RowError,
+    RowErrors,
     RowRejected,
 )
 from jobs.validation.lines import validate_jsonl
@@ -38,6 +42,8 @@ __all__ = [
     "InputRejected",
     "JobOptions",
     "ProbeContentType",
+    "RowError",
+    "RowErrors",
     "RowRejected",
     "validate_jsonl",
     "validate_parquet",

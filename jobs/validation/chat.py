@@ -9,14 +9,17 @@ is ignored, not refused.
 from __future__ import annotations
 
 from jobs.response_format import response_format_problem
-from jobs.validation.core import ZERO, JobContext, RowCost, RowRef, listing, thousands
+from jobs.validation.core import ZERO, JobContext, RowCost, RowRef, fit_check, listing
 from jobs.validation.media import Media, parts_check, row_context
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+_ROLE_SET = frozenset(ROLES)
+# The one response_format with nothing to check (every row of a JSON-mode file has it).
+_PLAIN_JSON = {"type": "json_object"}
 # The chat template wraps every message in a few tokens of its own (ChatML: <|im_start|>,
-# the role, a newline, <|im_end|>, a newline). Rendering each model's template is the
-# engine's job, not the checker's: 4 tokens per message approximates it, and the estimate
-# is replaced by the served usage when the job runs.
+# the role, a newline, <|im_end|>, a newline). A text row is counted exactly, as the prompt
+# the engine renders from the checkpoint's template (JobContext.chat_prompt); where that
+# cannot be done (no template here, media in the row) 4 tokens per message approximate it.
 MESSAGE_TEMPLATE_TOKENS = 4
 _MODALITY_ORDER = ("image", "audio", "video")
 # The settings a row may make through chat_template_kwargs (the reference's "The input
@@ -27,11 +30,14 @@ ROW_TEMPLATE_KWARGS = ("enable_thinking", "reasoning_effort")
 
 
 def chat_row(body: dict[str, object], *, job: JobContext, row: RowRef) -> RowCost:
-    thinking, effort = _thinking(body.get("chat_template_kwargs"), job=job, row=row)
+    own = body.get("chat_template_kwargs")
+    thinking, effort = _thinking(own, job=job, row=row)
     response_format = body.get("response_format")
-    if response_format is not None:
+    if response_format is not None and response_format != _PLAIN_JSON:
         response_format_check(response_format, row=row)
-    cost = chat_cost(body.get("messages"), job=job, row=row)
+    kwargs = template_kwargs(own, reasoning=job.options.reasoning,
+                             effort=job.options.reasoning_effort) if job.renders_chat else None
+    cost = chat_cost(body.get("messages"), job=job, row=row, kwargs=kwargs)
     cost.thinking, cost.effort = thinking, effort
     cost.own_response_format = response_format is not None
     return cost
@@ -43,14 +49,39 @@ def job_thinking(job: JobContext) -> tuple[bool, str | None]:
     return _effective(None, None, job)
 
 
-def chat_cost(messages: object, *, job: JobContext, row: RowRef) -> RowCost:
-    """The row's input tokens (text and media), checked against the model's context."""
+def template_kwargs(own: object, *, reasoning: bool | None,
+                    effort: str | None) -> dict[str, object]:
+    """The chat_template_kwargs a row is rendered with: its own thinking switch and effort
+    (only ROW_TEMPLATE_KWARGS), the job's filling in only what the row leaves unsaid. The
+    engine request (inference.kinds.chat) and the count (chat_cost) both take them from
+    here."""
+    kwargs = {key: value for key, value in own.items() if key in ROW_TEMPLATE_KWARGS} \
+        if isinstance(own, dict) else {}
+    if "enable_thinking" not in kwargs and reasoning is not None:
+        kwargs["enable_thinking"] = reasoning
+    if "reasoning_effort" not in kwargs and effort:
+        kwargs["reasoning_effort"] = effort
+    return kwargs
+
+
+def chat_cost(messages: object, *, job: JobContext, row: RowRef,
+              kwargs: dict[str, object] | None = None) -> RowCost:
+    """The row's input tokens (text and media), checked against the model's context. A
+    text-only row is counted as the prompt the engine renders under `kwargs` (its
+    template kwargs, template_kwargs()) where the checkpoint's template is at hand."""
     if not isinstance(messages, list) or not messages:
         raise row.reject("messages must be a non-empty list of messages")
-    count = job.count_tokens
-    text_tokens = 0
     media: list[Media] = []
+    texts: list[str] = []
+    text_tokens = 0
     for position, message in enumerate(messages):
+        if type(message) is dict:  # the common message first: a role and a string
+            content = message.get("content")
+            if type(content) is str and message.get("role") in _ROLE_SET \
+                    and "tool_calls" not in message:
+                text_tokens += MESSAGE_TEMPLATE_TOKENS
+                texts.append(content)
+                continue
         where = f"messages[{position}]"
         if not isinstance(message, dict):
             raise row.reject(f"{where} must be an object with a role and content")
@@ -60,32 +91,45 @@ def chat_cost(messages: object, *, job: JobContext, row: RowRef) -> RowCost:
         content = message.get("content")
         text_tokens += MESSAGE_TEMPLATE_TOKENS
         if isinstance(content, str):
-            text_tokens += count(content)
+            texts.append(content)
         elif isinstance(content, list):
             parts = parts_check(content, job=job, row=row, where=f"{where}.content")
             if parts.texts:
-                text_tokens += count("".join(parts.texts))
+                texts.append("".join(parts.texts))
             media.extend(parts.media)
         elif content is not None or role != "assistant":
             # Only an assistant turn may leave content null (one that made tool calls).
             raise row.reject(f"{where}.content must be a string or a list of content parts")
-        text_tokens += _tool_call_tokens(message.get("tool_calls"), job)
+        texts.extend(_tool_call_texts(message.get("tool_calls")))
+    short = job.unmeasured_chars
+    for text in texts:
+        if len(text) > short:
+            job.length_check(text)  # a string too long for any context is refused unread
+    if not media:
+        prompt = job.chat_prompt(messages, kwargs or {})
+        if prompt is not None:  # exact: the engine's own prompt, template tokens and all
+            job.length_check(prompt)
+            texts, text_tokens = [prompt], 0
+        if job.deferring:  # counted with the file's next batch (CountBatch)
+            return RowCost(text_tokens=text_tokens, context_limit=job.model.context_tokens,
+                           uncounted=texts)
+    text_tokens += sum(job.count_batch(texts)) if texts else 0
     return row_fitted(text_tokens, media, job=job, row=row)
 
 
-def _tool_call_tokens(tool_calls: object, job: JobContext) -> int:
+def _tool_call_texts(tool_calls: object) -> list[str]:
     # An earlier assistant turn's tool calls are rendered into the prompt, so they are read.
     if not isinstance(tool_calls, list):
-        return 0
-    total = 0
+        return []
+    texts = []
     for call in tool_calls:
         function = call.get("function") if isinstance(call, dict) else None
         if isinstance(function, dict):
             for key in ("name", "arguments"):
                 value = function.get(key)
                 if isinstance(value, str):
-                    total += job.count_tokens(value)
-    return total
+                    texts.append(value)
+    return texts
 
 
 def row_fitted(text_tokens: int, media: list[Media], *, job: JobContext,
@@ -99,25 +143,8 @@ def row_fitted(text_tokens: int, media: list[Media], *, job: JobContext,
         limit = row_context(job, modalities)
     else:  # the common row: text only, checked without building anything
         modalities, media_tokens, limit = set(), 0, model.context_tokens
-    total = text_tokens + media_tokens
-    if total > limit:
-        carried = [m for m in _MODALITY_ORDER if m in modalities]
-        serving = f" with {listing(carried)} input" if carried else ""
-        including = " (including media)" if carried else ""
-        raise row.reject_sentence(
-            f"is too long: {thousands(total)} input tokens{including} exceeds the "
-            f"{thousands(limit)}-token maximum that model '{model.id}' can serve{serving}. "
-            "Shorten or split this row."
-        )
-    reserved = job.options.max_output_tokens
-    if reserved and total + reserved > limit:
-        # The reference: input and output together have to fit the context as well.
-        raise row.reject_sentence(
-            f"is too long: {thousands(total)} input tokens and the job's max_output_tokens "
-            f"of {thousands(reserved)} come to {thousands(total + reserved)}, over the "
-            f"{thousands(limit)}-token context of model '{model.id}'. Shorten or split this "
-            "row, or lower max_output_tokens."
-        )
+    fit_check(text_tokens + media_tokens, limit,
+              [m for m in _MODALITY_ORDER if m in modalities], job=job, row=row)
     if not media:
         return RowCost(text_tokens=text_tokens, context_limit=limit)
     clips = [m for m in media if m.seconds is not None]
@@ -135,7 +162,7 @@ def _thinking(kwargs: object, *, job: JobContext, row: RowRef) -> tuple[bool, st
     against the model and the job (the reference's reasoning, reasoning_budget and
     reasoning_effort rules that reach rows). Any other key is left alone, as the reference
     says, and never reaches the template either: only these two are read from the row
-    (jobs.services.rows.chat_kwargs), so a row cannot hand the template a token."""
+    (inference.kinds.chat.chat_kwargs), so a row cannot hand the template a token."""
     if kwargs is None:
         return _effective(None, None, job)
     if not isinstance(kwargs, dict):

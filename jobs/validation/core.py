@@ -10,11 +10,11 @@ from decimal import Decimal
 
 from billing.pricing import Usage
 from inference.catalog import CatalogLimits, CatalogModel, catalog_limits
+from inference.kinds import kind_for
 
 CHAT = "/v1/chat/completions"
 EMBEDDINGS = "/v1/embeddings"
 DECISIONS = "/v1/systemone"
-ENDPOINT_BY_TASK = {"chat": CHAT, "embed": EMBEDDINGS, "decide": DECISIONS}
 ENDPOINTS = (CHAT, EMBEDDINGS, DECISIONS)
 
 # The reference: the HEAD probe "covers the first few dozen URLs in a job".
@@ -38,6 +38,8 @@ INLINE_ITEMS_PER_ROW = {"image": 4, "audio": 1, "video": 1}
 MAX_TOKEN_BYTES = 128
 
 CountTokens = Callable[[str], int]
+# Rows whose text is counted together, in one call into the tokenizer (encode_batch_fast).
+COUNT_BATCH_ROWS = 1024
 ProbeContentType = Callable[[str], str | None]
 
 
@@ -90,11 +92,14 @@ class TextTooLong(Exception):
 
 
 class RowRejected(InputRejected):
-    """A row (or line) breaks a rule; the message names it: "Row 'clip-7': ..."."""
+    """A row (or line) breaks a rule; the message names it: "Row 'clip-7': ...".
+    `limit`: the rule is one of the reference's size limits, not the row's shape (a
+    realtime request answers the one 400 and the other 422)."""
 
-    def __init__(self, message: str, *, row: str) -> None:
+    def __init__(self, message: str, *, row: str, limit: bool = False) -> None:
         super().__init__(message)
         self.row = row
+        self.limit = limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,12 +123,12 @@ class RowRef:
     def index(cls, row_index: int) -> RowRef:
         return cls(f"Row {row_index} (row_index)")
 
-    def reject(self, detail: str) -> RowRejected:
-        return RowRejected(f"{self.label}: {detail}", row=self.label)
+    def reject(self, detail: str, *, limit: bool = False) -> RowRejected:
+        return RowRejected(f"{self.label}: {detail}", row=self.label, limit=limit)
 
-    def reject_sentence(self, rest: str) -> RowRejected:
+    def reject_sentence(self, rest: str, *, limit: bool = False) -> RowRejected:
         """For messages that continue the label itself: "Row 'x' is too long: ..."."""
-        return RowRejected(f"{self.label} {rest}", row=self.label)
+        return RowRejected(f"{self.label} {rest}", row=self.label, limit=limit)
 
 
 @dataclass(slots=True)
@@ -145,6 +150,9 @@ class RowCost:
     effort: str | None = None
     own_response_format: bool = False
     questions: int = 0
+    # Text-only rows checked by a file validator: texts whose tokens join text_tokens when
+    # the next batch is counted (CountBatch), and only then is the row's fit checked.
+    uncounted: list[str] | None = None
 
     @property
     def input_tokens(self) -> int:
@@ -198,30 +206,70 @@ class JobContext:
                  probe_content_type: ProbeContentType | None) -> None:
         self.options = options
         self.model = options.model
+        self.kind = kind_for(self.model)
         self.limits: CatalogLimits = catalog_limits()
         self.line_max_bytes = line_max_bytes(self.model, self.limits)
-        # A decision row's text is cut to the context when served and counted whole, never
-        # refused for its length (the reference's decision limits): no byte bound there.
         self._raw_count = count_tokens
-        self._context_max = None if self.model.task == "decide" else max(
-            self.model.context_tokens, self.model.media_context_tokens or 0)
+        # The tokenizer's batch count and the chat engine's prompt, where the counter has
+        # them (inference.tokens.ModelTokens); a plain callable counts one string at a time.
+        self._count_batch: Callable[[list[str]], list[int]] | None = getattr(
+            count_tokens, "count_batch", None)
+        self._chat_prompt: Callable[[list[dict[str, object]], dict[str, object]],
+                                    str | None] | None = getattr(count_tokens, "chat_prompt",
+                                                                 None)
+        # Set by the file validators, which count text-only rows a batch at a time; a
+        # lone request (realtime) is counted as it is checked.
+        self.deferring = False
+        # Whether a chat row is counted as its rendered prompt (the checkpoint's template).
+        self.renders_chat = self._chat_prompt is not None and getattr(
+            count_tokens, "template", None) is not None
+        self._context_max = self.kind.text_token_bound(self.model)
+        # A string of at most this many characters cannot be too long for any context
+        # (4 UTF-8 bytes a character at most): length_check need not be asked.
+        self.unmeasured_chars = self._context_max * MAX_TOKEN_BYTES // 4 \
+            if self._context_max is not None else 1 << 62
         self._probe = probe_content_type
         self._probed: dict[str, str | None] = {}
         media = self.model.media
         # Embedding models always sample at 1 fps and gemma4-12b takes no rate: a
-        # job-level video_fps counts only where the model has a ceiling for it.
-        if self.model.task == "chat" and media.video_fps_max is not None \
-                and options.video_fps is not None:
+        # job-level video_fps counts only where the model's kind takes one.
+        self.takes_video_fps = self.kind.takes_job_video_fps(self.model)
+        if self.takes_video_fps and options.video_fps is not None:
             self.video_fps = Decimal(str(options.video_fps))
             self.video_fps_wording = "requested"
         else:
             self.video_fps = Decimal(media.video_fps_default or 1)
             self.video_fps_wording = "default" if media.video_fps_max is not None else "fixed"
-        self.takes_video_fps = self.model.task == "chat" and media.video_fps_max is not None
 
     def count_tokens(self, text: str) -> int:
         """The model's token count of text; TextTooLong, untokenized, for a string too many
         bytes long for any context of the model to hold."""
+        self.length_check(text)
+        return self._raw_count(text)
+
+    def count_batch(self, texts: list[str]) -> list[int]:
+        """Each text's count (already length-checked), in one tokenizer call where the
+        counter can."""
+        if self._count_batch is not None:
+            return self._count_batch(texts)
+        return [self._raw_count(text) for text in texts]
+
+    def chat_prompt(self, messages: list[dict[str, object]],
+                    kwargs: dict[str, object]) -> str | None:
+        """The prompt text the chat engine will serve for these messages under these
+        template kwargs, by the engine's own function (inference.tokens); None without the
+        checkpoint's template, or where the template refuses the messages (the engine then
+        refuses the row alone when it is served)."""
+        if self._chat_prompt is None:
+            return None
+        try:
+            return self._chat_prompt(messages, kwargs)
+        except Exception:  # the template's own refusal (raise_exception) or a shape it cannot read
+            return None
+
+    def length_check(self, text: str) -> None:
+        """TextTooLong for a string whose byte length alone shows it cannot fit; a string
+        far shorter than the bound is let through without being measured."""
         if self._context_max is not None:
             bound = self._context_max * MAX_TOKEN_BYTES
             # A character is 1 to 4 UTF-8 bytes: only a long string is encoded to measure.
@@ -229,7 +277,6 @@ class JobContext:
                 size = len(text.encode("utf-8", "surrogatepass"))
                 if size > bound:
                     raise TextTooLong(size, self._context_max)
-        return self._raw_count(text)
 
     @property
     def probed_urls(self) -> int:
@@ -245,6 +292,108 @@ class JobContext:
         answer = self._probe(url)
         self._probed[url] = answer
         return True, answer
+
+
+@dataclass(frozen=True, slots=True)
+class RowError:
+    """One failing row, as a preflight check reports it: where it is (the JSONL line
+    number, or a parquet row's row_index), its custom_id (or id) when it has one, and the
+    reason a job would fail with. A fault of the whole file has neither."""
+
+    reason: str
+    line: int | None = None
+    custom_id: str | None = None
+    row_index: int | None = None
+
+    def as_json(self) -> dict[str, object]:
+        out: dict[str, object] = {"line": self.line, "custom_id": self.custom_id,
+                                  "reason": self.reason}
+        if self.row_index is not None:
+            out["row_index"] = self.row_index
+        return out
+
+
+class RowErrors:
+    """The validator's collect-all mode (a preflight check): given to validate_jsonl or
+    validate_parquet, a failing row is recorded here and the read goes on, where a job's
+    estimate stops at the first. The first `limit` are kept; every one is counted."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.items: list[RowError] = []
+        self.count = 0
+        self.failed_rows = 0  # of count, those that are rows (not a blank line, a file fault)
+
+    def add(self, error: RowError, *, row: bool = True) -> None:
+        self.count += 1
+        self.failed_rows += row
+        if len(self.items) < self.limit:
+            self.items.append(error)
+
+
+def fit_check(total: int, limit: int, carried: list[str], *, job: JobContext,
+              row: RowRef) -> None:
+    """A row's input tokens against its context (the reference's "Models": input tokens
+    including what the media encodes to, and input plus output when the job caps output);
+    `carried` names the media modalities that chose the limit."""
+    model = job.model
+    if total > limit:
+        serving = f" with {listing(carried)} input" if carried else ""
+        including = " (including media)" if carried else ""
+        raise row.reject_sentence(
+            f"is too long: {thousands(total)} input tokens{including} exceeds the "
+            f"{thousands(limit)}-token maximum that model '{model.id}' can serve{serving}. "
+            "Shorten or split this row.")
+    reserved = job.options.max_output_tokens
+    if reserved and total + reserved > limit:
+        # The reference: input and output together have to fit the context as well.
+        raise row.reject_sentence(
+            f"is too long: {thousands(total)} input tokens and the job's max_output_tokens "
+            f"of {thousands(reserved)} come to {thousands(total + reserved)}, over the "
+            f"{thousands(limit)}-token context of model '{model.id}'. Shorten or split this "
+            "row, or lower max_output_tokens.")
+
+
+class CountBatch:
+    """The file validators' text-only rows, counted COUNT_BATCH_ROWS at a time: a row
+    whose cost still has uncounted text waits here, and joins the tally once its batch is
+    counted and its fit checked. Rows leave in file order, so the first failing row is the
+    one reported; `flush` before reporting any later row's failure."""
+
+    def __init__(self, job: JobContext, tally: Tally) -> None:
+        self.job = job
+        self.tally = tally
+        self.pending: list[tuple[RowRef, RowCost, object]] = []
+
+    def add(self, row: RowRef, cost: RowCost, where: object = None) -> None:
+        """`where` comes back with the row's rejection (flush's on_reject)."""
+        if cost.uncounted is None:
+            self.tally.add(cost)
+            return
+        self.pending.append((row, cost, where))
+        if len(self.pending) >= COUNT_BATCH_ROWS:
+            self.flush()
+
+    def flush(self, on_reject: Callable[[RowRejected, object], None] | None = None) -> None:
+        """Count the waiting rows and add them up. A row that does not fit raises its
+        RowRejected, or, given on_reject (collect mode), is handed to it and left out."""
+        pending, self.pending = self.pending, []
+        if not pending:
+            return
+        texts = [text for _, cost, _ in pending for text in cost.uncounted or ()]
+        counts = iter(self.job.count_batch(texts))
+        limit = self.job.model.context_tokens  # text only: the model's own context
+        for row, cost, where in pending:
+            cost.text_tokens += sum(next(counts) for _ in cost.uncounted or ())
+            cost.uncounted = None
+            try:
+                fit_check(cost.input_tokens, limit, [], job=self.job, row=row)
+            except RowRejected as rejected:
+                if on_reject is None:
+                    raise  # the read stops here: the rows after it are not added
+                on_reject(rejected, where)
+                continue
+            self.tally.add(cost)
 
 
 class Tally:
@@ -273,8 +422,6 @@ class Tally:
         total = cost.input_tokens
         if cost.media_row:
             self.media_row_tokens += total
-        elif self.endpoint == EMBEDDINGS:
-            self.input_tokens += total
         else:
             self.input_tokens += cost.text_tokens
             self.media_tokens += cost.media_tokens
@@ -297,8 +444,9 @@ class Tally:
         self.response_format_rows += cost.own_response_format
         self.questions += cost.questions
 
-    def report(self, job: JobContext) -> FileReport:
-        if not self.rows:
+    def report(self, job: JobContext, *, errors: RowErrors | None = None) -> FileReport:
+        # In collect mode a file whose every row failed reports those rows, not "no rows".
+        if not self.rows and not (errors is not None and errors.failed_rows):
             raise InputRejected("The input file has no rows: a job needs at least one "
                                 "request.")
         usage = Usage(input_tokens=self.input_tokens, media_tokens=self.media_tokens,

@@ -10,8 +10,7 @@ the row alone at serving time, so it passes here.
 
 from __future__ import annotations
 
-import json
-
+from inference.engines.decisions import question_text, state_text
 from jobs.validation.core import JobContext, RowCost, RowRef, thousands
 
 DECISION_FIELDS = ("state", "questions", "lang", "model")
@@ -24,25 +23,21 @@ def decision_row(body: dict[str, object], *, job: JobContext, row: RowRef) -> Ro
             raise row.reject(f"unknown field '{name}': a decision row's body carries only "
                              "state, questions, lang and model")
     state = body.get("state")
-    if isinstance(state, str):
-        text, rendered = state, ""
-    elif isinstance(state, dict):
-        # "an object counts as its JSON rendering": compact and unescaped, as it is read.
-        text = json.dumps(state, ensure_ascii=False, separators=(",", ":"))
-        rendered = " as JSON"
-    else:
+    text = state_text(state)
+    if text is None:
         raise row.reject("state must be the text to decide on: a string or a JSON object")
+    rendered = "" if isinstance(state, str) else " as JSON"
     limit = model.max_state_chars
     if limit is not None and len(text) > limit:
         raise row.reject(f"state is {thousands(len(text))} characters{rendered}, over the "
-                         f"{thousands(limit)}-character limit")
+                         f"{thousands(limit)}-character limit", limit=True)
     questions = body.get("questions")
     if not isinstance(questions, dict) or not questions:
         raise row.reject("questions must be an object of named questions")
     most = model.max_questions
     if most is not None and len(questions) > most:
         raise row.reject_sentence(f"has {len(questions)} questions, over the "
-                                  f"{most}-question limit of model '{model.id}'")
+                                  f"{most}-question limit of model '{model.id}'", limit=True)
     lang = body.get("lang")
     if lang is not None and not isinstance(lang, str):
         raise row.reject("lang must be a language code such as \"de\"")
@@ -54,22 +49,8 @@ def decision_row(body: dict[str, object], *, job: JobContext, row: RowRef) -> Ro
     for question in questions.values():
         # A question the model cannot take (not even an object) fails its row at serving
         # time and bills nothing; until then it is counted for what it carries.
-        own = _question_text(question) if isinstance(question, dict) else ""
+        own = question_text(question) if isinstance(question, dict) else ""
         if own:
             tokens += count(own)
     return RowCost(text_tokens=tokens, questions=len(questions))
 
-
-def _question_text(question: dict[str, object]) -> str:
-    """A question's instructions and option texts (the option keys are read too)."""
-    pieces: list[str] = []
-    instructions = question.get("instructions")
-    if isinstance(instructions, str):
-        pieces.append(instructions)
-    criteria = question.get("criteria")
-    if isinstance(criteria, dict):
-        for key, description in criteria.items():
-            pieces.append(f"{key}: {description}" if isinstance(description, str) else key)
-    elif isinstance(criteria, list):
-        pieces.extend(item for item in criteria if isinstance(item, str))
-    return "\n".join(pieces)

@@ -50,6 +50,9 @@ def embedding_input(value: object, *, job: JobContext, row: RowRef) -> RowCost:
     if isinstance(value, str):
         if not value:
             raise row.reject("embeddings input must be a non-empty string")
+        if job.deferring:  # counted with the file's next batch (CountBatch)
+            job.length_check(value)
+            return RowCost(text_tokens=END_OF_TEXT_TOKENS, uncounted=[value])
         cost = row_fitted(job.count_tokens(value) + END_OF_TEXT_TOKENS, [], job=job, row=row)
         cost.context_limit = None  # nothing is generated: no output to leave room for
         return cost

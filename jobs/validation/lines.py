@@ -3,25 +3,28 @@ them for the one endpoint the job's model serves.
 
 The file is read one line at a time and each row is dropped once checked; what is kept
 across rows is a handful of running sums and the 8-byte digest of every custom_id, so a
-million-row file validates in bounded memory. The first violation stops the read.
+million-row file validates in bounded memory. The first violation stops the read (in
+collect mode, a preflight check's, every violation is recorded and the read goes on).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import BinaryIO
 
-from jobs.validation.chat import chat_row
+import orjson
+
 from jobs.validation.core import (
-    ENDPOINT_BY_TASK,
     ENDPOINTS,
+    CountBatch,
     CountTokens,
     FileReport,
     JobContext,
     JobOptions,
     ProbeContentType,
-    RowCost,
+    RowError,
+    RowErrors,
     RowRef,
     RowRejected,
     Tally,
@@ -29,16 +32,9 @@ from jobs.validation.core import (
     listing,
     thousands,
 )
-from jobs.validation.decisions import decision_row
-from jobs.validation.embeddings import embedding_row
 from jobs.validation.ids import DigestSet
 
-RowCheck = Callable[..., RowCost]
-ROW_CHECKS: dict[str, RowCheck] = {"chat": chat_row, "embed": embedding_row,
-                                   "decide": decision_row}
 _BOM = b"\xef\xbb\xbf"
-_TASK_NAMES = {"chat": "a chat model", "embed": "an embedding model",
-               "decide": "a decision model"}
 _READ_BYTES = 1024 * 1024
 
 
@@ -51,21 +47,48 @@ def _no_constants(name: str) -> object:
 _DECODER = json.JSONDecoder(parse_constant=_no_constants)
 
 
+def _loads(line: bytes) -> object:
+    """orjson, and where it refuses a line, the standard decoder, whose answer (a value
+    orjson will not take, such as an integer wider than 64 bits) or message is the one
+    the checker has always given."""
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return _DECODER.decode(line.decode("utf-8"))
+
+
 def validate_jsonl(stream: BinaryIO, options: JobOptions, *, count_tokens: CountTokens,
-                   probe_content_type: ProbeContentType | None = None) -> FileReport:
+                   probe_content_type: ProbeContentType | None = None,
+                   errors: RowErrors | None = None) -> FileReport:
     """Check every line of a JSONL input against the job, and count what it consumes.
 
     Raises RowRejected (naming the row or line) at the first violation, InputRejected for a
     file with no rows. `count_tokens` is the model's tokenizer; `probe_content_type` answers
-    a HEAD request's Content-Type (None when the host did not answer)."""
+    a HEAD request's Content-Type (None when the host did not answer). With `errors` (a
+    preflight check), each violation is recorded there instead and the read goes on: the
+    report then counts the rows that passed."""
     job = JobContext(options, count_tokens, probe_content_type)
-    task = job.model.task
-    endpoint = ENDPOINT_BY_TASK[task]
-    check = ROW_CHECKS[task]
-    tally = Tally(endpoint)
+    job.deferring = True  # text-only rows are counted COUNT_BATCH_ROWS at a time
+    kind = job.kind
+    tally = Tally(kind.endpoint)
+    batch = CountBatch(job, tally)
+
+    def recorded(rejected: RowRejected, where: object) -> None:
+        assert errors is not None and isinstance(where, tuple)
+        number, line = where
+        errors.add(RowError(rejected.message, line=number, custom_id=_custom_id(line)))
+
+    on_reject = None if errors is None else recorded
     ids = DigestSet()
     blank_since: int | None = None
-    for number, raw in enumerate(lines_bounded(stream, job.line_max_bytes), start=1):
+    lines = lines_bounded(stream, job.line_max_bytes, skip_long=errors is not None)
+    for number, raw in enumerate(lines, start=1):
+        if raw is None:  # collect mode: an over-long line, skipped unread
+            assert errors is not None
+            batch.flush(on_reject)  # the rows before it are reported first
+            errors.add(RowError(_line_too_long(number, job.line_max_bytes).message,
+                                line=number))
+            continue
         line = raw.strip()
         if number == 1 and line.startswith(_BOM):
             line = line[len(_BOM):].strip()
@@ -73,39 +96,73 @@ def validate_jsonl(stream: BinaryIO, options: JobOptions, *, count_tokens: Count
             blank_since = blank_since or number
             continue
         if blank_since is not None:
-            raise RowRef.line(blank_since).reject(
+            batch.flush(on_reject)
+            blank = RowRef.line(blank_since).reject(
                 "the line is blank; a JSONL input has one request per line and no blank "
                 "lines between them"
             )
-        row, body = _envelope(line, number, ids=ids, job=job, first=tally.rows == 0)
+            if errors is None:
+                raise blank
+            errors.add(RowError(blank.message, line=blank_since), row=False)
+            blank_since = None
         try:
-            tally.add(check(body, job=job, row=row))
-        except TextTooLong as too_long:
-            raise too_long.reject(row, job.model) from None
-    return tally.report(job)
+            row, body = _envelope(line, number, ids=ids, job=job,
+                                  first=tally.rows == 0 and not batch.pending)
+            try:
+                batch.add(row, kind.row_cost(body, job=job, row=row), (number, line))
+            except TextTooLong as too_long:
+                raise too_long.reject(row, job.model) from None
+        except RowRejected as rejected:
+            batch.flush(on_reject)  # an earlier row's failure comes first
+            if errors is None:
+                raise
+            errors.add(RowError(rejected.message, line=number, custom_id=_custom_id(line)))
+    batch.flush(on_reject)
+    return tally.report(job, errors=errors)
 
 
-def lines_bounded(stream: BinaryIO, max_bytes: int) -> Iterator[bytes]:
+def _custom_id(line: bytes) -> str | None:
+    """A failing line's custom_id, when it has a readable one (collect mode only)."""
+    try:
+        request = _DECODER.decode(line.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None
+    value = request.get("custom_id") if isinstance(request, dict) else None
+    return value if isinstance(value, str) and value else None
+
+
+def lines_bounded(stream: BinaryIO, max_bytes: int, *,
+                  skip_long: bool = False) -> Iterator[bytes | None]:
     """The stream's lines, read a block at a time (any object with read(): a local file or
     an S3 body alike); a line longer than max_bytes is refused as soon as that many bytes
-    of it are read, so memory stays bounded by the cap whatever the file holds."""
+    of it are read, so memory stays bounded by the cap whatever the file holds. With
+    skip_long, such a line is read past instead and stands as None (collect mode)."""
     limit = max_bytes + 1  # a \r before the newline does not count against the cap
     number, size = 1, 0
     parts: list[bytes] = []
+    skipping = False
     while block := stream.read(_READ_BYTES):
         pieces = block.split(b"\n")
         for piece in pieces[:-1]:
-            if size + len(piece) > limit:
-                raise _line_too_long(number, max_bytes)
-            # Blocks of one long line are kept as a list and joined once: no quadratic copy.
-            yield b"".join([*parts, piece]) if parts else piece
-            parts, size, number = [], 0, number + 1
-        if pieces[-1]:
+            if skipping or size + len(piece) > limit:
+                if not skip_long:
+                    raise _line_too_long(number, max_bytes)
+                yield None
+            else:
+                # Blocks of one long line are kept as a list and joined once: no quadratic
+                # copy.
+                yield b"".join([*parts, piece]) if parts else piece
+            parts, size, number, skipping = [], 0, number + 1, False
+        if pieces[-1] and not skipping:
             parts.append(pieces[-1])
             size += len(pieces[-1])
             if size > limit:
-                raise _line_too_long(number, max_bytes)
-    if parts:
+                if not skip_long:
+                    raise _line_too_long(number, max_bytes)
+                parts, size, skipping = [], 0, True
+    if skipping:
+        yield None
+    elif parts:
         yield b"".join(parts)
 
 
@@ -115,28 +172,32 @@ def _line_too_long(number: int, max_bytes: int) -> RowRejected:
         "may take; shorten or split this request")
 
 
+def _at(number: int) -> RowRef:
+    # Made only when a line fails: most lines never need their reference.
+    return RowRef.line(number)
+
+
 def _envelope(line: bytes, number: int, *, ids: DigestSet, job: JobContext,
               first: bool) -> tuple[RowRef, dict[str, object]]:
     """The request object around the body: custom_id, method, url, body."""
-    where = RowRef.line(number)
     try:
-        request = _DECODER.decode(line.decode("utf-8"))
+        request = _loads(line)
     except ValueError as error:  # JSONDecodeError, and UnicodeDecodeError for non-UTF-8
         detail = f" ({error.msg} at column {error.colno})" \
             if isinstance(error, json.JSONDecodeError) else ""
-        raise where.reject(f"not valid JSON{detail}; each line must be one request "
+        raise _at(number).reject(f"not valid JSON{detail}; each line must be one request "
                            "object") from None
     except RecursionError:  # thousands of nested brackets: refused, never a crash
-        raise where.reject("not valid JSON (nested too deeply); each line must be one "
+        raise _at(number).reject("not valid JSON (nested too deeply); each line must be one "
                            "request object") from None
     if not isinstance(request, dict):
-        raise where.reject("not a JSON object; each line must be one request object with "
+        raise _at(number).reject("not a JSON object; each line must be one request object with "
                            "custom_id, method, url and body")
     custom_id = request.get("custom_id")
     if custom_id is None:
-        raise where.reject("custom_id is missing; every line needs a custom_id string")
+        raise _at(number).reject("custom_id is missing; every line needs a custom_id string")
     if not isinstance(custom_id, str) or not custom_id:
-        raise where.reject(f"custom_id must be a non-empty string, not {custom_id!r}")
+        raise _at(number).reject(f"custom_id must be a non-empty string, not {custom_id!r}")
     row = RowRef.named(custom_id)
     if not ids.add(custom_id):
         raise row.reject("custom_id is used by an earlier line; every row needs its own "
@@ -145,14 +206,14 @@ def _envelope(line: bytes, number: int, *, ids: DigestSet, job: JobContext,
         raise row.reject(f"method must be \"POST\", not {request.get('method')!r}")
     url = request.get("url")
     model = job.model
-    expected = ENDPOINT_BY_TASK[model.task]
+    expected = job.kind.endpoint
     if url not in ENDPOINTS:
         raise row.reject(f"url {url!r} is not an endpoint a batch job takes: "
                          f"{listing(list(ENDPOINTS), 'or')}")
     if url != expected:
         if first:
             raise row.reject(f"url '{url}' does not match model '{model.id}': "
-                             f"{_TASK_NAMES[model.task]} takes {expected} rows")
+                             f"{job.kind.noun} takes {expected} rows")
         raise row.reject(f"url '{url}' mixes endpoints: this file's rows target {expected}, "
                          "and a file's rows must all target the same endpoint")
     body = request.get("body")

@@ -1,6 +1,7 @@
 """Parquet inputs (docs/decisions.md, "Inputs and results"): chat rows from a `prompt` column
 (text) or a `messages` column (JSON text, or a native list of message structs), embedding
-rows from an `input` column; an `id` column is the row identity, else the row's row_index.
+rows from an `input` column (each kind's ParquetReading, inference.kinds); an `id` column is
+the row identity, else the row's row_index.
 
 Read a record batch at a time, only the columns the checks need, so a large file is never
 held whole in memory. Parquet rows carry no per-row thinking, effort, response_format or
@@ -15,29 +16,29 @@ made (docs/decisions.md, "Inputs and results").
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from django.conf import settings
 
-from jobs.validation.chat import chat_cost, job_thinking
+from inference.kinds import ParquetReading
 from jobs.validation.core import (
-    ENDPOINT_BY_TASK,
+    CountBatch,
     CountTokens,
     FileReport,
     InputRejected,
     JobContext,
     JobOptions,
     ProbeContentType,
-    RowCost,
+    RowError,
+    RowErrors,
     RowRef,
+    RowRejected,
     Tally,
     TextTooLong,
     thousands,
 )
-from jobs.validation.embeddings import embedding_input
 from jobs.validation.ids import DigestSet
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
     import pyarrow.parquet as pq
 
 BATCH_ROWS = 4096
-ID, PROMPT, MESSAGES, INPUT = "id", "prompt", "messages", "input"
+ID = "id"
 # The shortest JSONL request line is longer than this: a parquet input may hold as many
 # rows as a JSONL input under the input cap could, and as many bytes of content.
 MIN_ROW_BYTES = 64
@@ -58,37 +59,57 @@ SLICE_BYTES = 64 * 1024 * 1024
 
 def validate_parquet(source: str | Path | IO[bytes], options: JobOptions, *,
                      count_tokens: CountTokens,
-                     probe_content_type: ProbeContentType | None = None) -> FileReport:
-    """The parquet twin of validate_jsonl: same rules, same report, same rejections."""
-    # Imported here: a JSONL job (nearly all of them) need not load pyarrow at all.
-
+                     probe_content_type: ProbeContentType | None = None,
+                     errors: RowErrors | None = None) -> FileReport:
+    """The parquet twin of validate_jsonl: same rules, same report, same rejections, and
+    the same collect mode (`errors`). There a row over the size a request may take stops
+    the read too: its size is measured a batch at a time, before its value exists."""
     job = JobContext(options, count_tokens, probe_content_type)
-    model = job.model
-    if model.task == "decide":
-        raise InputRejected(f"Model '{model.id}' takes JSONL input only: a decision job's "
-                            "rows are JSONL lines with state and questions.")
+    model, kind = job.model, job.kind
+    reading = kind.parquet
+    if reading is None:
+        raise InputRejected(kind.parquet_refusal(model))
     try:
         parquet = parquet_open(source)
     except Exception as error:  # pyarrow raises its own ArrowInvalid/OSError family
         raise InputRejected(f"The input is not a readable parquet file ({error}).") from None
-    content, identity = parquet_columns(parquet, model.task)
+    content, identity = parquet_columns(parquet, reading)
     parquet_declared_check(parquet, content, identity)
-    tally = Tally(ENDPOINT_BY_TASK[model.task])
+    tally = Tally(kind.endpoint)
+    job.deferring = True  # text-only rows are counted COUNT_BATCH_ROWS at a time
+    batch = CountBatch(job, tally)
+
+    def recorded(rejected: RowRejected, where: object) -> None:
+        assert errors is not None and isinstance(where, tuple)
+        row_index, name = where
+        errors.add(RowError(rejected.message, row_index=row_index,
+                            custom_id=None if name is None or name == "" else str(name)))
+
+    on_reject = None if errors is None else recorded
     ids = DigestSet()
-    thinking, effort = job_thinking(job)
-    for row_index, name, value in parquet_rows(parquet, content, identity,
-                                               max_value_bytes=job.line_max_bytes):
-        row = _row_ref(row_index, name, identity, ids)
-        try:
-            if model.task == "chat":
-                cost = _chat(content, value, job=job, row=row)
-                cost.thinking, cost.effort = thinking, effort
-            else:
-                cost = embedding_input(value, job=job, row=row)
-        except TextTooLong as too_long:
-            raise too_long.reject(row, model) from None
-        tally.add(cost)
-    return tally.report(job)
+    rows = parquet_rows(parquet, content, identity, max_value_bytes=job.line_max_bytes)
+    try:
+        for row_index, name, value in rows:
+            try:
+                row = _row_ref(row_index, name, identity, ids)
+                try:
+                    cost = reading.row_cost(content, value, job=job, row=row)
+                except TextTooLong as too_long:
+                    raise too_long.reject(row, model) from None
+            except RowRejected as rejected:
+                batch.flush(on_reject)  # an earlier row's failure comes first
+                if errors is None:
+                    raise
+                recorded(rejected, (row_index, name))
+                continue
+            batch.add(row, cost, (row_index, name))
+    except RowRejected as oversized:  # parquet_rows': a row over the size a request takes
+        batch.flush(on_reject)
+        if errors is None:
+            raise
+        errors.add(RowError(oversized.message))
+    batch.flush(on_reject)
+    return tally.report(job, errors=errors)
 
 
 def parquet_open(source: str | Path | IO[bytes]) -> pq.ParquetFile:
@@ -130,20 +151,12 @@ def parquet_declared_check(parquet: pq.ParquetFile, content: str,
                 "file with smaller row groups.")
 
 
-def parquet_columns(parquet: pq.ParquetFile, task: str) -> tuple[str, str | None]:
-    """The column a row's content comes from, and the identity column if there is one."""
+def parquet_columns(parquet: pq.ParquetFile,
+                    reading: ParquetReading) -> tuple[str, str | None]:
+    """The column a row's content comes from (the kind's), and the identity column if
+    there is one."""
     columns = set(parquet.schema_arrow.names)
-    if task == "chat":
-        content = MESSAGES if MESSAGES in columns else PROMPT if PROMPT in columns else None
-        if content is None:
-            raise InputRejected("A parquet input for a chat model needs a 'prompt' column "
-                                "(text) or a 'messages' column (JSON text).")
-    else:
-        if INPUT not in columns:
-            raise InputRejected("A parquet input for an embedding model needs an 'input' "
-                                "column.")
-        content = INPUT
-    return content, ID if ID in columns else None
+    return reading.content_column(columns), ID if ID in columns else None
 
 
 def parquet_rows(parquet: pq.ParquetFile, content: str, identity: str | None, *,
@@ -248,16 +261,3 @@ def _row_ref(row_index: int, name: Any, identity: str | None, ids: DigestSet) ->
         raise row.reject("id is used by an earlier row; every row needs its own id")
     return row
 
-
-def _chat(column: str, value: Any, *, job: JobContext, row: RowRef) -> RowCost:
-    if column == PROMPT:
-        if not isinstance(value, str) or not value:
-            raise row.reject("prompt is empty")
-        return chat_cost([{"role": "user", "content": value}], job=job, row=row)
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except (ValueError, RecursionError):
-            raise row.reject("messages is not valid JSON: it must be a JSON list of "
-                             "messages") from None
-    return chat_cost(value, job=job, row=row)

@@ -24,6 +24,9 @@ class Command(BaseCommand):
         parser.add_argument("--eu", action="store_true", help="Turn on EU data routing.")
         parser.add_argument("--auto-approve", action="store_true",
                             help="Approve every estimate at cost_ready.")
+        parser.add_argument("--progress-webhooks", action="store_true",
+                            help="Also send a progress webhook at 25, 50 and 75 %% of a "
+                                 "running job's rows.")
         parser.add_argument("--credits-cents", type=int, default=0, metavar="N",
                             help="Grant N credits (cents) at creation, beside the free grant.")
         parser.add_argument("--webhook-url", metavar="URL", default="",
@@ -41,6 +44,7 @@ class Command(BaseCommand):
             organization = organization_create(
                 name=name, actor=actor, eu_data_routing=options["eu"],
                 auto_approve=options["auto_approve"],
+                progress_webhooks=options["progress_webhooks"],
             )
             _key, plaintext = api_key_create(organization=organization, actor=actor,
                                              name="created by createorg")

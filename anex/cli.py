@@ -1,0 +1,522 @@
+"""`anex`: the batch API from a terminal (docs/cli.md).
+
+    anex submit FILE --model M [--approve] [--wait] [-o OUT]
+    anex check FILE --model M
+    anex status|approve|cancel|result|rerun JOB
+
+It reads ANEX_API_KEY and ANEX_BASE_URL (default http://localhost:8000, `make run`'s
+address), speaks only HTTP (requests; tqdm draws the bars on stderr), and needs nothing of
+the server's code or settings. Every POST carries an Idempotency-Key, so a retry after a
+dropped connection or a 502/503 never does the work twice. `--json` prints one JSON object
+on stdout for a script; the exit code says how it went (EXIT_* below).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any, NoReturn
+
+import requests
+from tqdm import tqdm
+
+DEFAULT_BASE_URL = "http://localhost:8000"
+API_PATH = "/batch/v1"
+
+EXIT_OK = 0
+EXIT_ERROR = 1  # the API refused the request, or could not be reached
+EXIT_USAGE = 2  # a bad command line, or no ANEX_API_KEY
+EXIT_UNSUCCESSFUL = 3  # the job ended failed or cancelled; the check found failing rows
+EXIT_NOT_APPROVED = 4  # the estimate was declined: the job waits in cost_ready
+EXIT_UNAVAILABLE = 5  # this server does not offer the command (an older deployment)
+
+TERMINAL = frozenset({"done", "failed", "cancelled"})
+ESTIMATING = frozenset({"submitted", "estimating"})
+POLL_SECONDS = 1.0
+RETRIES = 5
+RETRY_STATUSES = frozenset({502, 503, 504})
+TIMEOUT_SECONDS = 60
+CHUNK_BYTES = 1024 * 1024
+
+
+class CliError(Exception):
+    def __init__(self, message: str, code: int = EXIT_ERROR, *,
+                 status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.status = status
+
+
+# --- HTTP -------------------------------------------------------------------------------
+
+
+def base_url(raw: str) -> str:
+    """The batch API's base from ANEX_BASE_URL: an origin, or an origin with /batch/v1."""
+    raw = raw.rstrip("/")
+    return raw if raw.endswith(API_PATH) else raw + API_PATH
+
+
+class Api:
+    def __init__(self, base: str, key: str) -> None:
+        self.base = base_url(base)
+        self.session = requests.Session()
+        self.session.headers.update({"Authorization": f"Bearer {key}",
+                                     "User-Agent": "anex-cli/0.1"})
+
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None, *,
+             expect: tuple[int, ...] = (200,)) -> dict[str, Any]:
+        """One API call, retried on a lost connection and on 502/503/504 (a POST under one
+        Idempotency-Key throughout, so the server does it once); an error answer raises
+        CliError with the server's detail."""
+        headers = {"Idempotency-Key": str(uuid.uuid4())} if method == "POST" else {}
+        response = _retrying(lambda: self.session.request(
+            method, self.base + path, json=body, headers=headers, timeout=TIMEOUT_SECONDS))
+        if response.status_code not in expect:
+            raise _refused(response)
+        data = _json(response)
+        if not isinstance(data, dict):
+            raise CliError(f"{self.base}{path} did not answer a JSON object: is ANEX_BASE_URL "
+                           "an anex API?")
+        return data
+
+
+def _json(response: requests.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
+def _retryable(response: requests.Response) -> bool:
+    """A 502/503/504, or the 409 with Retry-After that a repeat of a POST still in flight
+    gets (anex.api.idempotency): the reference's own 409s carry no Retry-After."""
+    return response.status_code in RETRY_STATUSES or (
+        response.status_code == 409 and "Retry-After" in response.headers)
+
+
+def _retrying(send: Callable[[], requests.Response]) -> requests.Response:
+    for attempt in range(RETRIES):
+        last = attempt == RETRIES - 1
+        try:
+            response = send()
+        except (requests.ConnectionError, requests.Timeout) as exc:
+            if last:
+                raise CliError(f"Cannot reach the anex API: {exc.__class__.__name__}. Is it "
+                               "running, and is ANEX_BASE_URL right?") from None
+            time.sleep(2**attempt)
+            continue
+        if not _retryable(response) or last:
+            return response
+        wait = response.headers.get("Retry-After", "")
+        time.sleep(int(wait) if wait.isdigit() else 2**attempt)
+    raise AssertionError("unreachable")
+
+
+def _refused(response: requests.Response) -> CliError:
+    body = _json(response)
+    detail = body.get("detail") if isinstance(body, dict) else None
+    return CliError(f"{response.status_code}: {detail or response.reason}",
+                    status=response.status_code)
+
+
+def _not_deployed(error: CliError, what: str) -> CliError:
+    """A 404 from the router itself ("Not found.", no object named) means the server has no
+    such endpoint; a 404 naming the job is the job."""
+    if error.status == 404 and error.message.endswith(": Not found."):
+        return CliError(f"This anex server does not offer {what} yet (it answered 404): it "
+                        "runs an older version than this client.", EXIT_UNAVAILABLE,
+                        status=404)
+    return error
+
+
+# --- uploading and downloading ------------------------------------------------------------
+
+
+def bar_make(quiet: bool, **options: Any) -> tqdm[Any]:
+    """A bar on stderr, drawn only on a terminal and never with --json (stdout stays one
+    JSON object)."""
+    return tqdm(file=sys.stderr, disable=quiet or None, **options)
+
+
+
+class FormBody:
+    """A multipart/form-data body streamed from the file with its length known up front
+    (S3's POST wants Content-Length), the form's fields first and the file last, as the
+    reference prescribes; `bar` counts the file's bytes as they go.
+
+    requests sends an object with read() and __iter__ as a stream, and takes its length
+    from __len__; it has no tell(), which requests would take for a position in it."""
+
+    def __init__(self, fields: dict[str, str], path: Path, bar: tqdm[Any]) -> None:
+        boundary = uuid.uuid4().hex
+        head = b"".join(
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n'
+            f"{value}\r\n".encode() for name, value in fields.items())
+        filename = path.name.replace('"', "%22").replace("\r", "").replace("\n", "")
+        head += (f'--{boundary}\r\nContent-Disposition: form-data; name="file"; '
+                 f'filename="{filename}"\r\nContent-Type: application/octet-stream\r\n\r\n'
+                 ).encode()
+        tail = f"\r\n--{boundary}--\r\n".encode()
+        self.content_type = f"multipart/form-data; boundary={boundary}"
+        self._length = len(head) + path.stat().st_size + len(tail)
+        self._file = path.open("rb")
+        self._parts: list[IO[bytes]] = [io.BytesIO(head), self._file, io.BytesIO(tail)]
+        self._bar = bar
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __iter__(self) -> Iterator[bytes]:
+        while block := self.read(CHUNK_BYTES):
+            yield block
+
+    def read(self, size: int | None = -1) -> bytes:
+        size = CHUNK_BYTES if size is None or size < 0 else size
+        while self._parts:
+            part = self._parts[0]
+            data = part.read(size)
+            if data:
+                if part is self._file:
+                    self._bar.update(len(data))
+                return data
+            self._parts.pop(0)
+        return b""
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def upload(api: Api, path: Path, *, quiet: bool) -> str:
+    """POST /inputs for an upload target, the file to it with a byte bar; the input id."""
+    if not path.is_file():
+        raise CliError(f"{path}: no such file.", EXIT_USAGE)
+    fmt = "parquet" if path.suffix.lower() == ".parquet" else "jsonl"
+    target = api.call("POST", "/inputs", {"format": fmt})
+    with bar_make(quiet, total=path.stat().st_size, unit="B", unit_scale=True,
+                  unit_divisor=1024, desc="upload") as bar:
+        body = FormBody(target["fields"], path, bar)
+        try:
+            # Not retried: a used upload target refuses a second file; run the command again.
+            response = requests.post(target["upload_url"], data=body, timeout=(30, 600),
+                                     headers={"Content-Type": body.content_type})
+        except requests.ConnectionError as exc:
+            raise CliError(f"The upload failed: {exc.__class__.__name__}.") from None
+        finally:
+            body.close()
+    if response.status_code >= 300:
+        raise CliError(f"The upload was refused ({response.status_code}): "
+                       f"{response.text.strip()[:500]}")
+    return str(target["id"])
+
+
+def download(url: str, out: Path, *, quiet: bool) -> None:
+    response = _retrying(lambda: requests.get(url, stream=True, timeout=TIMEOUT_SECONDS))
+    if response.status_code != 200:
+        raise CliError(f"The result download failed ({response.status_code}).")
+    size = int(response.headers.get("Content-Length") or 0) or None
+    partial = out.with_name(out.name + ".part")
+    with partial.open("wb") as sink, bar_make(quiet, total=size, unit="B", unit_scale=True,
+                                              unit_divisor=1024, desc="download") as bar:
+        for block in response.iter_content(CHUNK_BYTES):
+            sink.write(block)
+            bar.update(len(block))
+    partial.replace(out)
+
+
+# --- a job from the terminal ------------------------------------------------------------
+
+
+def say(message: str, *, quiet: bool) -> None:
+    if not quiet:
+        print(message, file=sys.stderr, flush=True)
+
+
+def credits(cents: int | None) -> str:
+    if cents is None:
+        return "?"
+    return f"{cents} credit{'s' if cents != 1 else ''} (${cents / 100:.2f})"
+
+
+def wait_estimate(api: Api, job_id: str, *, quiet: bool) -> dict[str, Any]:
+    with _spinner("estimating", quiet=quiet) as tick:
+        while (job := api.call("GET", f"/jobs/{job_id}"))["status"] in ESTIMATING:
+            tick(job["status"])
+            time.sleep(POLL_SECONDS)
+    return job
+
+
+@contextmanager
+def _spinner(desc: str, *, quiet: bool) -> Iterator[Callable[[str], None]]:
+    with bar_make(quiet, total=None, desc=desc, bar_format="{desc} {elapsed}",
+                  leave=False) as bar:
+        def tick(state: str) -> None:
+            bar.set_description_str(state)
+            bar.update(0)
+
+        yield tick
+
+
+def estimate_lines(job: dict[str, Any], rows: int | None) -> list[str]:
+    return [
+        f"job {job['id']}: {job['status']}",
+        f"  rows:      {rows if rows is not None else '?'}",
+        f"  tokens:    {job.get('est_input_tok')} in, {job.get('est_output_tok')} out "
+        "(estimated)",
+        f"  cost:      at most {credits(job.get('est_cost_cents'))}, held on approval",
+        f"  time:      about {job.get('est_processing_seconds')} s once approved",
+    ]
+
+
+def confirm(question: str) -> bool:
+    """Ask on the terminal (stderr, so --json's stdout stays clean); a closed stdin, as in
+    a script without --approve, is a no."""
+    print(f"{question} [y/N] ", end="", file=sys.stderr, flush=True)
+    answer = sys.stdin.readline()
+    if not answer:
+        print("", file=sys.stderr)
+    return answer.strip().lower() in ("y", "yes")
+
+
+def wait_done(api: Api, job_id: str, *, quiet: bool) -> dict[str, Any]:
+    """A row bar with the server's rate and ETA until the job has ended."""
+    progress = api.call("GET", f"/jobs/{job_id}/progress")
+    with bar_make(quiet, total=progress["total_rows"], unit="row", desc="rows") as bar:
+        while True:
+            job = api.call("GET", f"/jobs/{job_id}")
+            progress = api.call("GET", f"/jobs/{job_id}/progress")
+            if bar.total != progress["total_rows"]:
+                bar.total = progress["total_rows"]
+            bar.update(progress["done_rows"] - bar.n)
+            eta = progress["eta_seconds"]
+            bar.set_postfix_str(f"{job['status']}, eta {eta if eta is not None else '?'} s")
+            if job["status"] in TERMINAL:
+                return job
+            time.sleep(POLL_SECONDS)
+
+
+def fetch_result(api: Api, job_id: str, out: Path | None, *,
+                 quiet: bool) -> tuple[Path, dict[str, Any]]:
+    link = api.call("GET", f"/jobs/{job_id}/result")
+    target = out or Path(f"{job_id}.jsonl")
+    download(link["result_url"], target, quiet=quiet)
+    return target, link
+
+
+def cmd_submit(api: Api, args: argparse.Namespace) -> int:
+    quiet = args.json
+    input_id = upload(api, Path(args.file), quiet=quiet)
+    say(f"uploaded {args.file} as input {input_id}", quiet=quiet)
+    body: dict[str, Any] = {"input_id": input_id, "model": args.model}
+    if args.max_output_tokens is not None:
+        body["max_output_tokens"] = args.max_output_tokens
+    job_id = api.call("POST", "/jobs", body)["id"]
+    job = wait_estimate(api, job_id, quiet=quiet)
+    report: dict[str, Any] = {"id": job_id, "input_id": input_id, "estimate": job}
+    if job["status"] != "cost_ready":
+        return _ended(api, args, job, report)
+    total = api.call("GET", f"/jobs/{job_id}/progress")["total_rows"]
+    for line in estimate_lines(job, total):
+        say(line, quiet=quiet)
+    if not (args.approve or confirm(f"Approve and hold {credits(job['est_cost_cents'])}?")):
+        say(f"Not approved: the job waits in cost_ready (approve it with `anex approve "
+            f"{job_id}`; an estimate left 24 hours cancels itself, free).", quiet=quiet)
+        _emit(args, {**report, "status": "cost_ready", "approved": False})
+        return EXIT_NOT_APPROVED
+    approved = api.call("POST", f"/jobs/{job_id}/approve")
+    report["approved"] = True
+    say(f"approved: {approved['status']}", quiet=quiet)
+    if not (args.wait or args.output):
+        _emit(args, {**report, "status": approved["status"]})
+        return EXIT_OK
+    job = wait_done(api, job_id, quiet=quiet)
+    report["job"] = job
+    return _ended(api, args, job, report)
+
+
+def _ended(api: Api, args: argparse.Namespace, job: dict[str, Any],
+           report: dict[str, Any]) -> int:
+    """The end of a job: its counts, and its result downloaded when it has one (a failed
+    or cancelled job's partial result too)."""
+    quiet = args.json
+    status = job["status"]
+    report["status"] = status
+    if status == "done" or job.get("partial"):
+        path, link = fetch_result(api, job["id"], Path(args.output) if args.output else None,
+                                  quiet=quiet)
+        report["result_file"] = str(path)
+        report["row_count"] = link["row_count"]
+        say(f"{status}: {job.get('success_rows')} rows answered, {job.get('error_rows')} "
+            f"failed; result in {path}", quiet=quiet)
+    else:
+        say(f"{status}: {job.get('failure_reason') or 'no result to download'}", quiet=quiet)
+    _emit(args, report)
+    return EXIT_OK if status == "done" else EXIT_UNSUCCESSFUL
+
+
+def _emit(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    if args.json:
+        print(json.dumps(report, indent=None))
+
+
+def cmd_check(api: Api, args: argparse.Namespace) -> int:
+    quiet = args.json
+    input_id = upload(api, Path(args.file), quiet=quiet)
+    try:
+        check = api.call("POST", "/checks", {"input_id": input_id, "model": args.model},
+                         expect=(200, 202))
+    except CliError as refused:
+        raise _not_deployed(refused, "input checks (POST /batch/v1/checks)") from None
+    with _spinner("checking", quiet=quiet) as tick:
+        while (check := api.call("GET", f"/checks/{check['id']}"))["status"] not in (
+                "passed", "failed"):
+            tick(check["status"])
+            time.sleep(POLL_SECONDS)
+    errors = check.get("errors") or []
+    if args.json:
+        print(json.dumps(check))
+    else:
+        for row in errors:
+            print(f"line {row.get('line')}: {row.get('custom_id')}: {row.get('reason')}")
+        say(f"{check['status']}: {len(errors)} failing row{'s' if len(errors) != 1 else ''}",
+            quiet=False)
+    return EXIT_OK if check["status"] == "passed" else EXIT_UNSUCCESSFUL
+
+
+def cmd_status(api: Api, args: argparse.Namespace) -> int:
+    job = api.call("GET", f"/jobs/{args.job}")
+    progress = api.call("GET", f"/jobs/{args.job}/progress")
+    if args.json:
+        print(json.dumps({**job, "progress": progress}))
+        return EXIT_OK
+    print(f"job {job['id']}: {job['status']} ({job['model']})")
+    if job.get("est_cost_cents") is not None:
+        print(f"  estimate:  {credits(job['est_cost_cents'])}, about "
+              f"{job.get('est_processing_seconds')} s")
+    eta = progress["eta_seconds"]
+    print(f"  rows:      {progress['done_rows']} of {progress['total_rows'] or '?'} done"
+          + (f", about {eta} s left" if eta else ""))
+    if job["status"] in TERMINAL:
+        print(f"  outcome:   {job.get('success_rows')} answered, {job.get('error_rows')} "
+              f"failed, {job.get('truncated_rows')} truncated")
+    if job.get("failure_reason"):
+        print(f"  reason:    {job['failure_reason']}")
+    return EXIT_OK
+
+
+def _state_command(verb: str) -> Callable[[Api, argparse.Namespace], int]:
+    def run(api: Api, args: argparse.Namespace) -> int:
+        state = api.call("POST", f"/jobs/{args.job}/{verb}")
+        print(json.dumps(state) if args.json else f"job {state['id']}: {state['status']}")
+        return EXIT_OK
+
+    return run
+
+
+def cmd_result(api: Api, args: argparse.Namespace) -> int:
+    path, link = fetch_result(api, args.job, Path(args.output) if args.output else None,
+                              quiet=args.json)
+    if args.json:
+        print(json.dumps({**link, "result_file": str(path)}))
+    else:
+        print(f"{link['row_count']} rows{' (partial)' if link['partial'] else ''} in {path}")
+    return EXIT_OK
+
+
+def cmd_rerun(api: Api, args: argparse.Namespace) -> int:
+    try:
+        include = [part.strip() for part in args.include.split(",") if part.strip()] \
+            if args.include else None
+        child = api.call("POST", f"/jobs/{args.job}/rerun",
+                         {"include": include} if include else None, expect=(200, 201, 202))
+    except CliError as refused:
+        raise _not_deployed(refused, "reruns (POST /batch/v1/jobs/{id}/rerun)") from None
+    print(json.dumps(child) if args.json else f"rerun as job {child['id']}: {child['status']}")
+    return EXIT_OK
+
+
+# --- the command line -------------------------------------------------------------------
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="anex", description="The anex batch API from a terminal. Reads ANEX_API_KEY and "
+        f"ANEX_BASE_URL (default {DEFAULT_BASE_URL}).",
+        epilog="Exit codes: 0 done, 1 API error, 2 usage, 3 job failed or cancelled (or "
+               "failing rows found), 4 estimate not approved, 5 not offered by this server.")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true",
+                        help="print one JSON object on stdout, and no bars or prompts' noise")
+    commands = top.add_subparsers(dest="command", required=True)
+
+    submit = commands.add_parser("submit", parents=[common],
+                                 help="upload a file, show the estimate, approve, run")
+    submit.add_argument("file", help="a JSONL (or .parquet) file of requests")
+    submit.add_argument("--model", required=True)
+    submit.add_argument("--max-output-tokens", type=int, default=None)
+    submit.add_argument("--approve", action="store_true", help="approve without asking")
+    submit.add_argument("--wait", action="store_true",
+                        help="wait for the job to end and download its result")
+    submit.add_argument("-o", "--output", help="where to write the result (implies --wait; "
+                                               "default JOB_ID.jsonl)")
+    submit.set_defaults(run=cmd_submit)
+
+    check = commands.add_parser("check", parents=[common],
+                                help="check a file's rows for a model; print every failing row")
+    check.add_argument("file")
+    check.add_argument("--model", required=True)
+    check.set_defaults(run=cmd_check)
+
+    for name, run, text in (
+            ("status", cmd_status, "a job's status, estimate and progress"),
+            ("approve", _state_command("approve"), "approve a job's estimate"),
+            ("cancel", _state_command("cancel"), "cancel a job"),
+            ("result", cmd_result, "download a job's result"),
+            ("rerun", cmd_rerun, "run a finished job's failed rows again as a new job")):
+        command = commands.add_parser(name, parents=[common], help=text)
+        command.add_argument("job", help="the job id")
+        if name == "result":
+            command.add_argument("-o", "--output", help="default JOB_ID.jsonl")
+        if name == "rerun":
+            command.add_argument("--include", metavar="OUTCOMES", default=None,
+                                 help="comma-separated outcomes to run again: error, "
+                                      "truncated, format_error (default: error)")
+        command.set_defaults(run=run)
+    return top
+
+
+def fail(error: CliError, *, as_json: bool) -> NoReturn:
+    if as_json:
+        print(json.dumps({"error": {"status": error.status, "message": error.message}}))
+    else:
+        print(f"anex: {error.message}", file=sys.stderr)
+    raise SystemExit(error.code)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    key = os.environ.get("ANEX_API_KEY", "").strip()
+    try:
+        if not key:
+            raise CliError("Set ANEX_API_KEY to an API key (make run prints its demo key; "
+                           "the console's Keys page makes others).", EXIT_USAGE)
+        api = Api(os.environ.get("ANEX_BASE_URL") or DEFAULT_BASE_URL, key)
+        code: int = args.run(api, args)
+    except CliError as error:
+        fail(error, as_json=args.json)
+    except KeyboardInterrupt:
+        print("", file=sys.stderr)
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,121 @@
+"""What every console page shares: the signed-in user's current organization and role,
+the owner-only guard, and how a service's refusal reads on a page."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import wraps
+from typing import Any, Concatenate, ParamSpec, cast
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import User
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils.http import url_has_allowed_host_and_scheme
+
+from anex.api.errors import ApiError
+from console.actors import Actor
+from console.constants import Role
+from console.models import Membership, Organization
+from console.selectors import membership_current, membership_list
+
+# The organization the user is acting in, kept in their session; switching only changes
+# which of their own memberships is used (console.selectors.membership_current).
+SESSION_ORGANIZATION = "console_organization"
+P = ParamSpec("P")
+
+
+@dataclass(frozen=True)
+class Console:
+    """Who is acting, and for which organization."""
+
+    membership: Membership
+
+    @property
+    def organization(self) -> Organization:
+        return self.membership.organization
+
+    @property
+    def user(self) -> User:
+        return self.membership.user
+
+    @property
+    def is_owner(self) -> bool:
+        return self.membership.role == Role.OWNER
+
+    @property
+    def actor(self) -> Actor:
+        return Actor(user=self.membership.user)
+
+
+ConsoleView = Callable[Concatenate[HttpRequest, Console, P], HttpResponse]
+
+
+def console_page(*, owner: bool = False) -> Callable[[ConsoleView[P]],
+                                                   Callable[Concatenate[HttpRequest, P],
+                                                            HttpResponse]]:
+    """A signed-in page acting for the user's current organization. owner=True refuses a
+    member with 403. A service's ApiError reads as the API would say it: 404 is the page's
+    404 (another organization's id included), anything else a message on the page the
+    user came from."""
+
+    def decorate(view: ConsoleView[P]) -> Callable[Concatenate[HttpRequest, P], HttpResponse]:
+        @login_required
+        @wraps(view)
+        def wrapper(request: HttpRequest, *args: P.args, **kwargs: P.kwargs) -> HttpResponse:
+            user = cast(User, request.user)
+            membership = membership_current(
+                user=user, organization_id=request.session.get(SESSION_ORGANIZATION))
+            if membership is None:
+                return render(request, "console/no_organization.html", status=200)
+            console = Console(membership=membership)
+            if owner and not console.is_owner:
+                raise PermissionDenied(f"Only an owner of {console.organization.name} can "
+                                       "open this page.")
+            try:
+                return view(request, console, *args, **kwargs)
+            except ApiError as error:
+                if error.status == 404:
+                    raise Http404(str(error.detail)) from None
+                messages.error(request, str(error.detail))
+            except ValidationError as error:
+                messages.error(request, " ".join(error.messages))
+            return redirect(back(request))
+
+        return cast(Callable[Concatenate[HttpRequest, P], HttpResponse], wrapper)
+
+    return decorate
+
+
+def back(request: HttpRequest, fallback: str = "console-jobs") -> str:
+    """Where a refused action returns to: the page the form was on (same site only)."""
+    referer = request.headers.get("Referer", "")
+    if referer and url_has_allowed_host_and_scheme(
+            referer, allowed_hosts={request.get_host()}, require_https=request.is_secure()):
+        return referer
+    return fallback
+
+
+def page(request: HttpRequest, console: Console, template: str, section: str,
+         **context: Any) -> HttpResponse:
+    """Render a console page with the navigation's context."""
+    return render(request, template, {
+        "console": console,
+        "organization": console.organization,
+        "is_owner": console.is_owner,
+        "memberships": membership_list(user=console.user),
+        "section": section,
+        **context,
+    })
+
+
+def fragment(request: HttpRequest, template: str, context: dict[str, Any]) -> HttpResponse:
+    """The live part of a page, for its poller (static/js/console.js): X-Console-Live says
+    whether anything on it is still moving, so the poller knows when to stop."""
+    response = render(request, template, context)
+    response["X-Console-Live"] = "1" if context.get("live") else "0"
+    response["Cache-Control"] = "no-store"
+    return response

@@ -1,0 +1,195 @@
+"""The Jobs pages: the list, one job, a new job (browser upload, then submit), and the
+job's actions, each the same service the API calls."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+from uuid import UUID
+
+from django.core.exceptions import ValidationError
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
+from django.shortcuts import redirect
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from anex.api.errors import ApiError
+from anex.regions import residency_resolve
+from billing.services import credits_require_positive
+from console.forms import JobSubmitForm
+from console.selectors import console_models, job_list, job_models_used, job_progress_shown
+from console.views.base import Console, console_page, fragment, page
+from jobs.constants import TERMINAL_STATUSES, FailureCode, InputFormat, JobStatus
+from jobs.models import Job
+from jobs.selectors import job_get
+from jobs.serializers import JobOut
+from jobs.services.data import job_data_delete, job_result_link
+from jobs.services.inputs import input_upload_create
+from jobs.services.lifecycle import job_approve, job_cancel, job_cancellable
+from jobs.services.submission import job_submit
+
+PAGE_SIZE = 25
+# How often a page with a job in flight asks for its fresh state (one small GET).
+POLL_MS = 2000
+FAILURES = {
+    FailureCode.INVALID_INPUT: "The input could not be run as it is, and nothing was charged.",
+    FailureCode.INTERNAL_ERROR: "Something went wrong on our side.",
+}
+STATUS_WORDS = {
+    JobStatus.SUBMITTED: "Submitted: the estimate starts in a moment.",
+    JobStatus.ESTIMATING: "Estimating: checking every row and pricing the job.",
+    JobStatus.COST_READY: "Estimate ready: approve it to run the job.",
+    JobStatus.IN_PROGRESS: "Running.",
+    JobStatus.FINALIZING: "Finalizing: writing the result file.",
+    JobStatus.DONE: "Done.",
+    JobStatus.FAILED: "Failed.",
+    JobStatus.CANCELLING: "Cancelling: rows already running finish first.",
+    JobStatus.CANCELLED: "Cancelled.",
+}
+
+
+def _live(jobs: list[Job]) -> bool:
+    return any(job.status not in TERMINAL_STATUSES or
+               (job.data_delete_requested and job.data_deleted_at is None) for job in jobs)
+
+
+@require_GET
+@console_page()
+def job_list_page(request: HttpRequest, console: Console) -> HttpResponse:
+    status = request.GET.get("status", "")
+    model = request.GET.get("model", "")
+    if status not in JobStatus.values:
+        status = ""
+    jobs = job_list(organization=console.organization, status=status, model=model)
+    current = Paginator(jobs, PAGE_SIZE).get_page(request.GET.get("page"))
+    rows = [(job, job_progress_shown(organization=console.organization, job=job))
+            for job in current.object_list]
+    context: dict[str, Any] = {
+        "rows": rows, "page_obj": current, "status": status, "model": model,
+        "statuses": JobStatus.values, "models": job_models_used(organization=console.organization),
+        "live": _live([job for job, _ in rows]), "poll_ms": POLL_MS,
+        "filtered": bool(status or model),
+        # The pager keeps the filters (templates/console/_pager.html).
+        "pager_query": "".join(f"{name}={quote(value)}&"
+                               for name, value in (("status", status), ("model", model))
+                               if value),
+    }
+    if request.GET.get("fragment"):
+        return fragment(request, "console/jobs/_rows.html", context)
+    return page(request, console, "console/jobs/list.html", "jobs", **context)
+
+
+def _job_context(console: Console, job: Job) -> dict[str, Any]:
+    fields = JobOut(job).data
+    return {
+        "job": job, "fields": fields,
+        "progress": job_progress_shown(organization=console.organization, job=job),
+        "status_words": STATUS_WORDS.get(JobStatus(job.status), job.status),
+        "failure_words": FAILURES.get(FailureCode(job.failure_code)) if job.failure_code else "",
+        "can_approve": job.status == JobStatus.COST_READY,
+        "can_cancel": job_cancellable(job),
+        "can_delete": job.data_deleted_at is None and not job.data_delete_requested,
+        "deleting": job.data_delete_requested and job.data_deleted_at is None,
+        "can_download": (job.status in TERMINAL_STATUSES and bool(job.result_key)
+                         and job.data_deleted_at is None),
+        "terminal": job.status in TERMINAL_STATUSES,
+        "live": _live([job]), "poll_ms": POLL_MS,
+    }
+
+
+@require_GET
+@console_page()
+def job_page(request: HttpRequest, console: Console, job_id: UUID) -> HttpResponse:
+    job = job_get(organization=console.organization, id=job_id)
+    context = _job_context(console, job)
+    if request.GET.get("fragment"):
+        return fragment(request, "console/jobs/_live.html", context)
+    return page(request, console, "console/jobs/detail.html", "jobs", **context)
+
+
+@require_POST
+@console_page()
+def job_approve_action(request: HttpRequest, console: Console, job_id: UUID) -> HttpResponse:
+    job = job_get(organization=console.organization, id=job_id)
+    job_approve(job=job, actor=console.actor)
+    return redirect("console-job", job_id=job.pk)
+
+
+@require_POST
+@console_page()
+def job_cancel_action(request: HttpRequest, console: Console, job_id: UUID) -> HttpResponse:
+    job = job_get(organization=console.organization, id=job_id)
+    job_cancel(job=job, actor=console.actor)
+    return redirect("console-job", job_id=job.pk)
+
+
+@require_http_methods(["GET", "POST"])
+@console_page()
+def job_delete_data_action(request: HttpRequest, console: Console,
+                           job_id: UUID) -> HttpResponse:
+    job = job_get(organization=console.organization, id=job_id)
+    if request.method == "GET":
+        return page(request, console, "console/confirm.html", "jobs",
+                    title="Delete this job's data?",
+                    text=("The input file and the result are deleted now and cannot be "
+                          "brought back; the job's record (statuses, counts, cost) stays. "
+                          + ("The job is still running: it is cancelled first, and its "
+                             "data goes once it has stopped." if job.status not in
+                             TERMINAL_STATUSES else "")),
+                    action=reverse("console-job-delete-data", args=[job.pk]),
+                    button="Delete data", cancel=reverse("console-job", args=[job.pk]))
+    job_data_delete(job=job, actor=console.actor)
+    return redirect("console-job", job_id=job.pk)
+
+
+@require_GET
+@console_page()
+def job_result_download(request: HttpRequest, console: Console, job_id: UUID) -> HttpResponse:
+    job = job_get(organization=console.organization, id=job_id)
+    return HttpResponseRedirect(str(job_result_link(job=job)["result_url"]))
+
+
+@require_POST
+@console_page()
+def job_upload_target(request: HttpRequest, console: Console) -> HttpResponse:
+    """A presigned upload target for the browser (the API's POST /inputs, upload mode):
+    the file goes from the browser straight to storage."""
+    raw_format = request.POST.get("format", InputFormat.JSONL)
+    if raw_format not in InputFormat.values:
+        return JsonResponse({"detail": "format must be jsonl or parquet."}, status=400)
+    organization = console.organization
+    try:
+        credits_require_positive(organization=organization)
+        item, target = input_upload_create(
+            organization=organization, actor=console.actor, fmt=InputFormat(raw_format),
+            residency=residency_resolve(organization=organization, requested=None))
+    except ApiError as error:
+        return JsonResponse(error.body(), status=error.status)
+    return JsonResponse({"id": str(item.pk), **target})
+
+
+@require_http_methods(["GET", "POST"])
+@console_page()
+def job_new_page(request: HttpRequest, console: Console) -> HttpResponse:
+    form = JobSubmitForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        organization = console.organization
+        try:
+            job = job_submit(
+                organization=organization, actor=console.actor, request=form.job_request(),
+                # The console is not a regional API host: it acts in the organization's
+                # own region, where its upload was just placed (docs/decisions.md).
+                host_region=residency_resolve(organization=organization, requested=None))
+        except ApiError as error:
+            if error.status == 404:
+                form.add_error(None, "That upload is not one of this organization's. "
+                                     "Pick the file again.")
+            else:
+                form.add_error(None, str(error.detail))
+        except ValidationError as error:
+            form.add_error(None, error)
+        else:
+            return redirect("console-job", job_id=job.pk)
+    return page(request, console, "console/jobs/new.html", "jobs", form=form,
+                models=console_models())

@@ -1,0 +1,185 @@
+"""Settings (owners), members and invitations, the audit log (owners), and switching
+between the user's organizations."""
+
+from __future__ import annotations
+
+from typing import cast
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import User
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from anex.api.errors import ApiError
+from console.constants import Role
+from console.forms import InviteForm, OrganizationNameForm, WebhookForm
+from console.selectors import (
+    audit_event_list,
+    invitation_open_list,
+    membership_current,
+    organization_member_list,
+    organization_webhook_secret,
+    webhook_delivery_get,
+    webhook_delivery_list,
+)
+from console.services import (
+    invitation_accept,
+    invitation_create,
+    invitation_for_token,
+    organization_update,
+    organization_webhook_secret_rotate,
+    organization_webhook_set,
+    organization_webhook_test,
+)
+from console.views.base import SESSION_ORGANIZATION, Console, console_page, fragment, page
+from jobs.constants import DeliveryStatus
+
+DELIVERIES_SHOWN = 20
+
+
+@require_http_methods(["GET", "POST"])
+@console_page(owner=True)
+def settings_page(request: HttpRequest, console: Console) -> HttpResponse:
+    organization = console.organization
+    webhook_form = WebhookForm(initial={"webhook_url": organization.webhook_url})
+    name_form = OrganizationNameForm(initial={"name": organization.name})
+    if request.method == "POST":
+        action = request.POST.get("action")
+        if action == "webhook":
+            webhook_form = WebhookForm(request.POST)
+            if webhook_form.is_valid():
+                try:
+                    organization_webhook_set(organization=organization, actor=console.actor,
+                                             url=webhook_form.cleaned_data["webhook_url"])
+                except ValidationError as error:
+                    webhook_form.add_error("webhook_url", error)
+                else:
+                    messages.success(request, "Webhook endpoint saved.")
+                    return redirect("console-settings")
+        elif action == "rotate":
+            organization_webhook_secret_rotate(organization=organization, actor=console.actor)
+            messages.success(request, "A new signing secret is in use. The previous one keeps "
+                                      "signing beside it for 24 hours.")
+            return redirect("console-settings")
+        elif action == "test":
+            delivery = organization_webhook_test(organization=organization, actor=console.actor)
+            return redirect(f"{reverse('console-settings')}?delivery={delivery.pk}#test")
+        elif action == "auto_approve":
+            enabled = request.POST.get("auto_approve") == "on"
+            organization_update(organization=organization, actor=console.actor,
+                                auto_approve=enabled)
+            messages.success(request, "Auto-approve is on: every estimate is approved as it "
+                                      "arrives." if enabled else "Auto-approve is off.")
+            return redirect("console-settings")
+        elif action == "progress_webhooks":
+            enabled = request.POST.get("progress_webhooks") == "on"
+            organization_update(organization=organization, actor=console.actor,
+                                progress_webhooks=enabled)
+            messages.success(request, "Progress events are on: a running job sends one at "
+                                      "25, 50 and 75 % of its rows." if enabled else
+                             "Progress events are off.")
+            return redirect("console-settings")
+        elif action == "name":
+            name_form = OrganizationNameForm(request.POST)
+            if name_form.is_valid():
+                organization_update(organization=organization, actor=console.actor,
+                                    name=name_form.cleaned_data["name"])
+                messages.success(request, "Organization renamed.")
+                return redirect("console-settings")
+        else:
+            messages.error(request, "Unknown settings action.")
+    tested = None
+    if request.GET.get("delivery"):
+        try:
+            tested = webhook_delivery_get(organization=organization,
+                                          id=request.GET["delivery"])
+        except ApiError:  # a stale or another organization's id just shows nothing
+            tested = None
+    context = {
+        "webhook_form": webhook_form, "name_form": name_form,
+        "secret": organization_webhook_secret(organization=organization),
+        "deliveries": webhook_delivery_list(organization=organization)[:DELIVERIES_SHOWN],
+        "tested": tested,
+        "live": tested is not None and tested.status == DeliveryStatus.PENDING,
+        "poll_ms": 1500,
+    }
+    if request.GET.get("fragment"):
+        return fragment(request, "console/_deliveries.html", context)
+    response = page(request, console, "console/settings.html", "settings", **context)
+    # The signing secret is in the page (behind "Reveal"): no cache may keep a copy.
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@require_http_methods(["GET", "POST"])
+@console_page()
+def members_page(request: HttpRequest, console: Console) -> HttpResponse:
+    form = InviteForm(request.POST or None)
+    if request.method == "POST":
+        if not console.is_owner:
+            raise PermissionDenied("Only an owner can invite members.")
+        if form.is_valid():
+            try:
+                invitation_create(
+                    organization=console.organization, actor=console.actor,
+                    email=form.cleaned_data["email"], role=Role(form.cleaned_data["role"]),
+                    accept_url=lambda token: request.build_absolute_uri(
+                        reverse("console-invitation", args=[token])))
+            except ValidationError as error:
+                form.add_error("email", error)
+            else:
+                messages.success(request, f"Invitation sent to {form.cleaned_data['email']}.")
+                return redirect("console-members")
+    return page(request, console, "console/members.html", "members", form=form,
+                members=organization_member_list(organization=console.organization),
+                invitations=invitation_open_list(organization=console.organization))
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+def invitation_page(request: HttpRequest, token: str) -> HttpResponse:
+    """The link in an invitation mail: accept it signed in with the invited address."""
+    invitation = invitation_for_token(token)
+    if invitation is None:
+        raise Http404("This invitation has been used, has expired, or never existed.")
+    user = cast(User, request.user)
+    if request.method == "POST":
+        try:
+            membership = invitation_accept(invitation=invitation, user=user)
+        except (PermissionDenied, ValidationError) as error:
+            messages.error(request, str(error.messages[0] if isinstance(error, ValidationError)
+                                        else error))
+            return redirect("console-invitation", token=token)
+        request.session[SESSION_ORGANIZATION] = str(membership.organization_id)
+        messages.success(request, f"You joined {membership.organization.name}.")
+        return redirect("console-jobs")
+    return render(request, "console/invitation.html", {
+        "invitation": invitation,
+        "memberships": [],
+        "current": membership_current(user=user),
+    })
+
+
+@require_POST
+@login_required
+def organization_switch(request: HttpRequest) -> HttpResponse:
+    """Act in another of the user's organizations; one that is not theirs is a 404."""
+    wanted = request.POST.get("organization", "")
+    membership = membership_current(user=cast(User, request.user), organization_id=wanted)
+    if membership is None or str(membership.organization_id) != wanted:
+        raise Http404("Not one of your organizations.")
+    request.session[SESSION_ORGANIZATION] = wanted
+    return redirect("console-jobs")
+
+
+@require_GET
+@console_page(owner=True)
+def audit_page(request: HttpRequest, console: Console) -> HttpResponse:
+    events = Paginator(audit_event_list(organization=console.organization), 50)
+    return page(request, console, "console/audit.html", "audit",
+                page_obj=events.get_page(request.GET.get("page")))

@@ -1,0 +1,186 @@
+"""One thread keeps a generate engine fed: requests from every caller flow into one running
+batch (docs/decisions.md, "Feeding the engine").
+
+vLLM's LLM.generate adds a call's requests and steps the engine until they are all done,
+so a chunk per call drains the batch at the end of every chunk and leaves the engine idle
+while the next chunk is read and rendered and the last one's results written. Here the
+worker's chunk threads (the Dramatiq worker runs several) hand their rendered prompts to
+the feed and wait; the feed's thread adds them between two engine steps, so the next
+chunk's rows join the batch while the current one is still generating, and each caller gets
+its own outputs back, in order, as soon as its last row finishes.
+
+Only the feed's thread touches the engine while it has work: it holds the engine's lock
+(runtime.Loaded.lock) from its first request until the engine is empty, so another user of
+the same vLLM engine (the decision engine on a shared checkpoint) waits, as before, for a
+quiet engine. A request the engine refuses as it is added fails alone (its slot carries the
+exception); a failure of a step fails every request in flight, whose callers fail their
+chunks (retried by the chunk's own attempts).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Batch:
+    """One caller's requests: an output (or the exception that refused it) per prompt."""
+
+    prompts: Sequence[Any]
+    params: Sequence[Any]
+    results: list[Any] = field(default_factory=list)
+    left: int = 0
+    done: threading.Event = field(default_factory=threading.Event)
+    failure: BaseException | None = None
+    request_ids: list[str] = field(default_factory=list)
+
+
+class EngineFeed:
+    """The feed of one vLLM engine (vllm.LLM). `run` is safe from any number of threads."""
+
+    def __init__(self, llm: Any, lock: threading.Lock) -> None:
+        self.llm = llm
+        self.lock = lock
+        self._inbox: queue.SimpleQueue[_Batch | tuple[str, list[str]]] = queue.SimpleQueue()
+        self._waiting: dict[str, tuple[_Batch, int]] = {}
+        self._ids = itertools.count()
+        self._start = threading.Lock()
+        self._thread: threading.Thread | None = None
+        # What ran together (the benchmark's profile and the tests read them): the most
+        # callers whose requests were in the engine at once, and the seconds it had work.
+        self.peak_callers = 0
+        self.busy_seconds = 0.0
+        self.busy_periods: deque[tuple[float, float]] = deque(maxlen=1024)  # (start, end)
+
+    def run(self, prompts: Sequence[Any], params: Sequence[Any]) -> list[Any]:
+        """Every prompt through the engine alongside whatever else is running; one item per
+        prompt, in order: its RequestOutput, or the exception the engine refused it with."""
+        if not prompts:
+            return []
+        batch = _Batch(prompts=prompts, params=params, results=[None] * len(prompts),
+                       left=len(prompts))
+        self._ensure_thread()
+        self._inbox.put(batch)
+        try:
+            batch.done.wait()
+        except BaseException:
+            # The caller is interrupted (a time limit, a shutdown): its rows stop using the
+            # engine rather than finishing for nobody.
+            self._inbox.put(("abort", list(batch.request_ids)))
+            raise
+        if batch.failure is not None:
+            raise batch.failure
+        return batch.results
+
+    # -- the feed's thread -----------------------------------------------------------------
+
+    def _ensure_thread(self) -> None:
+        with self._start:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="engine-feed",
+                                                daemon=True)
+                self._thread.start()
+
+    def _loop(self) -> None:
+        engine = self.llm.llm_engine
+        while True:
+            item = self._inbox.get()  # idle: nothing in the engine, wait for work
+            with self.lock:
+                started = time.monotonic()
+                self._take(item)
+                while self._waiting:
+                    while True:  # every batch handed in meanwhile joins the running one
+                        try:
+                            self._take(self._inbox.get_nowait())
+                        except queue.Empty:
+                            break
+                    if not self._waiting:
+                        break
+                    try:
+                        outputs = engine.step()
+                    except Exception as error:  # the engine itself failed: every caller's
+                        logger.exception("engine step failed; failing %d requests",
+                                         len(self._waiting))
+                        self._fail_all(error)
+                        break
+                    for output in outputs:
+                        if output.finished:
+                            self._deliver(output)
+                ended = time.monotonic()
+                self.busy_seconds += ended - started
+                self.busy_periods.append((started, ended))
+
+    def _take(self, item: _Batch | tuple[str, list[str]]) -> None:
+        """One inbox item into the engine. Whatever goes wrong here is told to the caller
+        it concerns: the feed's thread never dies with a caller left waiting."""
+        if isinstance(item, tuple):  # ("abort", request ids)
+            ids = [request_id for request_id in item[1] if request_id in self._waiting]
+            for request_id in ids:
+                del self._waiting[request_id]
+            if ids:
+                try:
+                    self.llm.llm_engine.abort_request(ids, internal=False)
+                except Exception:  # its caller is gone already; the engine's next step tells
+                    logger.exception("aborting %d requests failed", len(ids))
+            return
+        try:
+            self._add(item)
+        except Exception as error:
+            logger.exception("adding a batch of %d requests failed", len(item.prompts))
+            for request_id in item.request_ids:
+                self._waiting.pop(request_id, None)
+            item.failure = error
+            item.done.set()
+
+    def _add(self, batch: _Batch) -> None:
+        from vllm.sampling_params import RequestOutputKind
+
+        engine = self.llm.llm_engine
+        for position, (prompt, params) in enumerate(zip(batch.prompts, batch.params,
+                                                        strict=True)):
+            request_id = f"feed-{next(self._ids)}"
+            params.output_kind = RequestOutputKind.FINAL_ONLY
+            try:
+                engine.add_request(request_id, prompt, params)
+            except Exception as error:  # refused as it is added: this row alone
+                batch.results[position] = error
+                batch.left -= 1
+                continue
+            self._waiting[request_id] = (batch, position)
+            batch.request_ids.append(request_id)
+        if batch.left == 0:
+            batch.done.set()
+        callers = len({id(waiting) for waiting, _ in self._waiting.values()})
+        self.peak_callers = max(self.peak_callers, callers)
+
+    def _deliver(self, output: Any) -> None:
+        entry = self._waiting.pop(output.request_id, None)
+        if entry is None:  # aborted by its caller meanwhile
+            return
+        batch, position = entry
+        batch.results[position] = output
+        batch.left -= 1
+        if batch.left == 0:
+            batch.done.set()
+
+    def _fail_all(self, error: Exception) -> None:
+        batches = {id(batch): batch for batch, _ in self._waiting.values()}
+        ids = list(self._waiting)
+        self._waiting.clear()
+        try:
+            self.llm.llm_engine.abort_request(ids, internal=False)
+        except Exception:  # the engine is already broken; its callers are told below
+            logger.exception("aborting after a failed step")
+        for batch in batches.values():
+            batch.failure = error
+            batch.done.set()

@@ -1,0 +1,264 @@
+"""Chat rows (/v1/chat/completions): generated text under the job's output cap, thinking
+and response_format, each row free to set its own thinking, effort and response_format.
+
+The row checks themselves are jobs.validation.chat (messages, content parts, media); this
+kind says when they apply, and what a checked row becomes when it is served.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+
+from billing.pricing import Usage, usd
+from inference import engines
+from inference.engines import ChatOutcome, ChatRow, ChatSettings
+from inference.engines.chat import ChatEngine
+from inference.kinds.base import ParquetReading, ServedRow, SubmitFields, TaskKind
+from jobs.constants import RowOutcome
+from jobs.validation.chat import chat_cost, chat_row, job_thinking, template_kwargs
+from jobs.validation.core import CHAT, InputRejected, JobContext, RowCost, RowRef
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from inference.catalog import CatalogModel
+    from jobs.models import Job
+    from jobs.services.metering import RowMeter
+    from jobs.services.rows import InputRow
+    from jobs.validation.core import FileReport
+
+# Thinking needs room to close before the answer (the reference: "at least 64 below an
+# explicit max_output_tokens").
+BUDGET_HEADROOM = 64
+PROMPT, MESSAGES = "prompt", "messages"  # a parquet input's content columns
+FORMAT_ERROR = {"message": "The output does not satisfy the row's response_format.",
+                "type": "format_error", "code": None, "param": "response_format"}
+
+
+@runtime_checkable
+class ChatRunner(Protocol):
+    """What a chat kind calls: inference.engines.ChatEngine."""
+
+    def generate(self, rows: list[ChatRow], settings: ChatSettings) -> list[ChatOutcome]: ...
+
+
+# -- the engine request --------------------------------------------------------------------
+
+def chat_kwargs(job: Job, body: dict[str, Any]) -> dict[str, Any]:
+    """The row's chat_template_kwargs, the job's thinking setting and effort filling in
+    only what the row leaves unsaid. Only the keys a row may set reach the template
+    (jobs.validation.chat.ROW_TEMPLATE_KWARGS): never a special token of its own."""
+    return template_kwargs(body.get("chat_template_kwargs"), reasoning=job.reasoning,
+                           effort=job.reasoning_effort or None)
+
+
+def row_response_format(job: Job, body: dict[str, Any]) -> dict[str, Any] | None:
+    """A row's own response_format replaces the job's whole (all or nothing)."""
+    own = body.get("response_format")
+    return own if own is not None else job.response_format
+
+
+def _job_kwargs(job: JobContext) -> dict[str, object]:
+    """A parquet row's template kwargs: the job's alone (parquet rows carry no settings)."""
+    return template_kwargs(None, reasoning=job.options.reasoning,
+                           effort=job.options.reasoning_effort)
+
+
+# -- the result body -----------------------------------------------------------------------
+
+def completion_body(job: Job, row: InputRow, *, content: str | None, reasoning: str | None,
+                    finish_reason: str, prompt_tokens: int, completion_tokens: int,
+                    reasoning_tokens: int) -> dict[str, Any]:
+    """The chat completion object, as an OpenAI-compatible server returns it."""
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if reasoning is not None:
+        message["reasoning"] = reasoning  # the trace, never mixed into content
+    return {
+        "id": f"chatcmpl-{job.pk.hex[:12]}-{row.index}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": job.model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt_tokens + completion_tokens,
+                  "completion_tokens_details": {"reasoning_tokens": reasoning_tokens}},
+    }
+
+
+# -- parquet rows --------------------------------------------------------------------------
+
+class ChatParquet(ParquetReading):
+    """A `prompt` column (text, one user turn) or a `messages` column (JSON text, or a
+    native list of message structs); thinking as the job sets it."""
+
+    def content_column(self, columns: Collection[str]) -> str:
+        if MESSAGES in columns:
+            return MESSAGES
+        if PROMPT in columns:
+            return PROMPT
+        raise InputRejected("A parquet input for a chat model needs a 'prompt' column "
+                            "(text) or a 'messages' column (JSON text).")
+
+    def row_cost(self, column: str, value: Any, *, job: JobContext, row: RowRef) -> RowCost:
+        if column == PROMPT:
+            if not isinstance(value, str) or not value:
+                raise row.reject("prompt is empty")
+            cost = chat_cost([{"role": "user", "content": value}], job=job, row=row,
+                             kwargs=_job_kwargs(job))
+        else:
+            if isinstance(value, str):
+                try:
+                    value = json.loads(value)
+                except (ValueError, RecursionError):
+                    raise row.reject("messages is not valid JSON: it must be a JSON list of "
+                                     "messages") from None
+            cost = chat_cost(value, job=job, row=row, kwargs=_job_kwargs(job))
+        cost.thinking, cost.effort = job_thinking(job)
+        return cost
+
+    def body(self, column: str, value: Any) -> dict[str, Any]:
+        if column == PROMPT:
+            return {"messages": [{"role": "user", "content": value}]}
+        return {"messages": json.loads(value) if isinstance(value, str) else value}
+
+
+# -- the kind ------------------------------------------------------------------------------
+
+class ChatKind(TaskKind[ChatRow, ChatOutcome, ChatRunner]):
+    task = "chat"
+    endpoint = CHAT
+    noun = "a chat model"
+    generates = True
+    parquet: ClassVar[ParquetReading | None] = ChatParquet()
+    tokens_per_second = 2_000
+
+    def fields_problem(self, model: CatalogModel, fields: SubmitFields) -> str | None:
+        if fields.given("dimensions"):
+            return (f"dimensions is for embedding models; '{model.id}' is a chat-completions "
+                    "model.")
+        if fields.reasoning is True and not model.reasoning:
+            return f"reasoning cannot be true on '{model.id}': it produces no reasoning trace."
+        budget = fields.reasoning_budget
+        if budget:  # 0 means "no cap" and is accepted on any generation model
+            if not model.reasoning:
+                return (f"reasoning_budget cannot be set on '{model.id}': it produces no "
+                        "reasoning trace (0 is accepted).")
+            if fields.reasoning is False:
+                return ("reasoning_budget needs thinking on: a budget of 1 or more with "
+                        "reasoning false is refused.")
+            cap = fields.max_output_tokens
+            if cap is not None and budget > cap - BUDGET_HEADROOM:
+                return (f"reasoning_budget must be at least {BUDGET_HEADROOM} below "
+                        f"max_output_tokens ({cap}); got {budget}.")
+        effort = fields.reasoning_effort
+        if effort is not None:
+            if not model.effort_levels:
+                return (f"reasoning_effort cannot be set on '{model.id}': it has no thinking "
+                        "effort levels.")
+            if effort not in model.effort_levels:
+                return (f"reasoning_effort must be one of {', '.join(model.effort_levels)} on "
+                        f"'{model.id}' (case-sensitive); got '{effort}'.")
+            if fields.reasoning is False:
+                return "reasoning_effort cannot be set with reasoning false."
+        fps = fields.video_fps
+        if fps is not None:
+            ceiling = model.media.video_fps_max
+            if ceiling is None:
+                return f"model '{model.id}' does not support video_fps"
+            if fps > ceiling:
+                return f"video_fps {fps:g} is above the {ceiling} fps ceiling of {model.id}"
+        return None
+
+    def needs_sample(self, model: CatalogModel, *, max_output_tokens: int | None,
+                     reasoning: bool | None, reasoning_budget: int | None) -> bool:
+        """The reference: the output cap is estimated from a sample when omitted, and on a
+        reasoning model the sample still sets the thinking budget unless one was given or
+        reasoning is off."""
+        if max_output_tokens is None:
+            return True
+        return model.reasoning and reasoning is not False and reasoning_budget is None
+
+    def row_cost(self, body: dict[str, object], *, job: JobContext, row: RowRef) -> RowCost:
+        return chat_row(body, job=job, row=row)
+
+    def takes_job_video_fps(self, model: CatalogModel) -> bool:
+        # gemma4-12b takes no rate: a job-level video_fps counts only under a ceiling.
+        return model.media.video_fps_max is not None
+
+    def estimate_usage(self, model: CatalogModel, report: FileReport, *,
+                       max_output_tokens: int | None) -> Usage:
+        """The counted rows plus every row's output at the job's cap, which has to fit the
+        room the longest row leaves in the context."""
+        output_per_row = max_output_tokens or 0
+        if report.output_headroom is not None and output_per_row > report.output_headroom:
+            raise InputRejected(
+                f"max_output_tokens {output_per_row:,} does not fit: the longest row leaves "
+                f"{report.output_headroom:,} tokens of '{model.id}''s context for the output. "
+                "Lower max_output_tokens, or shorten or split the longest rows.")
+        return report.usage + Usage(output_tokens=output_per_row * report.rows)
+
+    def engine_build(self, model: CatalogModel, checkpoint: Path) -> ChatEngine:
+        return ChatEngine(model_id=model.id, checkpoint=checkpoint,
+                          context_tokens=model.context_tokens, reasoning=model.reasoning)
+
+    def engine(self, model_id: str) -> ChatRunner:
+        engine = engines.engine_for(model_id)
+        if not isinstance(engine, ChatRunner):
+            raise engines.EngineNotConfigured(f"model '{model_id}' is not served by a chat "
+                                              "engine")
+        return engine
+
+    def engine_request(self, job: Job, body: dict[str, Any]) -> ChatRow:
+        return ChatRow(messages=body.get("messages") or [],
+                       chat_template_kwargs=chat_kwargs(job, body),
+                       response_format=row_response_format(job, body))
+
+    def engine_run(self, job: Job, requests: list[ChatRow]) -> list[ChatOutcome]:
+        return self.engine(job.model).generate(
+            requests, ChatSettings(max_tokens=job.max_output_tokens or 1,
+                                   reasoning_budget=job.reasoning_budget or None))
+
+    def served(self, job: Job, row: InputRow, outcome: ChatOutcome,
+               meter: RowMeter) -> ServedRow:
+        if outcome.error is not None:
+            return ServedRow.failed(outcome.error)
+        body = completion_body(job, row, content=outcome.content, reasoning=outcome.reasoning,
+                               finish_reason=outcome.finish_reason,
+                               prompt_tokens=outcome.prompt_tokens,
+                               completion_tokens=outcome.completion_tokens,
+                               reasoning_tokens=outcome.reasoning_tokens)
+        result = (RowOutcome.FORMAT_ERROR if outcome.format_error else
+                  RowOutcome.TRUNCATED if outcome.finish_reason == "length" else
+                  RowOutcome.SUCCESS)
+        return ServedRow(
+            outcome=result, status_code=200, body=body,
+            error=FORMAT_ERROR if outcome.format_error else None, output=outcome.content,
+            usage=meter.chat(row.body, prompt_tokens=outcome.prompt_tokens,
+                             completion_tokens=outcome.completion_tokens))
+
+    def pricing_section(self, models: list[CatalogModel]) -> list[str]:
+        lines = [
+            "## Chat models",
+            "",
+            "| Model | Input (per 1M tokens) | Media input (per 1M tokens) "
+            "| Output (per 1M tokens) | Per audio/video clip "
+            "| Audio/video surcharge (per minute) | Minimum job |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for m in models:
+            p = m.price
+            lines.append(
+                f"| `{m.id}` | {usd(p.input_per_mtok)} | {usd(p.media_input_rate)} "
+                f"| {usd(p.output_per_mtok)} | {usd(p.per_clip)} | {usd(p.per_media_minute)} "
+                f"| {usd(p.minimum_job)} |"
+            )
+        lines += [
+            "",
+            "Images, audio and video become input tokens at the media input rate (a clip costs",
+            "tokens per frame x (seconds x rate, rounded up, + 1)); each clip adds the flat",
+            "per-clip charge and the per-minute surcharge on its duration.",
+        ]
+        return lines

@@ -1,0 +1,138 @@
+"""Preflight checks (POST /checks, GET /checks/{id}): an input's rows checked for a model
+and a job's fields exactly as a job's estimate checks them, except that every failing row
+is reported (up to CHECK_ERRORS_MAX) rather than the first.
+
+A check is free: it creates no job, takes no slot in the approval queue and holds no
+credits. It is admitted by the submit's own checks (jobs.services.submission
+job_request_admit: the same 402, 403, 421, 422 and input answers), and each organization
+may start ANEX_CHECKS_PER_MINUTE of them a minute, since reading and tokenizing a whole
+input is real work on the estimate workers. The rows are read by the check_run_task actor.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from anex.api.errors import ApiError
+from anex.api.throttling import window_hit
+from console.actors import Actor
+from console.constants import Region
+from console.models import Organization
+from inference.catalog import model_get
+from inference.tokens import token_counter
+from jobs.constants import CHECK_ERRORS_MAX, CheckStatus
+from jobs.models import PreflightCheck
+from jobs.services.estimation import CANNOT_PRICE, input_validate
+from jobs.services.inputs import INPUT_CHANGED
+from jobs.services.submission import JobRequest, job_request_admit
+from jobs.storage import StorageChanged
+from jobs.validation import InputRejected, JobOptions, RowError, RowErrors
+
+logger = logging.getLogger(__name__)
+
+# The job fields a check keeps and hands the validator (JobOptions' own names).
+CHECKED_FIELDS = ("max_output_tokens", "reasoning", "reasoning_budget", "reasoning_effort",
+                  "response_format", "dimensions", "video_fps")
+CHECK_FAILED_INTERNALLY = ("The check could not be completed (an internal error, not your "
+                           "file): run it again.")
+# A check still reading after this was lost (its worker died, or its message): past the
+# check_run_task time limit (jobs.tasks ESTIMATE_TIME_LIMIT_MS), so no live worker has it.
+CHECK_STALE = timedelta(minutes=35)
+RATE_LIMITED = ("Too many preflight checks: this organization may start {limit} a minute. "
+                "Wait the seconds in the Retry-After header, then retry.")
+
+
+def _rate_limit(organization: Organization) -> None:
+    """429 past ANEX_CHECKS_PER_MINUTE checks this minute (the reference's rate-limit
+    answer: Retry-After and error.code rate_limit_exceeded)."""
+    limit = settings.ANEX_CHECKS_PER_MINUTE
+    hit = window_hit("checks", organization.pk)
+    if hit is None or hit.count <= limit:
+        return
+    detail = RATE_LIMITED.format(limit=limit)
+    raise ApiError(429, detail, retry_after=max(1, math.ceil(hit.seconds_left)),
+                   extra={"error": {"code": "rate_limit_exceeded", "message": detail}})
+
+
+def check_create(*, organization: Organization, actor: Actor, request: JobRequest,
+                 host_region: Region) -> PreflightCheck:
+    """Admit the request as a submit would, record the check, and read its rows after
+    commit."""
+    _rate_limit(organization)
+    admitted = job_request_admit(organization=organization, actor=actor, request=request,
+                                 host_region=host_region)
+    options = {name: getattr(request, name) for name in CHECKED_FIELDS}
+    with transaction.atomic():
+        check = PreflightCheck.objects.create(
+            organization=organization, input=admitted.input, created_by_key=actor.key,
+            model=admitted.model.id, options=options)
+        _run_after_commit(check.pk)
+    return check
+
+
+def _run_after_commit(check_id: uuid.UUID) -> None:
+    from jobs.tasks import check_run_task
+
+    transaction.on_commit(lambda: check_run_task.send(str(check_id)))
+
+
+def _uncounted(text: str) -> int:
+    # No tokenizer here for the model: the rows are still checked for every rule their
+    # text's count cannot change (as the estimate does), and the check says it cannot price.
+    return 0
+
+
+def check_run(*, check_id: uuid.UUID | str) -> CheckStatus | None:
+    """The check_run_task actor's work: read every row once and record the outcome. A
+    check already settled is left alone (a redelivered message)."""
+    check = PreflightCheck.objects.select_related("input").get(pk=check_id)
+    if check.status != CheckStatus.CHECKING:
+        return None
+    errors = RowErrors(CHECK_ERRORS_MAX)
+    rows: int | None = None
+    tokens: int | None = None
+    try:
+        model = model_get(check.model)
+        if model is None:
+            errors.add(RowError(CANNOT_PRICE), row=False)
+        else:
+            count_tokens = token_counter(model.id)
+            options = JobOptions(model=model, **{name: check.options.get(name)
+                                                 for name in CHECKED_FIELDS})
+            report = input_validate(item=check.input, options=options,
+                                    count_tokens=count_tokens or _uncounted, errors=errors)
+            rows = report.rows + errors.failed_rows
+            if count_tokens is None:
+                errors.add(RowError(CANNOT_PRICE), row=False)
+            else:
+                usage = report.usage
+                tokens = usage.input_tokens + usage.media_tokens + usage.media_row_tokens
+    except InputRejected as rejected:  # a fault of the whole file: no rows, not parquet
+        errors.add(RowError(rejected.message), row=False)
+    except StorageChanged:
+        errors.add(RowError(INPUT_CHANGED), row=False)
+    except Exception:
+        logger.exception("preflight check %s failed", check.pk)
+        errors.add(RowError(CHECK_FAILED_INTERNALLY), row=False)
+    status = CheckStatus.FAILED if errors.count else CheckStatus.PASSED
+    settled = PreflightCheck.objects.filter(pk=check.pk, status=CheckStatus.CHECKING).update(
+        status=status, row_count=rows, est_input_tok=tokens, error_count=errors.count,
+        errors=[error.as_json() for error in errors.items], finished_at=timezone.now())
+    return status if settled == 1 else None
+
+
+def checks_settle_stale() -> int:
+    """Fail the checks whose read was lost, so none stays `checking`: a check is free, and
+    running it again is the fix (the periodic clock, every 10 minutes)."""
+    now = timezone.now()
+    return PreflightCheck.objects.filter(
+        status=CheckStatus.CHECKING, created_at__lt=now - CHECK_STALE).update(
+        status=CheckStatus.FAILED, error_count=1,
+        errors=[RowError(CHECK_FAILED_INTERNALLY).as_json()], finished_at=now)

@@ -1,0 +1,60 @@
+"""The realtime API in the admin: the operator's freeze switch (written through
+realtime.services), and the metered usage and its settlements, read-only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.forms import ModelForm
+from django.http import HttpRequest
+
+from realtime.models import RealtimeSettlement, RealtimeSwitch, RealtimeUsage
+from realtime.services import realtime_switch_set
+
+
+@admin.register(RealtimeSwitch)
+class RealtimeSwitchAdmin(admin.ModelAdmin):
+    list_display = ("__str__", "frozen", "reason", "changed_at", "changed_by")
+    fields = ("frozen", "reason", "changed_at", "changed_by")
+    readonly_fields = ("changed_at", "changed_by")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        # One switch: created on first save through the service, never a second row.
+        return not RealtimeSwitch.objects.exists()
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def save_model(self, request: HttpRequest, obj: RealtimeSwitch, form: ModelForm,
+                   change: bool) -> None:
+        user = request.user if request.user.is_authenticated else None
+        saved = realtime_switch_set(frozen=obj.frozen, reason=obj.reason,
+                                    user=user)  # type: ignore[arg-type]
+        obj.pk, obj.changed_at, obj.changed_by = saved.pk, saved.changed_at, saved.changed_by
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(RealtimeSettlement)
+class RealtimeSettlementAdmin(ReadOnlyAdmin):
+    list_display = ("created_at", "organization", "api_key", "through_usage_id",
+                    "metered_usd", "charged_cents")
+    list_select_related = ("organization", "api_key")
+
+
+@admin.register(RealtimeUsage)
+class RealtimeUsageAdmin(ReadOnlyAdmin):
+    list_display = ("created_at", "organization", "api_key", "endpoint", "model",
+                    "input_tokens", "cost_usd")
+    list_filter = ("endpoint", "model")
+    list_select_related = ("organization", "api_key")

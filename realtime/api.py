@@ -1,0 +1,90 @@
+"""The realtime API's views (/realtime/v1): thin, one per operation (STYLE.md rule 7)."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from anex.api.authentication import request_key
+from anex.api.errors import ApiError
+from anex.regions import request_region
+from realtime.selectors import realtime_models
+from realtime.serializers import (
+    DECISION_SCHEMA,
+    EMBEDDINGS_SCHEMA,
+    MODELS_SCHEMA,
+    DecisionIn,
+    EmbeddingsIn,
+    model_out,
+)
+from realtime.services import (
+    EmbeddingsRequest,
+    realtime_decision_create,
+    realtime_embeddings_create,
+)
+
+AUTH_ERRORS = {401: "Invalid or inactive key", 422: "Malformed request",
+               429: "Rate limited"}
+REQUEST_ERRORS = {
+    **AUTH_ERRORS,
+    400: "Over a limit, media content, or the model sent to the wrong endpoint",
+    402: "No credits, or the key's spend budget is used up",
+    403: "The EU host, for an organization without EU data routing",
+    413: "Request body over its cap",
+    421: "An EU-routed organization on the main host",
+    429: "Too many concurrent realtime requests, or rate limited",
+    501: "The model exists but is not served in realtime",
+    502: "The engine failed to answer",
+    503: "The realtime API is frozen, or the balance could not be read",
+}
+
+
+def _responses(errors: dict[int, str]) -> dict[int, OpenApiResponse]:
+    return {status: OpenApiResponse(description=text) for status, text in errors.items()}
+
+
+class ModelsView(APIView):
+    @extend_schema(operation_id="listRealtimeModels",
+                   responses={200: MODELS_SCHEMA, **_responses(AUTH_ERRORS)},
+                   summary="List the models on offer to this key")
+    def get(self, request: Request) -> Response:
+        models = realtime_models(key=request_key(request))
+        return Response({"object": "list", "data": [model_out(m) for m in models]})
+
+
+class EmbeddingsView(APIView):
+    # The key's rate is counted with the concurrency slot, in one Redis call
+    # (realtime/concurrency.py): DRF's throttle would count it again.
+    throttle_classes = ()
+
+    @extend_schema(operation_id="createRealtimeEmbeddings", request=EmbeddingsIn,
+                   responses={200: EMBEDDINGS_SCHEMA, **_responses(REQUEST_ERRORS)},
+                   summary="Embed one request's texts (OpenAI's embeddings API)")
+    def post(self, request: Request) -> Response:
+        body = EmbeddingsIn(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        return Response(realtime_embeddings_create(
+            key=request_key(request), host_region=request_region(request),
+            request=EmbeddingsRequest(model=data["model"], input=data["input"],
+                                      dimensions=data.get("dimensions"),
+                                      encoding_format=data.get("encoding_format"))))
+
+
+class DecisionView(APIView):
+    throttle_classes = ()  # counted with the concurrency slot, as EmbeddingsView's
+
+    @extend_schema(operation_id="createRealtimeDecision", request=DecisionIn,
+                   responses={200: DECISION_SCHEMA, **_responses(
+                       {**REQUEST_ERRORS, 422: "Malformed request, or a question the model "
+                                               "refuses (its message names it)"})},
+                   summary="Answer typed questions about a text in one pass")
+    def post(self, request: Request) -> Response:
+        if not isinstance(request.data, dict):
+            raise ApiError(422, "The body must be a JSON object: model, state, questions "
+                                "and an optional lang.")
+        return Response(realtime_decision_create(
+            key=request_key(request), host_region=request_region(request),
+            body=dict(request.data)))

@@ -1,0 +1,633 @@
+"""The realtime API's answers before and around the engine, through HTTP: every error the
+reference names (400, 402, 403, 421, 422, 429, 501, 502, 503), the key-aware model list,
+the operator's switch, and the meter that bills realtime usage into the ledger.
+
+The engine here is a local HTTP server standing where a realtime engine server listens:
+it records what reached it (nothing, for every refusal), holds requests in flight for the
+concurrency tests, and fails on purpose for the 502s. The real engines answer in
+test_realtime_engines.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+from pytest_django import Settings
+from rest_framework.test import APIClient
+
+from billing.constants import EntryKind
+from billing.models import LedgerEntry
+from billing.services import credits_grant, credits_summary, key_spend_cents
+from console.models import ApiKey, Organization
+from inference.catalog import model_get
+from inference.checkpoints import STAMP
+from realtime.concurrency import _slots_key, concurrency_slot, slots_in_flight
+from realtime.constants import Endpoint
+from realtime.models import RealtimeSettlement, RealtimeSwitch, RealtimeUsage
+from realtime.selectors import realtime_frozen_forget
+from realtime.services import (
+    realtime_charges_settle,
+    realtime_charges_settle_all,
+    realtime_switch_set,
+    realtime_usage_record,
+)
+from tests.factories import SYSTEM, api_key_make, organization_make
+from tests.servers import LocalServer, free_port, reply
+
+pytestmark = pytest.mark.django_db
+EMBED, DECIDE, MODELS = ("/realtime/v1/embeddings", "/realtime/v1/systemone",
+                         "/realtime/v1/models")
+MINILM = "all-minilm-l6-v2"
+QUESTIONS = {"urgent": {"type": "noul", "instructions": "Does the customer need an answer "
+                                                       "today?"}}
+
+
+def vector_answer(handler: Any) -> None:
+    """An engine's answer to whatever it was sent: one unit vector per input."""
+    sent = json.loads(handler.server.owner.requests[-1].body)
+    reply(handler, body=json.dumps({"data": [
+        {"embedding": [1.0] + [0.0] * 383, "prompt_tokens": 5} for _ in sent["input"]]}
+    ).encode())
+
+
+def decision_answer(handler: Any) -> None:
+    reply(handler, body=json.dumps({
+        "answers": {"urgent": {"type": "noul", "noul": 0.9, "confidence": 0.9,
+                               "answer_confidence": 0.9}},
+        "input_tokens": 21, "routing": {"model": "english", "reason": "text is 100% Latin"},
+    }).encode())
+
+
+@pytest.fixture(autouse=True)
+def switch_read_afresh() -> Iterator[None]:
+    """Each test reads the operator's switch from its own database state, not from the
+    second-long read another test's requests left in this process."""
+    realtime_frozen_forget()
+    yield
+    realtime_frozen_forget()
+
+
+@pytest.fixture
+def engine(settings: Settings, server: LocalServer, tmp_path: Path) -> LocalServer:
+    """The realtime engines of a deployment: MiniLM and laya, at the test server."""
+    server.routes["/v1/embeddings"] = vector_answer
+    server.routes["/v1/systemone"] = decision_answer
+    settings.ANEX_REALTIME_ENGINES = {MINILM: server.url(""), "laya": server.url("")}
+    return server
+
+
+def ledger_total(organization: Organization) -> int:
+    return credits_summary(organization=organization).balance
+
+
+def refused(response: Any, status: int, engine: LocalServer) -> dict[str, Any]:
+    """The request was answered `status` in the envelope, and nothing reached the engine."""
+    assert response.status_code == status, response.content
+    assert engine.requests == []
+    body: dict[str, Any] = response.json()
+    assert isinstance(body["detail"], str)
+    return body
+
+
+# -- the happy path around the engine ------------------------------------------------------
+
+def test_an_embedding_is_forwarded_verbatim_and_billed_once(
+        api: APIClient, api_key: ApiKey, engine: LocalServer) -> None:
+    response = api.post(EMBED, {"model": MINILM, "input": "  a query\n", "dimensions": 64},
+                        format="json")
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["object"] == "list" and body["model"] == MINILM
+    assert body["data"][0]["object"] == "embedding" and body["data"][0]["index"] == 0
+    assert body["usage"] == {"prompt_tokens": 5, "total_tokens": 5}
+    # The string reaches the engine verbatim, as a one-item list (the reference).
+    assert json.loads(engine.requests[0].body) == {"model": MINILM, "input": ["  a query\n"],
+                                                   "dimensions": 64}
+    usage = RealtimeUsage.objects.get()
+    assert (usage.api_key_id, usage.endpoint, usage.input_tokens) == (
+        api_key.pk, Endpoint.EMBEDDINGS, 5)
+    assert usage.cost_usd == Decimal(5) * Decimal("0.002") / 1_000_000
+
+
+def test_the_openai_sdks_default_base64_is_answered_with_floats(
+        api: APIClient, engine: LocalServer) -> None:
+    response = api.post(EMBED, {"model": MINILM, "input": ["a", "b"],
+                                "encoding_format": "base64"}, format="json")
+    assert response.status_code == 200, response.content
+    assert [len(item["embedding"]) for item in response.json()["data"]] == [384, 384]
+
+
+def test_a_decision_comes_back_in_the_reference_shape(api: APIClient,
+                                                      engine: LocalServer) -> None:
+    response = api.post(DECIDE, {"model": "laya", "state": {"body": "Refund me today."},
+                                 "questions": QUESTIONS, "lang": "en"}, format="json")
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert set(body) == {"model", "answers", "usage", "routing"}
+    assert body["usage"] == {"input_tokens": 21, "output_tokens": 0}
+    assert json.loads(engine.requests[0].body) == {
+        "model": "laya", "state": {"body": "Refund me today."}, "questions": QUESTIONS,
+        "lang": "en"}
+    assert RealtimeUsage.objects.get().endpoint == Endpoint.SYSTEMONE
+
+
+# -- GET /models ---------------------------------------------------------------------------
+
+def test_the_model_list_is_openai_shaped_key_aware_and_marks_stand_ins(
+        settings: Settings, organization: Organization, client_for: Callable[[str], APIClient],
+        engine: LocalServer, tmp_path: Path) -> None:
+    built, published = tmp_path / "built", tmp_path / "published"
+    built.mkdir()
+    published.mkdir()
+    (built / STAMP).write_text("{}")  # what build_checkpoints leaves in a local checkpoint
+    settings.ANEX_CHECKPOINTS = {MINILM: built, "laya": built, "tiny-qwen3": built,
+                                 "qwen3-embedding-8b": published}
+    _key, everything = api_key_make(organization)
+    body = client_for(everything).get(MODELS).json()
+    assert body["object"] == "list"
+    listed = {m["id"]: m for m in body["data"]}
+    assert set(listed) == {MINILM, "laya", "tiny-qwen3", "qwen3-embedding-8b"}
+    assert listed[MINILM] == {"id": MINILM, "object": "model", "created": 0,
+                              "owned_by": "anex", "task": "embed", "realtime": True,
+                              "local": True}
+    assert (listed["laya"]["task"], listed["laya"]["realtime"], listed["laya"]["local"]) == (
+        "decide", True, True)
+    assert (listed["tiny-qwen3"]["task"], listed["tiny-qwen3"]["realtime"]) == ("chat", False)
+    assert (listed["qwen3-embedding-8b"]["realtime"],
+            listed["qwen3-embedding-8b"]["local"]) == (False, False)
+    _key, scoped = api_key_make(organization, model_scopes=["laya"])
+    assert [m["id"] for m in client_for(scoped).get(MODELS).json()["data"]] == ["laya"]
+
+
+def test_a_model_outside_the_keys_scopes_is_refused_like_an_unknown_id(
+        organization: Organization, client_for: Callable[[str], APIClient],
+        engine: LocalServer) -> None:
+    _key, scoped = api_key_make(organization, model_scopes=["laya"])
+    body = refused(client_for(scoped).post(EMBED, {"model": MINILM, "input": "x"},
+                                           format="json"), 422, engine)
+    assert body["detail"].startswith(f"Unknown model '{MINILM}'")
+    refused(client_for(scoped).post(EMBED, {"model": "no-such-model", "input": "x"},
+                                    format="json"), 422, engine)
+
+
+# -- 400 and 422: the request itself -------------------------------------------------------
+
+def test_laya_on_embeddings_and_an_embedding_model_on_systemone_point_at_each_other(
+        api: APIClient, engine: LocalServer) -> None:
+    body = refused(api.post(EMBED, {"model": "laya", "input": "x"}, format="json"), 400, engine)
+    assert "POST /realtime/v1/systemone" in body["detail"]
+    body = refused(api.post(DECIDE, {"model": MINILM, "state": "x", "questions": QUESTIONS},
+                            format="json"), 400, engine)
+    assert "POST /realtime/v1/embeddings" in body["detail"]
+
+
+@pytest.mark.parametrize("payload,named", [
+    ({"input": ["x"] * 129}, "over the 128-input limit"),
+    ({"input": ["a" * 262_145]}, "262,145 characters, over the 262,144-character limit"),
+    # Nine inputs each within the per-input limit, 2,359,296 characters in all: a body over
+    # the API's 2 MiB cap, which this endpoint's own cap lets through to be answered 400.
+    ({"input": ["a" * 262_144] * 9}, "2,359,296 characters in all, over the 2,097,152"),
+    ({"input": [{"type": "image_url", "image_url": {"url": "https://x.test/a.png"}}]},
+     "realtime requests are text only"),
+    ({"input": [[{"type": "text", "text": "a"}]]}, "realtime requests are text only"),
+    ({"input": ""}, "input[0] is an empty string"),
+    ({"input": []}, "input is an empty list"),
+    ({"input": "x", "encoding_format": "int8"}, 'encoding_format must be "float"'),
+])
+def test_embedding_requests_past_the_references_limits_are_400(
+        api: APIClient, engine: LocalServer, payload: dict[str, Any], named: str) -> None:
+    body = refused(api.post(EMBED, {"model": MINILM, **payload}, format="json"), 400, engine)
+    assert named in body["detail"]
+
+
+def test_the_character_limits_are_exact(api: APIClient, engine: LocalServer) -> None:
+    response = api.post(EMBED, {"model": MINILM, "input": ["a" * 262_144] * 8},
+                        format="json")
+    assert response.status_code == 200, response.content  # 2,097,152 in all: at the limit
+
+
+@pytest.mark.parametrize("payload,named", [
+    ({"input": "x", "dimensions": 31}, "dimensions must be from 32 to 384"),
+    ({"input": "x", "dimensions": 385}, "dimensions must be from 32 to 384"),
+    ({"input": 7}, "input must be a string or a list of strings"),
+    ({"input": ["x", 7]}, "input[1] must be a string"),
+    ({}, "input"),
+])
+def test_malformed_embedding_requests_are_422(api: APIClient, engine: LocalServer,
+                                              payload: dict[str, Any], named: str) -> None:
+    body = refused(api.post(EMBED, {"model": MINILM, **payload}, format="json"), 422, engine)
+    assert named in body["detail"]
+
+
+@pytest.mark.parametrize("payload,status,named", [
+    ({"questions": {f"q{i}": QUESTIONS["urgent"] for i in range(65)}}, 400,
+     "65 questions, over the 64-question limit of model 'laya'"),
+    ({"state": "a" * 50_001}, 400, "50,001 characters, over the 50,000-character limit"),
+    ({"state": {"body": "a" * 49_990}}, 400, "characters as JSON, over the 50,000"),
+    ({"temperature": 0}, 422, "unknown field 'temperature'"),
+    ({"state": 7}, 422, "state must be the text to decide on"),
+    ({"questions": {}}, 422, "questions must be an object of named questions"),
+    ({"model": None}, 422, "model"),
+])
+def test_decision_requests_past_the_limits_are_400_and_malformed_ones_422(
+        api: APIClient, engine: LocalServer, payload: dict[str, Any], status: int,
+        named: str) -> None:
+    body = {"model": "laya", "state": "We were billed twice.", "questions": QUESTIONS,
+            **payload}
+    answer = refused(api.post(DECIDE, body, format="json"), status, engine)
+    assert named in answer["detail"]
+
+
+def test_a_question_the_model_refuses_is_422_with_its_message_and_bills_nothing(
+        api: APIClient, engine: LocalServer, organization: Organization) -> None:
+    refusal = {"type": "invalid_request_error", "code": "invalid_question",
+               "message": "Question 'q' has no instructions: every question needs its "
+                          "instructions, the question itself."}
+    engine.routes["/v1/systemone"] = lambda handler: reply(handler, body=json.dumps(
+        {"error": refusal, "routing": {"model": "english", "reason": "-"}}).encode())
+    before = ledger_total(organization)
+    response = api.post(DECIDE, {"model": "laya", "state": "x",
+                                 "questions": {"q": {"type": "noul"}}}, format="json")
+    assert response.status_code == 422
+    assert response.json() == {"detail": refusal["message"]}
+    assert not RealtimeUsage.objects.exists() and ledger_total(organization) == before
+
+
+# -- 402 -----------------------------------------------------------------------------------
+
+def test_no_credits_is_402_before_the_engine_and_bills_nothing(
+        settings: Settings, client_for: Callable[[str], APIClient], engine: LocalServer) -> None:
+    settings.ANEX_FREE_GRANT_CENTS = 0
+    broke = organization_make()
+    _key, plaintext = api_key_make(broke)
+    for path, body in ((EMBED, {"model": MINILM, "input": "x"}),
+                       (DECIDE, {"model": "laya", "state": "x", "questions": QUESTIONS})):
+        answer = refused(client_for(plaintext).post(path, body, format="json"), 402, engine)
+        assert "no credits left" in answer["detail"]
+    assert not RealtimeUsage.objects.exists()
+    assert LedgerEntry.objects.filter(organization=broke).count() == 0
+
+
+def test_a_key_whose_spend_budget_is_used_up_is_402(
+        organization: Organization, client_for: Callable[[str], APIClient],
+        engine: LocalServer) -> None:
+    _key, plaintext = api_key_make(organization, spend_budget_cents=0)
+    body = refused(client_for(plaintext).post(EMBED, {"model": MINILM, "input": "x"},
+                                              format="json"), 402, engine)
+    assert "spend budget is used up" in body["detail"]
+
+
+# -- 403 and 421: regions ------------------------------------------------------------------
+
+def test_the_eu_host_is_403_for_an_organization_without_eu_routing(
+        api: APIClient, engine: LocalServer) -> None:
+    body = refused(api.post(EMBED, {"model": MINILM, "input": "x"}, format="json",
+                            HTTP_HOST="api-eu.anex.sh"), 403, engine)
+    assert body == {"detail": "EU data routing is not enabled for this organization. "
+                              "Contact us to enable it."}
+
+
+def test_an_eu_organization_is_served_on_the_eu_host_and_sent_there_from_the_main_one(
+        client_for: Callable[[str], APIClient], engine: LocalServer) -> None:
+    _key, plaintext = api_key_make(organization_make(eu_data_routing=True))
+    eu = client_for(plaintext)
+    body = refused(eu.post(EMBED, {"model": MINILM, "input": "x"}, format="json"), 421, engine)
+    assert body == {"detail": "this organization's data is stored in the EU region; use "
+                              "https://api-eu.anex.sh",
+                    "residency": "eu", "api": "https://api-eu.anex.sh"}
+    answer = eu.post(EMBED, {"model": MINILM, "input": "x"}, format="json",
+                     HTTP_HOST="api-eu.anex.sh")
+    assert answer.status_code == 200, answer.content
+
+
+# -- 429: the organization's concurrency ---------------------------------------------------
+
+def test_past_the_concurrency_limit_is_429_with_retry_after(
+        settings: Settings, api: APIClient, api_key: ApiKey, organization: Organization,
+        engine: LocalServer) -> None:
+    settings.ANEX_REALTIME_CONCURRENCY = 1
+    with concurrency_slot(key=api_key):  # another request in flight
+        response = api.post(EMBED, {"model": MINILM, "input": "x"}, format="json")
+        body = refused(response, 429, engine)
+        assert response["Retry-After"] == "1"
+        assert body["error"]["code"] == "concurrency_limit_exceeded"
+        # Another organization has slots of its own.
+        _key, other = api_key_make(organization_make())
+        assert APIClient(HTTP_AUTHORIZATION=f"Bearer {other}").post(
+            EMBED, {"model": MINILM, "input": "x"}, format="json").status_code == 200
+    assert api.post(EMBED, {"model": MINILM, "input": "x"}, format="json").status_code == 200
+    assert slots_in_flight(organization_id=organization.pk) == 0  # every slot given back
+
+
+def test_a_key_past_its_rate_limit_is_429_counted_in_the_apis_one_window(
+        organization: Organization, client_for: Callable[[str], APIClient],
+        engine: LocalServer) -> None:
+    _key, plaintext = api_key_make(organization, rate_limit_per_minute=2)
+    client = client_for(plaintext)
+    # given one request through the API's throttle (the batch API's; the model list has
+    # it) and one realtime request of the key this minute
+    assert client.get(MODELS).status_code == 200
+    assert client.post(EMBED, {"model": MINILM, "input": "x"}, format="json").status_code == 200
+    # when a third arrives
+    response = client.post(DECIDE, {"model": "laya", "state": "x", "questions": QUESTIONS},
+                           format="json")
+    # then it is refused as the batch API's throttle refuses, and nothing reached the engine
+    assert response.status_code == 429, response.content
+    assert response.json()["error"]["code"] == "rate_limit_exceeded"
+    assert int(response["Retry-After"]) >= 1
+    assert len(engine.requests) == 1 and RealtimeUsage.objects.count() == 1
+    assert slots_in_flight(organization_id=organization.pk) == 0
+
+
+def test_a_slot_left_by_a_crashed_request_lapses(settings: Settings, api: APIClient,
+                                                 organization: Organization,
+                                                 engine: LocalServer) -> None:
+    from anex.redis import redis_client
+
+    settings.ANEX_REALTIME_CONCURRENCY = 1
+    # What a process killed mid-request leaves behind, once its slot's lifetime has passed.
+    redis_client().zadd(_slots_key(organization.pk), {"crashed": time.time() - 1})
+    assert api.post(EMBED, {"model": MINILM, "input": "x"}, format="json").status_code == 200
+    assert redis_client().zscore(_slots_key(organization.pk), "crashed") is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_requests_past_the_limit_get_429_and_the_rest_are_served(
+        settings: Settings, server: LocalServer) -> None:
+    # given an engine that holds every request until released, and a limit of 2
+    settings.ANEX_REALTIME_CONCURRENCY = 2
+    settings.ANEX_REALTIME_ENGINES = {MINILM: server.url("")}
+    arrived = threading.Semaphore(0)
+
+    def held(handler: Any) -> None:
+        arrived.release()
+        server.release.wait(30)
+        vector_answer(handler)
+
+    server.routes["/v1/embeddings"] = held
+    _key, plaintext = api_key_make(organization_make())
+    statuses: list[int] = []
+
+    def call() -> None:
+        client = APIClient(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
+        statuses.append(client.post(EMBED, {"model": MINILM, "input": "x"},
+                                    format="json").status_code)
+        connection.close()
+
+    # when six arrive at once
+    threads = [threading.Thread(target=call) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    assert arrived.acquire(timeout=30) and arrived.acquire(timeout=30)
+    deadline = time.monotonic() + 30
+    while len(statuses) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    server.release.set()
+    for thread in threads:
+        thread.join(30)
+    # then two reached the engine and were billed, four were refused
+    assert sorted(statuses) == [200, 200, 429, 429, 429, 429]
+    assert len(server.requests) == 2 and RealtimeUsage.objects.count() == 2
+
+
+# -- 501 -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("model,named", [
+    ("qwen3-embedding-8b", "this deployment has no realtime engine for it"),
+    ("tiny-qwen3", "is a chat model, not served in realtime"),
+    ("qwen3.8-27b", "is a chat model, not served in realtime"),
+])
+def test_a_catalog_model_not_served_in_realtime_is_501(api: APIClient, engine: LocalServer,
+                                                       model: str, named: str) -> None:
+    body = refused(api.post(EMBED, {"model": model, "input": "x"}, format="json"), 501, engine)
+    assert named in body["detail"]
+
+
+# -- 502 -----------------------------------------------------------------------------------
+
+def test_an_engine_that_does_not_answer_is_502_and_bills_nothing(
+        settings: Settings, api: APIClient, organization: Organization) -> None:
+    settings.ANEX_REALTIME_ENGINES = {MINILM: f"http://127.0.0.1:{free_port()}",
+                                      "laya": f"http://127.0.0.1:{free_port()}"}
+    before = ledger_total(organization)
+    response = api.post(EMBED, {"model": MINILM, "input": "x"}, format="json")
+    assert response.status_code == 502
+    assert "failed to answer" in response.json()["detail"]
+    response = api.post(DECIDE, {"model": "laya", "state": "x", "questions": QUESTIONS},
+                        format="json")
+    assert response.status_code == 502
+    assert "decision service failed to answer" in response.json()["detail"]
+    assert not RealtimeUsage.objects.exists() and ledger_total(organization) == before
+
+
+def test_an_engine_that_fails_is_502(api: APIClient, engine: LocalServer) -> None:
+    engine.routes["/v1/embeddings"] = lambda handler: reply(
+        handler, 500, b'{"detail": "the engine failed: out of memory"}')
+    response = api.post(EMBED, {"model": MINILM, "input": "x"}, format="json")
+    assert response.status_code == 502
+    assert "out of memory" not in response.json()["detail"]  # the engine's words stay ours
+    assert not RealtimeUsage.objects.exists()
+
+
+# -- 503 -----------------------------------------------------------------------------------
+
+def test_a_frozen_realtime_api_is_503_with_retry_after(api: APIClient,
+                                                       engine: LocalServer) -> None:
+    realtime_switch_set(frozen=True, reason="engine upgrade", user=None)
+    for path, body in ((EMBED, {"model": MINILM, "input": "x"}),
+                       (DECIDE, {"model": "laya", "state": "x", "questions": QUESTIONS})):
+        response = api.post(path, body, format="json")
+        answer = refused(response, 503, engine)
+        assert int(response["Retry-After"]) >= 1
+        assert "paused for maintenance" in answer["detail"]
+    assert api.get(MODELS).status_code == 200  # listing touches no engine and no ledger
+    realtime_switch_set(frozen=False, user=None)
+    assert api.post(EMBED, {"model": MINILM, "input": "x"}, format="json").status_code == 200
+
+
+def test_staff_freeze_the_realtime_api_in_the_admin(api: APIClient,
+                                                    engine: LocalServer) -> None:
+    staff = Client()
+    staff.force_login(get_user_model().objects.create_superuser(
+        "staff", "staff@example.com", "pw-staff-1"))
+    response = staff.post("/admin/realtime/realtimeswitch/add/",
+                          {"frozen": "on", "reason": "maintenance"})
+    assert response.status_code == 302, response.content
+    switch = RealtimeSwitch.objects.get()
+    assert switch.frozen and switch.changed_by is not None
+    assert api.post(EMBED, {"model": MINILM, "input": "x"}, format="json").status_code == 503
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_balance_that_cannot_be_read_is_503_and_nothing_is_sent(
+        settings: Settings, engine: LocalServer) -> None:
+    _key, plaintext = api_key_make(organization_make())
+    api = APIClient(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
+    # Another session holds the ledger table (a migration, a stuck transaction), and the
+    # database cancels the balance read at its statement timeout.
+    db = connection.settings_dict
+    with psycopg.connect(dbname=db["NAME"], user=db["USER"], password=db["PASSWORD"],
+                         host=db["HOST"], port=db["PORT"] or None) as other:
+        other.execute("LOCK TABLE billing_ledgerentry IN ACCESS EXCLUSIVE MODE")
+        with connection.cursor() as cursor:  # the connection this request is served on
+            cursor.execute("SET statement_timeout = 500")
+        try:
+            response = api.post(EMBED, {"model": MINILM, "input": "x"}, format="json")
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("RESET statement_timeout")
+            other.rollback()
+    answer = refused(response, 503, engine)
+    assert "balance could not be read" in answer["detail"]
+    assert int(response["Retry-After"]) >= 1
+    assert not RealtimeUsage.objects.exists()
+
+
+# -- the meter and its settlement ---------------------------------------------------------
+
+def later() -> datetime:
+    """A settlement cut-off past every row written so far (the margin is for live rows)."""
+    return timezone.now() + timedelta(seconds=1)
+
+
+def test_usage_is_metered_exactly_and_charged_in_whole_credits(
+        organization: Organization, api_key: ApiKey) -> None:
+    # given MiniLM's realtime rate, $0.002 per 1M tokens: 1 credit is 5,000,000 tokens
+    model = model_get(MINILM)
+    assert model is not None
+    credits_grant(organization=organization, cents=10, reason="test", actor=SYSTEM)
+    start = ledger_total(organization)
+    charged = []
+    # when a key uses 3M, then 3M, then 5M tokens, settled after each
+    for tokens in (3_000_000, 3_000_000, 5_000_000):
+        realtime_usage_record(key=api_key, endpoint=Endpoint.EMBEDDINGS, model=model,
+                              input_tokens=tokens)
+        charged.append(realtime_charges_settle(key=api_key, settled_before=later()))
+    # then the ledger has charged floor($0.022) = 2 credits, as each one was passed
+    assert charged == [0, 1, 1]
+    assert [u.cost_usd for u in RealtimeUsage.objects.order_by("id")] == [
+        Decimal("0.006"), Decimal("0.006"), Decimal("0.010")]
+    last = RealtimeSettlement.objects.get(through_usage_id=RealtimeUsage.objects.latest("id").pk)
+    assert (last.metered_usd, last.charged_cents) == (Decimal("0.022"), 2)
+    charges = LedgerEntry.objects.filter(organization=organization, kind=EntryKind.CHARGE)
+    assert sorted(c.balance_delta for c in charges) == [-1, -1]
+    assert all(c.api_key_id == api_key.pk and c.job_id is None for c in charges)
+    assert ledger_total(organization) == start - 2
+    assert key_spend_cents(api_key=api_key) == 2
+    # and settling again, with nothing new, charges nothing
+    assert realtime_charges_settle(key=api_key, settled_before=later()) == 0
+    assert ledger_total(organization) == start - 2
+
+
+def test_a_settlement_leaves_usage_younger_than_its_margin_for_the_next(
+        organization: Organization, api_key: ApiKey) -> None:
+    model = model_get(MINILM)
+    assert model is not None
+    realtime_usage_record(key=api_key, endpoint=Endpoint.EMBEDDINGS, model=model,
+                          input_tokens=6_000_000)
+    start = ledger_total(organization)
+    assert realtime_charges_settle(key=api_key) == 0  # written just now: not yet
+    assert not RealtimeSettlement.objects.exists()
+    assert realtime_charges_settle_all(settled_before=later()) == 1
+    assert ledger_total(organization) == start - 1
+
+
+def test_usage_through_http_is_settled_by_the_periodic_sweep(
+        api: APIClient, api_key: ApiKey, organization: Organization,
+        engine: LocalServer) -> None:
+    from anex.periodic import SCHEDULE
+
+    assert "realtime.tasks.realtime_charges_settle_task" in {t.actor for t in SCHEDULE}
+    for _ in range(3):
+        assert api.post(EMBED, {"model": MINILM, "input": "x"}, format="json").status_code == 200
+    realtime_charges_settle_all(settled_before=later())
+    settlement = RealtimeSettlement.objects.get(api_key=api_key)
+    assert settlement.metered_usd == 3 * Decimal(5) * Decimal("0.002") / 1_000_000
+    assert settlement.charged_cents == 0  # a tiny fraction of a credit, carried forward
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_usage_and_settlements_charge_each_credit_once(settings: Settings) -> None:
+    settings.ANEX_FREE_GRANT_CENTS = 100
+    organization = organization_make()
+    key, _ = api_key_make(organization)
+    model = model_get(MINILM)
+    assert model is not None
+    start = ledger_total(organization)
+
+    def at_once(work: Callable[[], object], times: int = 8) -> None:
+        def run() -> None:
+            work()
+            connection.close()
+
+        threads = [threading.Thread(target=run) for _ in range(times)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+
+    # given eight requests of one key metered at once (none waits on another)
+    at_once(lambda: realtime_usage_record(key=key, endpoint=Endpoint.EMBEDDINGS, model=model,
+                                          input_tokens=1_500_000))
+    assert RealtimeUsage.objects.filter(api_key=key).count() == 8
+    # when eight settlements of it run at once
+    cutoff = later()
+    at_once(lambda: realtime_charges_settle(key=key, settled_before=cutoff))
+    # then the 2.4 credits used are charged 2, once, and the 0.4 carried
+    exact = Decimal(8 * 1_500_000) * Decimal("0.002") / 1_000_000 * 100
+    assert ledger_total(organization) == start - math.floor(exact)
+    assert RealtimeSettlement.objects.filter(api_key=key).count() == 1
+    assert RealtimeSettlement.objects.get(api_key=key).metered_usd * 100 == exact
+
+
+# -- what a request costs the web tier -----------------------------------------------------
+
+@pytest.mark.parametrize("path,body", [
+    (EMBED, {"model": MINILM, "input": "x"}),
+    (DECIDE, {"model": "laya", "state": "x", "questions": QUESTIONS}),
+])
+def test_an_answered_request_costs_two_queries_and_two_redis_round_trips(
+        api: APIClient, engine: LocalServer, monkeypatch: pytest.MonkeyPatch, path: str,
+        body: dict[str, Any]) -> None:
+    """The latency budget (docs/realtime.md, "Latency"): once the process holds this
+    second's reads of the switch and the balance, a request reads its key and writes its
+    usage row (no last-used UPDATE while that is fresh), takes its slot and counts its rate
+    in one Redis call, and gives the slot back in another. (Django's connection health
+    check, CONN_HEALTH_CHECKS, adds a SELECT 1 below what the query log sees.)"""
+    import redis.connection
+
+    import realtime.selectors
+    import realtime.services
+
+    # The once-a-second reads stay held however slowly this test runs.
+    monkeypatch.setattr(realtime.services, "CREDITS_READ_EVERY_SECONDS", 3600.0)
+    monkeypatch.setattr(realtime.selectors, "FROZEN_READ_EVERY_SECONDS", 3600.0)
+    assert api.post(path, body, format="json").status_code == 200  # the reads, last_used_at
+    sent: list[bytes] = []
+    send = redis.connection.AbstractConnection.send_packed_command
+
+    def counted(self: Any, command: Any, check_health: bool = True) -> None:
+        sent.append(command if isinstance(command, bytes) else b"".join(command))
+        send(self, command, check_health)
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counted)
+    with CaptureQueriesContext(connection) as queries:
+        assert api.post(path, body, format="json").status_code == 200
+    statements = [query["sql"].split(" ", 1)[0] for query in queries.captured_queries]
+    assert statements == ["SELECT", "INSERT"], queries.captured_queries
+    assert [command.split(b"\r\n")[2] for command in sent] == [b"EVALSHA", b"ZREM"]
