@@ -9,6 +9,7 @@ from django.contrib import admin
 from django.forms import ModelForm
 from django.http import HttpRequest
 
+from console.admin import ReadOnlyAdmin
 from realtime.models import RealtimeSettlement, RealtimeSwitch, RealtimeUsage
 from realtime.services import realtime_switch_set
 
@@ -32,17 +33,6 @@ class RealtimeSwitchAdmin(admin.ModelAdmin):
         saved = realtime_switch_set(frozen=obj.frozen, reason=obj.reason,
                                     user=user)  # type: ignore[arg-type]
         obj.pk, obj.changed_at, obj.changed_by = saved.pk, saved.changed_at, saved.changed_by
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(RealtimeSettlement)

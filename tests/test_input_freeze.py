@@ -48,15 +48,6 @@ def served(settings: Settings, checkpoints: Path) -> None:
     settings.ANEX_CHUNK_ROWS = 2
 
 
-@pytest.fixture
-def sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Chunks sent to the run queues (nothing consumes them here)."""
-    calls: list[str] = []
-    monkeypatch.setattr("jobs.services.running.queue_send",
-                        lambda actor, queue, *args, **kw: calls.append(args[0]))
-    return calls
-
-
 def rows(count: int) -> bytes:
     return b"".join(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/embeddings",
                                 "body": {"input": f"row number {i} " + "x" * 200}}).encode()
