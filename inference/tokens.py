@@ -1,5 +1,6 @@
 """Exact token counts with each model's own tokenizer (the checkpoint's tokenizer.json), and
-a chat row's prompt as the engine renders it (the checkpoint's own chat template).
+a chat row's prompt as the engine renders it (the checkpoint's own chat template,
+inference.chat_template).
 
 Which checkpoint serves a model id is deployment configuration (ANEX_CHECKPOINTS). A model
 with no configured checkpoint cannot be counted, so a job on it cannot be priced
@@ -8,6 +9,7 @@ automatically: the estimator fails it with the reference's reason.
     tokens = token_counter("tiny-qwen3")      # ModelTokens, or None
     tokens("some text")                       # one string's count
     tokens.count_batch(texts)                 # many, in one call into the Rust tokenizer
+    tokens.counting()                         # one file's counter: repeated pieces once
     tokens.chat_prompt(messages, kwargs)      # the prompt text the chat engine serves
 
 The chat engine renders every row through ChatTemplate.render and encodes it with the same
@@ -17,71 +19,16 @@ prompt_tokens are one computation and cannot drift.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from tokenizers import Tokenizer
 
-TokenCounter = Callable[[str], int]
-
-# The special tokens a template sees by name, as transformers' apply_chat_template passes
-# them (its special_tokens_map).
-_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
-                   "cls_token", "mask_token")
-# Arguments of the rendering itself: a row's chat_template_kwargs never stands in for one.
-RENDERING_ARGUMENTS = frozenset({
-    "conversation", "tools", "documents", "chat_template", "add_generation_prompt",
-    "continue_final_message", "tokenize", "padding", "truncation", "max_length",
-    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
-    "messages",
-})
-
-
-class ChatTemplate:
-    """A checkpoint's chat template, compiled once (transformers' own sandboxed Jinja
-    environment, as apply_chat_template compiles it)."""
-
-    def __init__(self, source: str, special_tokens: dict[str, str]) -> None:
-        from transformers.utils.chat_template_utils import _compile_jinja_template
-
-        self._template = _compile_jinja_template(source)
-        self._special = special_tokens
-
-    @classmethod
-    def of_checkpoint(cls, checkpoint: Path) -> ChatTemplate | None:
-        """The checkpoint's template (chat_template.jinja, else tokenizer_config.json's
-        chat_template); None when it has none."""
-        config_path = checkpoint / "tokenizer_config.json"
-        config: dict[str, Any] = json.loads(config_path.read_text()) \
-            if config_path.is_file() else {}
-        source_path = checkpoint / "chat_template.jinja"
-        source = source_path.read_text() if source_path.is_file() \
-            else config.get("chat_template")
-        if not isinstance(source, str):
-            return None
-        special = {name: _token_text(config.get(name)) for name in _SPECIAL_TOKENS}
-        return cls(source, {name: text for name, text in special.items() if text is not None})
-
-    def render(self, messages: list[dict[str, Any]], kwargs: dict[str, Any]) -> str:
-        """The prompt text of these messages under a row's template kwargs, ready for the
-        assistant's turn. Raises whatever the template raises for messages it refuses."""
-        own = {key: value for key, value in kwargs.items()
-               if key.isidentifier() and key not in RENDERING_ARGUMENTS}
-        return str(self._template.render(messages=messages, tools=None, documents=None,
-                                         add_generation_prompt=True,
-                                         **{**self._special, **own}))
-
-
-def _token_text(value: object) -> str | None:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict) and isinstance(value.get("content"), str):
-        return str(value["content"])
-    return None
+from inference.chat_template import ChatTemplate
+from inference.token_pieces import PieceCounts
 
 
 class ModelTokens:
@@ -109,6 +56,17 @@ class ModelTokens:
         """Each text's count, in one call (the Rust tokenizer's batch, no offsets kept)."""
         return [len(encoding) for encoding in
                 self.tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)]
+
+    def counting(self) -> PieceCounts | None:
+        """A counter for one file's texts that tokenizes each repeated piece (a shared
+        system prompt, the template's role headers) once (inference.token_pieces); None
+        where this tokenizer's counts cannot be taken piecewise exactly."""
+        split = self._splitter
+        return PieceCounts(self.tokenizer, split) if split is not None else None
+
+    @cached_property
+    def _splitter(self) -> Callable[[str], list[str]] | None:
+        return PieceCounts.splitter(self.tokenizer)
 
     def chat_prompt(self, messages: list[dict[str, Any]], kwargs: dict[str, Any]) -> str | None:
         """The prompt text the chat engine serves for these messages; None without a

@@ -2,7 +2,7 @@
 
 Each row's prompt is rendered here with the checkpoint's own chat template and that row's
 chat_template_kwargs (vLLM's LLM.chat takes one set of kwargs for a whole call, and rows
-differ: thinking on or off, effort) by inference.tokens.ChatTemplate, the function the
+differ: thinking on or off, effort) by inference.chat_template.ChatTemplate, the function the
 estimate counts with, and the chunk's prompts are encoded in one batch. The rows then join
 the engine's running batch through its feed (feed.py), beside the rows of the worker's
 other chunks. A row the engine refuses fails alone:
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inference.chat_template import RENDERING_ARGUMENTS
 from inference.engines.runtime import feed_of, llm_load
 from inference.engines.thinking import thinking_args
 from inference.engines.types import (
@@ -36,7 +37,7 @@ from inference.engines.types import (
     RowError,
     RowRefused,
 )
-from inference.tokens import RENDERING_ARGUMENTS, checkpoint_tokens
+from inference.tokens import checkpoint_tokens
 from jobs.response_format import json_schema_satisfied, response_format_problem
 
 logger = logging.getLogger(__name__)
@@ -187,7 +188,7 @@ class ChatEngine:
 
     def _render(self, row: ChatRow) -> str:
         """The row's prompt text: the checkpoint's template under the row's kwargs, by the
-        very function the estimate counts with (inference.tokens.ChatTemplate)."""
+        very function the estimate counts with (inference.chat_template.ChatTemplate)."""
         self._check_parts(row)
         kwargs = row.chat_template_kwargs or {}
         try:

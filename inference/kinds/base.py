@@ -7,6 +7,7 @@ A kind answers for its rows at every stage of a job, and for the realtime API:
                 needs_sample          whether the output length must be sampled
                 input_formats         the input formats a job of this kind reads
     validate    row_cost              one JSONL row body checked and counted
+                fast_rows             a block of plainly valid JSONL rows, checked at once
                 parquet               how parquet rows are read (None: JSONL only)
                 text_token_bound      the context a row's text is refused against unread
                 takes_job_video_fps   whether a job-level video_fps reaches its rows
@@ -62,7 +63,7 @@ if TYPE_CHECKING:
     from jobs.models import Job
     from jobs.services.metering import RowMeter
     from jobs.services.rows import InputRow
-    from jobs.validation.core import FileReport, JobContext, RowCost, RowRef
+    from jobs.validation.core import FastRows, FileReport, JobContext, RowCost, RowRef
 
 RequestT = TypeVar("RequestT")  # what the engine takes for one row: ChatRow, EmbedRow, ...
 OutcomeT = TypeVar("OutcomeT")  # what it answers for that row: ChatOutcome, EmbedOutcome, ...
@@ -209,6 +210,11 @@ class TaskKind(ABC, Generic[RequestT, OutcomeT, EngineT]):
     def row_cost(self, body: dict[str, object], *, job: JobContext, row: RowRef) -> RowCost:
         """One JSONL row's body checked against the model and the job, and counted;
         RowRejected (naming the row) at its first violation."""
+
+    def fast_rows(self, job: JobContext) -> FastRows | None:
+        """The JSONL checker's fast lane for this kind's rows (jobs/validation/fast.py), or
+        None: every line is then checked one at a time by row_cost."""
+        return None
 
     def text_token_bound(self, model: CatalogModel) -> int | None:
         """The most tokens a row's text can be served in: text whose bytes alone show it

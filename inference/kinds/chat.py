@@ -20,6 +20,7 @@ from inference.kinds.base import ParquetReading, ServedRow, SubmitFields, TaskKi
 from jobs.constants import RowOutcome
 from jobs.validation.chat import chat_cost, chat_row, job_thinking, template_kwargs
 from jobs.validation.core import CHAT, InputRejected, JobContext, RowCost, RowRef
+from jobs.validation.fast import ChatFastRows
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -183,6 +184,9 @@ class ChatKind(TaskKind[ChatRow, ChatOutcome, ChatRunner]):
 
     def row_cost(self, body: dict[str, object], *, job: JobContext, row: RowRef) -> RowCost:
         return chat_row(body, job=job, row=row)
+
+    def fast_rows(self, job: JobContext) -> ChatFastRows:
+        return ChatFastRows(job)
 
     def takes_job_video_fps(self, model: CatalogModel) -> bool:
         # gemma4-12b takes no rate: a job-level video_fps counts only under a ceiling.

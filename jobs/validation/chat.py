@@ -31,7 +31,7 @@ ROW_TEMPLATE_KWARGS = ("enable_thinking", "reasoning_effort")
 
 def chat_row(body: dict[str, object], *, job: JobContext, row: RowRef) -> RowCost:
     own = body.get("chat_template_kwargs")
-    thinking, effort = _thinking(own, job=job, row=row)
+    thinking, effort = row_thinking(own, job=job, row=row)
     response_format = body.get("response_format")
     if response_format is not None and response_format != _PLAIN_JSON:
         response_format_check(response_format, row=row)
@@ -157,7 +157,7 @@ def row_fitted(text_tokens: int, media: list[Media], *, job: JobContext,
     )
 
 
-def _thinking(kwargs: object, *, job: JobContext, row: RowRef) -> tuple[bool, str | None]:
+def row_thinking(kwargs: object, *, job: JobContext, row: RowRef) -> tuple[bool, str | None]:
     """The row's chat_template_kwargs: its own thinking switch and effort level, checked
     against the model and the job (the reference's reasoning, reasoning_budget and
     reasoning_effort rules that reach rows). Any other key is left alone, as the reference

@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import Protocol
 
 from billing.pricing import Usage
 from inference.catalog import CatalogLimits, CatalogModel, catalog_limits
@@ -214,6 +215,12 @@ class JobContext:
         # them (inference.tokens.ModelTokens); a plain callable counts one string at a time.
         self._count_batch: Callable[[list[str]], list[int]] | None = getattr(
             count_tokens, "count_batch", None)
+        # This file's own piecewise counter, where the tokenizer's counts can be taken so
+        # (inference.token_pieces): a repeated system prompt is tokenized once per file.
+        counting = getattr(count_tokens, "counting", None)
+        pieces = counting() if counting is not None else None
+        if pieces is not None:
+            self._count_batch = pieces.count_batch
         self._chat_prompt: Callable[[list[dict[str, object]], dict[str, object]],
                                     str | None] | None = getattr(count_tokens, "chat_prompt",
                                                                  None)
@@ -396,6 +403,32 @@ class CountBatch:
             self.tally.add(cost)
 
 
+@dataclass(slots=True)
+class BlockCost:
+    """What a block of valid text-only rows consumes, as a kind's fast lane adds it up
+    (jobs/validation/fast.py): the sums Tally keeps, over the block at once."""
+
+    identities: list[str]  # the rows' custom_ids, in file order
+    input_tokens: int
+    max_input_tokens: int
+    context_limit: int  # every row's: the least headroom is this less max_input_tokens
+    thinking_rows: int = 0
+    effort_rows: Counter[str] = field(default_factory=Counter)
+    response_format_rows: int = 0
+
+    @property
+    def rows(self) -> int:
+        return len(self.identities)
+
+
+class FastRows(Protocol):
+    """A kind's fast lane for JSONL rows (TaskKind.fast_rows)."""
+
+    def block(self, chunk: bytes, lines: int) -> BlockCost | None:
+        """The cost of `lines` whole lines, when every one is a plainly valid row of the
+        job; None for anything else (the block is then checked line by line)."""
+
+
 class Tally:
     """The running sums over valid rows: plain integers, nothing kept per row."""
 
@@ -443,6 +476,17 @@ class Tally:
                 self.effort_rows[cost.effort] += 1
         self.response_format_rows += cost.own_response_format
         self.questions += cost.questions
+
+    def add_block(self, block: BlockCost) -> None:
+        self.rows += block.rows
+        self.input_tokens += block.input_tokens
+        self.max_input_tokens = max(self.max_input_tokens, block.max_input_tokens)
+        headroom = block.context_limit - block.max_input_tokens
+        if self.output_headroom is None or headroom < self.output_headroom:
+            self.output_headroom = headroom
+        self.thinking_rows += block.thinking_rows
+        self.effort_rows.update(block.effort_rows)
+        self.response_format_rows += block.response_format_rows
 
     def report(self, job: JobContext, *, errors: RowErrors | None = None) -> FileReport:
         # In collect mode a file whose every row failed reports those rows, not "no rows".

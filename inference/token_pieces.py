@@ -1,0 +1,112 @@
+"""Counting many texts with a tokenizer, each repeated piece tokenized once.
+
+A rendered chat prompt is mostly the same few pieces (a system prompt every row shares, the
+role headers, the generation prompt) around each row's own text. A Hugging Face tokenizer
+cuts a text at its added tokens (<|im_start|>, <|im_end|>, ...) before anything else:
+the pieces between them are normalized, pre-tokenized and tokenized each on its own, and
+each added token is one token. So a text's count is the sum of its pieces' counts plus one
+per added token, and a piece already counted in this file need not be tokenized again.
+
+That holds only for the added tokens the tokenizer cuts on before normalizing
+(normalized=False) and only when none of them eats the whitespace beside it (lstrip, rstrip,
+single_word), and not for a pre-tokenizer that treats the first piece of a text apart
+(Metaspace's prepend_scheme "first", sentencepiece-style). `PieceCounts.splitter` says None
+for such a tokenizer, and for any whose piecewise counts differ from its whole counts on a
+probe corpus: the caller then counts whole texts. Exactness is held by
+tests/test_token_pieces.py on the local checkpoints.
+
+One PieceCounts per file checked (JobContext), never shared: its memo is that file's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from itertools import chain
+
+import numpy as np
+from tokenizers import Tokenizer
+
+# The memo is emptied when it holds this many pieces (a file's repeated pieces come back at
+# once; its unique ones would otherwise pile up).
+MEMO_PIECES = 65_536
+# Texts the self-check at load counts both ways: added tokens at the edges, inside words,
+# beside spaces and newlines, twice in a row, and non-ASCII text.
+_PROBES = (
+    "{0}user\nhello there{1}\n{0}assistant\n",
+    " {1} leading and trailing spaces {0} ",
+    "word{0}word{1}{1}\n\n{0}\n",
+    "\n\n{0}  \t{1}\r\n",
+    "héllo wörld {0}日本語のテキスト{1} ünïcödé 🎉",
+    "{0}{1}",
+    "plain text without any added token, and more of it.",
+)
+
+
+class PieceCounts:
+    """Token counts of texts, each text's pieces between added tokens counted once per
+    file."""
+
+    def __init__(self, tokenizer: Tokenizer, split: Callable[[str], list[str]]) -> None:
+        self._tokenizer = tokenizer
+        self._split = split
+        self._memo: dict[str, int] = {"": 0}
+
+    @classmethod
+    def splitter(cls, tokenizer: Tokenizer) -> Callable[[str], list[str]] | None:
+        """How to cut a text at this tokenizer's added tokens, or None where piecewise
+        counts would not be exact (see the module docstring). Decided once per tokenizer:
+        it reads the tokenizer's whole configuration."""
+        split = _splitter(tokenizer)
+        if split is None:
+            return None
+        added = [token.content for token in _cut_tokens(tokenizer)]  # type: ignore[attr-defined]
+        probes = [probe.format(added[0], added[-1]) for probe in _PROBES]
+        whole = [len(encoding) for encoding in
+                 tokenizer.encode_batch_fast(probes, add_special_tokens=False)]
+        return split if cls(tokenizer, split).count_batch(probes) == whole else None
+
+    def count_batch(self, texts: Sequence[str]) -> list[int]:
+        """Each text's count, exactly as the tokenizer counts it whole."""
+        if not texts:
+            return []
+        memo = self._memo
+        pieces = list(map(self._split, texts))
+        flat = list(chain.from_iterable(pieces))
+        distinct = set(flat)
+        new = [piece for piece in distinct if piece not in memo]
+        if new:
+            if len(memo) + len(new) > MEMO_PIECES:  # emptied: this batch's pieces all again
+                memo.clear()
+                memo[""] = 0
+                new = [piece for piece in distinct if piece]
+            encodings = self._tokenizer.encode_batch_fast(new, add_special_tokens=False)
+            memo.update(zip(new, map(len, encodings), strict=True))
+        counts = np.fromiter(map(memo.__getitem__, flat), np.int64, len(flat))
+        sizes = np.fromiter(map(len, pieces), np.int64, len(pieces))
+        starts = np.zeros(len(sizes), np.int64)
+        np.cumsum(sizes[:-1], out=starts[1:])
+        # n pieces are cut by n - 1 added tokens, one token each.
+        return (np.add.reduceat(counts, starts) + sizes - 1).tolist()  # type: ignore[no-any-return]
+
+
+def _cut_tokens(tokenizer: Tokenizer) -> list[object]:
+    return [token for token in tokenizer.get_added_tokens_decoder().values()
+            if not token.normalized]
+
+
+def _splitter(tokenizer: Tokenizer) -> Callable[[str], list[str]] | None:
+    if getattr(tokenizer, "encode_special_tokens", False):
+        return None  # special tokens are then tokenized as text, not cut out
+    tokens = _cut_tokens(tokenizer)
+    if not tokens or any(token.lstrip or token.rstrip or token.single_word  # type: ignore[attr-defined]
+                         for token in tokens):
+        return None
+    config = json.loads(tokenizer.to_str())
+    if "Metaspace" in json.dumps([config.get("pre_tokenizer"), config.get("normalizer")]):
+        return None
+    # Longest first: at one position the longest added token wins, as the tokenizer's own
+    # leftmost-longest match does.
+    contents = sorted((token.content for token in tokens), key=len, reverse=True)  # type: ignore[attr-defined]
+    return re.compile("|".join(map(re.escape, contents))).split
