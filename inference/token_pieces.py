@@ -69,26 +69,64 @@ class PieceCounts:
 
     def count_batch(self, texts: Sequence[str]) -> list[int]:
         """Each text's count, exactly as the tokenizer counts it whole."""
-        if not texts:
-            return []
-        memo = self._memo
+        plan = self.plan(texts)
+        return plan.finish(plan.encode())
+
+    def plan(self, texts: Sequence[str]) -> PiecePlan:
+        """The count of texts in steps (PiecePlan), so that the tokenizing may run on
+        another thread while this one goes on."""
         pieces = list(map(self._split, texts))
         flat = list(chain.from_iterable(pieces))
-        distinct = set(flat)
-        new = [piece for piece in distinct if piece not in memo]
-        if new:
-            if len(memo) + len(new) > MEMO_PIECES:  # emptied: this batch's pieces all again
-                memo.clear()
-                memo[""] = 0
-                new = [piece for piece in distinct if piece]
-            encodings = self._tokenizer.encode_batch_fast(new, add_special_tokens=False)
-            memo.update(zip(new, map(len, encodings), strict=True))
-        counts = np.fromiter(map(memo.__getitem__, flat), np.int64, len(flat))
-        sizes = np.fromiter(map(len, pieces), np.int64, len(pieces))
+        looked = list(map(self._memo.get, flat))
+        new = list({piece for piece, count in zip(flat, looked, strict=True) if count is None})
+        return PiecePlan(self, new, flat, looked,
+                         np.fromiter(map(len, pieces), np.int64, len(pieces)))
+
+    def _learn(self, counted: dict[str, int]) -> None:
+        if len(self._memo) + len(counted) > MEMO_PIECES:
+            self._memo.clear()
+            self._memo[""] = 0
+        self._memo.update(counted)
+
+
+class PiecePlan:
+    """One batch's count in three steps: planned (its pieces cut and looked up in the memo,
+    PieceCounts.plan), encoded (`encode`: its new pieces tokenized, touching no Python
+    state, so on any thread), finished (`finish`, back on the planning thread: each text's
+    sum, and the memo learns the new pieces)."""
+
+    __slots__ = ("_flat", "_looked", "_owner", "_sizes", "new")
+
+    def __init__(self, owner: PieceCounts, new: list[str], flat: list[str],
+                 looked: list[int | None], sizes: np.ndarray) -> None:
+        self._owner = owner
+        self.new = new
+        self._flat = flat
+        self._looked = looked
+        self._sizes = sizes
+
+    def encode(self) -> list[int]:
+        """The new pieces' counts (the Rust tokenizer, without the GIL)."""
+        if not self.new:
+            return []
+        return [len(encoding) for encoding in self._owner._tokenizer.encode_batch_fast(
+            self.new, add_special_tokens=False)]
+
+    def finish(self, counts: list[int]) -> list[int]:
+        """Each text's count, given `encode`'s answer."""
+        sizes = self._sizes
+        if not len(sizes):
+            return []
+        counted = dict(zip(self.new, counts, strict=True))
+        per_piece = np.fromiter(
+            (known if known is not None else counted[piece]
+             for piece, known in zip(self._flat, self._looked, strict=True)),
+            np.int64, len(self._flat))
+        self._owner._learn(counted)
         starts = np.zeros(len(sizes), np.int64)
         np.cumsum(sizes[:-1], out=starts[1:])
         # n pieces are cut by n - 1 added tokens, one token each.
-        return (np.add.reduceat(counts, starts) + sizes - 1).tolist()  # type: ignore[no-any-return]
+        return (np.add.reduceat(per_piece, starts) + sizes - 1).tolist()  # type: ignore[no-any-return]
 
 
 def _cut_tokens(tokenizer: Tokenizer) -> list[object]:

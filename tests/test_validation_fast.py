@@ -43,17 +43,31 @@ def outcome(data: bytes, model_id: str, fields: dict[str, Any], *, collect: bool
 
 @pytest.fixture
 def fast_blocks(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """Every block the fast lane was offered: True where it took it."""
+    """Every block the fast lane was offered: True where it checked it whole."""
     taken: list[bool] = []
-    block = ChatFastRows.block
+    prepare = ChatFastRows.prepare
 
     def spied(self: ChatFastRows, chunk: bytes, lines: int) -> Any:
-        answer = block(self, chunk, lines)
+        answer = prepare(self, chunk, lines)
         taken.append(answer is not None)
         return answer
 
-    monkeypatch.setattr(ChatFastRows, "block", spied)
+    monkeypatch.setattr(ChatFastRows, "prepare", spied)
     return taken
+
+
+@pytest.fixture
+def line_checked(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The first line of every block checked line by line."""
+    numbers: list[int] = []
+    chunk = lines_module._LineCheck.chunk
+
+    def spied(self: Any, number: int, data: bytes) -> None:
+        numbers.append(number)
+        chunk(self, number, data)
+
+    monkeypatch.setattr(lines_module._LineCheck, "chunk", spied)
+    return numbers
 
 
 def both_lanes(monkeypatch: pytest.MonkeyPatch, data: bytes, model_id: str,
@@ -187,14 +201,18 @@ def test_both_lanes_agree_on_every_file(monkeypatch: pytest.MonkeyPatch,
 
 
 def test_a_plain_file_goes_through_the_fast_lane(monkeypatch: pytest.MonkeyPatch,
-                                                 fast_blocks: list[bool]) -> None:
+                                                 fast_blocks: list[bool],
+                                                 line_checked: list[int]) -> None:
     monkeypatch.setattr(lines_module, "_READ_BYTES", 4096)
     rows = [chat_line(f"r{n}", "one two three", chat_template_kwargs={
         "enable_thinking": n % 2 == 0, "reasoning_effort": "low" if n % 4 == 0 else None},
         response_format={"type": "json_object"} if n % 3 == 0 else None)
         for n in range(2000)]
-    report = both_lanes(monkeypatch, file_of(rows), "qwen3.8-27b", {}, collect=False)
+    report = outcome(file_of(rows), "qwen3.8-27b", {}, collect=False)
     assert fast_blocks and all(fast_blocks)
+    assert not line_checked
+    assert report == both_lanes(monkeypatch, file_of(rows), "qwen3.8-27b", {},
+                                collect=False)
     assert report.rows == 2000  # type: ignore[attr-defined]
     assert report.usage.input_tokens == 2000 * (3 + 4)  # type: ignore[attr-defined]
     assert report.thinking_rows == 1000  # type: ignore[attr-defined]
@@ -240,6 +258,10 @@ def test_both_lanes_count_the_rendered_prompt_alike(
         both_lanes(monkeypatch, data, "tiny-qwen3", {}, collect=True, counter=tokens)
         both_lanes(monkeypatch, data, "tiny-qwen3", {"reasoning": False}, collect=False,
                    counter=tokens)
+        # rows too long for the context once the job's output is reserved: a counted
+        # block handed back to the line checks while the next one is already prepared
+        both_lanes(monkeypatch, data, "tiny-qwen3", {"max_output_tokens": 1990},
+                   collect=True, counter=tokens)
     assert sum(fast_blocks) > 10
 
 

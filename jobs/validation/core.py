@@ -12,6 +12,7 @@ from typing import Protocol
 from billing.pricing import Usage
 from inference.catalog import CatalogLimits, CatalogModel, catalog_limits
 from inference.kinds import kind_for
+from inference.token_pieces import PieceCounts
 
 CHAT = "/v1/chat/completions"
 EMBEDDINGS = "/v1/embeddings"
@@ -198,6 +199,27 @@ class FileReport:
     questions: int = 0
 
 
+class CountPlan(Protocol):
+    """A batch's count in steps (JobContext.count_plan)."""
+
+    def encode(self) -> list[int]: ...
+
+    def finish(self, counts: list[int]) -> list[int]: ...
+
+
+class _WholeCount:
+    """A counter without steps: all of it in `encode`."""
+
+    def __init__(self, count: Callable[[list[str]], list[int]], texts: list[str]) -> None:
+        self._count, self._texts = count, texts
+
+    def encode(self) -> list[int]:
+        return self._count(self._texts)
+
+    def finish(self, counts: list[int]) -> list[int]:
+        return counts
+
+
 class JobContext:
     """Per-job state every row is checked against: the model, the job's options, the token
     counter, the effective video sampling rate, and the HEAD-probe budget. One per file,
@@ -218,9 +240,12 @@ class JobContext:
         # This file's own piecewise counter, where the tokenizer's counts can be taken so
         # (inference.token_pieces): a repeated system prompt is tokenized once per file.
         counting = getattr(count_tokens, "counting", None)
-        pieces = counting() if counting is not None else None
-        if pieces is not None:
-            self._count_batch = pieces.count_batch
+        self._pieces: PieceCounts | None = counting() if counting is not None else None
+        # A checkpoint's tokenizer counts in Rust without the GIL: the next block can be
+        # checked and rendered meanwhile (validate_jsonl, count_plan).
+        self.counts_apart = counting is not None
+        if self._pieces is not None:
+            self._count_batch = self._pieces.count_batch
         self._chat_prompt: Callable[[list[dict[str, object]], dict[str, object]],
                                     str | None] | None = getattr(count_tokens, "chat_prompt",
                                                                  None)
@@ -260,6 +285,13 @@ class JobContext:
         if self._count_batch is not None:
             return self._count_batch(texts)
         return [self._raw_count(text) for text in texts]
+
+    def count_plan(self, texts: list[str]) -> CountPlan:
+        """count_batch in steps: `encode()` may run on another thread (it touches no
+        Python state of this job), `finish(encoded)` back on this one gives the counts."""
+        if self._pieces is not None:
+            return self._pieces.plan(texts)
+        return _WholeCount(self.count_batch, texts)
 
     def chat_prompt(self, messages: list[dict[str, object]],
                     kwargs: dict[str, object]) -> str | None:
@@ -421,12 +453,22 @@ class BlockCost:
         return len(self.identities)
 
 
+class PreparedRows(Protocol):
+    """A block a fast lane has checked and not yet counted."""
+
+    texts: list[str]
+
+    def cost(self, counts: list[int]) -> BlockCost | None:
+        """The block's sums given each text's count; None when a row does not fit."""
+
+
 class FastRows(Protocol):
     """A kind's fast lane for JSONL rows (TaskKind.fast_rows)."""
 
-    def block(self, chunk: bytes, lines: int) -> BlockCost | None:
-        """The cost of `lines` whole lines, when every one is a plainly valid row of the
-        job; None for anything else (the block is then checked line by line)."""
+    def prepare(self, chunk: bytes, lines: int) -> PreparedRows | None:
+        """`lines` whole lines checked, when every one is a plainly valid row of the job,
+        with the texts to count; None for anything else (the block is then checked line
+        by line). Changes nothing: it may run while an earlier block is counted."""
 
 
 class Tally:

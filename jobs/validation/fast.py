@@ -112,7 +112,10 @@ class ChatFastRows:
         # A row fits when its input and the job's output cap fit the context (fit_check).
         self._input_max = limit - (job.options.max_output_tokens or 0)
 
-    def block(self, chunk: bytes, lines: int) -> BlockCost | None:
+    def prepare(self, chunk: bytes, lines: int) -> PreparedBlock | None:
+        """Everything but the count: the block decoded and checked, and the texts its
+        rows are counted by (each row's rendered prompt, or each message's text). Changes
+        nothing, so it may run ahead of the blocks before it."""
         # Every line starts with its object's brace (JSON strings hold no raw newline):
         # no blank or whitespace-only line, which the decoder would skip and the
         # line-by-line lane refuses.
@@ -132,7 +135,7 @@ class ChatFastRows:
         if any(setting.refused for setting in settings.values()):
             return None
         conversations = list(map(_MESSAGES, bodies))
-        short = job.unmeasured_chars
+        sizes = None
         if job.renders_chat:  # each row counted as the prompt the engine renders
             texts = []
             for kwargs, messages in zip(map(_KWARGS, bodies), conversations, strict=True):
@@ -142,20 +145,13 @@ class ChatFastRows:
                 if prompt is None:  # the template refuses it: counted line by line
                     return None
                 texts.append(prompt)
-            if max(map(len, texts)) > short:
-                return None
-            totals = np.array(job.count_batch(texts), np.int64)
         else:  # each message's text, plus the template's few tokens around it
             texts = list(map(_CONTENT, chain.from_iterable(conversations)))
-            if max(map(len, texts)) > short:
-                return None
             sizes = np.fromiter(map(len, conversations), np.int64, len(conversations))
-            counts = np.array(job.count_batch(texts), np.int64)
-            starts = np.zeros(len(sizes), np.int64)
-            np.cumsum(sizes[:-1], out=starts[1:])
-            totals = np.add.reduceat(counts, starts) + MESSAGE_TEMPLATE_TOKENS * sizes
-        largest = int(totals.max())
-        if largest > self._input_max:  # a row too long: named line by line
+        # A text no longer than the block itself needs no measuring (the rendered prompts
+        # carry the template's own text besides).
+        if (sizes is None or len(chunk) > job.unmeasured_chars) \
+                and max(map(len, texts)) > job.unmeasured_chars:
             return None
         thinking, efforts = 0, Counter[str]()
         for kwargs, rows in groups.items():
@@ -164,16 +160,47 @@ class ChatFastRows:
                 thinking += rows
                 if setting.effort is not None:
                     efforts[setting.effort] += rows
-        return BlockCost(
-            identities=list(map(_CUSTOM_ID, requests)),
-            input_tokens=int(totals.sum()), max_input_tokens=largest,
-            context_limit=job.model.context_tokens, thinking_rows=thinking,
-            effort_rows=efforts,
-            response_format_rows=len(bodies) - list(map(_RESPONSE_FORMAT, bodies)).count(None),
-        )
+        return PreparedBlock(
+            texts=texts, sizes=sizes, input_max=self._input_max,
+            cost=BlockCost(
+                identities=list(map(_CUSTOM_ID, requests)), input_tokens=0,
+                max_input_tokens=0, context_limit=job.model.context_tokens,
+                thinking_rows=thinking, effort_rows=efforts,
+                response_format_rows=len(bodies) - list(map(_RESPONSE_FORMAT,
+                                                            bodies)).count(None)))
 
     def _setting(self, given: _TemplateKwargs | None) -> _Thinking:
         setting = self._settings.get(given)
         if setting is None:
             setting = self._settings[given] = _Thinking(given, self.job)
         return setting
+
+
+class PreparedBlock:
+    """A block the fast lane has checked but not yet counted: `texts` go to the counter
+    (possibly on another thread), and `cost` makes the block's sums of their counts."""
+
+    __slots__ = ("_cost", "_input_max", "_sizes", "texts")
+
+    def __init__(self, *, texts: list[str], sizes: np.ndarray | None, input_max: int,
+                 cost: BlockCost) -> None:
+        self.texts = texts
+        self._sizes = sizes  # messages a row, where each message's text is counted
+        self._input_max = input_max
+        self._cost = cost
+
+    def cost(self, counts: list[int]) -> BlockCost | None:
+        """The block's sums, given each text's count; None when a row does not fit its
+        context (the line-by-line lane then names it)."""
+        totals = np.array(counts, np.int64)
+        sizes = self._sizes
+        if sizes is not None:  # each message's text, plus the template's few tokens
+            starts = np.zeros(len(sizes), np.int64)
+            np.cumsum(sizes[:-1], out=starts[1:])
+            totals = np.add.reduceat(totals, starts) + MESSAGE_TEMPLATE_TOKENS * sizes
+        largest = int(totals.max())
+        if largest > self._input_max:
+            return None
+        cost = self._cost
+        cost.input_tokens, cost.max_input_tokens = int(totals.sum()), largest
+        return cost

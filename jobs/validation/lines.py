@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import BinaryIO
 
 import numpy as np
@@ -19,10 +21,12 @@ import orjson
 from jobs.validation.core import (
     ENDPOINTS,
     CountBatch,
+    CountPlan,
     CountTokens,
     FileReport,
     JobContext,
     JobOptions,
+    PreparedRows,
     ProbeContentType,
     RowError,
     RowErrors,
@@ -81,27 +85,61 @@ def validate_jsonl(stream: BinaryIO, options: JobOptions, *, count_tokens: Count
     job.deferring = True  # text-only rows are counted COUNT_BATCH_ROWS at a time
     check = _LineCheck(job, errors)
     fast = job.kind.fast_rows(job)
+    # A block's count runs on this thread while the next block is decoded and rendered
+    # (the tokenizer leaves the GIL); one count at a time, in file order.
+    counter = ThreadPoolExecutor(1, "count") if fast is not None and job.counts_apart \
+        else None
+    waiting: _Counting | None = None
     try:
         for number, lines, chunk in chunks_bounded(stream, job.line_max_bytes,
                                                    skip_long=errors is not None):
+            prepared = None
+            if fast is not None and chunk is not None and not (
+                    number == 1 and chunk.startswith(_BOM)):
+                prepared = fast.prepare(chunk, lines)
+            if waiting is not None:
+                settling, waiting = waiting, None
+                check.settle(settling)
             if chunk is None:  # collect mode: an over-long line, skipped unread
                 assert errors is not None
                 check.batch.flush(check.on_reject)  # the rows before it are reported first
                 errors.add(RowError(_line_too_long(number, job.line_max_bytes).message,
                                     line=number))
                 continue
-            if fast is not None and check.blank_since is None and not (
-                    number == 1 and chunk.startswith(_BOM)):
-                block = fast.block(chunk, lines)
-                if block is not None and check.ids.fresh(block.identities):
-                    check.tally.add_block(block)
-                    continue
-            check.chunk(number, chunk)
+            if prepared is None or check.blank_since is not None:
+                check.chunk(number, chunk)
+                continue
+            plan = job.count_plan(prepared.texts)
+            waiting = _Counting(number, chunk, prepared, plan, counter.submit(plan.encode)
+                                if counter is not None else plan.encode())
+            if counter is None:
+                settling, waiting = waiting, None
+                check.settle(settling)
+        if waiting is not None:
+            settling, waiting = waiting, None
+            check.settle(settling)
     except RowRejected:  # chunks_bounded's over-long line: an earlier row's failure first
+        if waiting is not None:
+            settling, waiting = waiting, None
+            check.settle(settling)
         check.batch.flush(check.on_reject)
         raise
+    finally:
+        if counter is not None:
+            counter.shutdown(cancel_futures=True)
     check.batch.flush(check.on_reject)
     return check.tally.report(job, errors=errors)
+
+
+@dataclass(frozen=True, slots=True)
+class _Counting:
+    """A fast-lane block whose texts are being counted."""
+
+    number: int
+    chunk: bytes
+    prepared: PreparedRows
+    plan: CountPlan
+    encoded: Future[list[int]] | list[int]
 
 
 class _LineCheck:
@@ -124,6 +162,17 @@ class _LineCheck:
         number, request = where
         self.errors.add(RowError(rejected.message, line=number,
                                  custom_id=_custom_id(request)))
+
+    def settle(self, counting: _Counting) -> None:
+        """A fast-lane block once counted: its sums, or (a row does not fit, an id was
+        seen) its lines one by one."""
+        encoded = counting.encoded
+        block = counting.prepared.cost(counting.plan.finish(
+            encoded.result() if isinstance(encoded, Future) else encoded))
+        if block is not None and self.ids.fresh(block.identities):
+            self.tally.add_block(block)
+        else:
+            self.chunk(counting.number, counting.chunk)
 
     def chunk(self, number: int, chunk: bytes) -> None:
         """Every line of a block of whole lines, in order, the first numbered `number`."""
@@ -205,7 +254,11 @@ def chunks_bounded(stream: BinaryIO, max_bytes: int, *,
     carry: list[bytes] = []  # the start of a line that runs past the blocks read so far
     size = 0
     skipping = False
-    while block := stream.read(_READ_BYTES):
+    # The first blocks are small and grow to _READ_BYTES: a block is checked while the one
+    # before it is counted, so a short file's pipeline fills (and drains) sooner.
+    reads = max(_READ_BYTES // 8, 1)
+    while block := stream.read(reads):
+        reads = min(reads * 2, _READ_BYTES)
         cut = block.rfind(b"\n")
         if cut < 0:  # no line ends in this block
             if not skipping:
