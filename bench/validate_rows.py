@@ -5,13 +5,14 @@ rows.
 
 Each run happens in a fresh subprocess, so its peak RSS (the child's own ru_maxrss) belongs
 to that run alone; each side is run --repeats times, the sides taking turns, and its
-fastest run kept (its highest RSS). Four sides per size: orjson parsing every line and checking nothing; the
-checker (validate_jsonl, every rule, running sums and about 30 bytes per custom_id kept)
-with a whitespace counter (Words: cheap, so that side measures the checking); the floor of
-counting for real, orjson plus the tokenizer's encode_batch_fast over every message's text;
-and the checker with the checkpoint's real tokenizer and chat template, each row counted
-exactly as the prompt the engine will render. The checker sides are warmed on one line
-first (imports, the template's compilation), as a worker is before its first file.
+fastest run kept (its highest RSS). Four sides per size: orjson parsing every line and
+checking nothing; the checker (validate_jsonl, every rule, running sums and about 30 bytes
+per custom_id kept) with a whitespace counter (Words: cheap, so that side measures the
+checking); the floor of counting for real, orjson plus the tokenizer's encode_batch_fast
+over every message's text; and the checker with the checkpoint's real tokenizer and chat
+template, each row counted exactly as the prompt the engine will render. The checker sides
+are warmed on one line first (imports, the template's compilation), as a worker is before
+its first file.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """JSONL framing and the request envelope: one OpenAI-batch request object per line, all of
 them for the one endpoint the job's model serves.
 
-The file is read one line at a time and each row is dropped once checked; what is kept
-across rows is a handful of running sums and the 8-byte digest of every custom_id, so a
-million-row file validates in bounded memory. The first violation stops the read (in
-collect mode, a preflight check's, every violation is recorded and the read goes on).
+The file is read a block of whole lines at a time and each row is dropped once checked;
+what is kept across rows is a handful of running sums and about 30 bytes for every
+custom_id (jobs.validation.ids.IdSet), so a million-row file validates in bounded memory.
+The first violation stops the read (in collect mode, a preflight check's, every violation
+is recorded and the read goes on).
 """
 
 from __future__ import annotations
