@@ -90,7 +90,6 @@ def validate_jsonl(stream: BinaryIO, options: JobOptions, *, count_tokens: Count
     # (the tokenizer leaves the GIL); one count at a time, in file order.
     counter = ThreadPoolExecutor(1, "count") if fast is not None and job.counts_apart \
         else None
-    waiting: _Counting | None = None
     try:
         for number, lines, chunk in chunks_bounded(stream, job.line_max_bytes,
                                                    skip_long=errors is not None):
@@ -98,9 +97,7 @@ def validate_jsonl(stream: BinaryIO, options: JobOptions, *, count_tokens: Count
             if fast is not None and chunk is not None and not (
                     number == 1 and chunk.startswith(_BOM)):
                 prepared = fast.prepare(chunk, lines)
-            if waiting is not None:
-                settling, waiting = waiting, None
-                check.settle(settling)
+            check.settle_waiting()
             if chunk is None:  # collect mode: an over-long line, skipped unread
                 assert errors is not None
                 check.batch.flush(check.on_reject)  # the rows before it are reported first
@@ -111,18 +108,14 @@ def validate_jsonl(stream: BinaryIO, options: JobOptions, *, count_tokens: Count
                 check.chunk(number, chunk)
                 continue
             plan = job.count_plan(prepared.texts)
-            waiting = _Counting(number, chunk, prepared, plan, counter.submit(plan.encode)
-                                if counter is not None else plan.encode())
+            check.waiting = _Counting(number, chunk, prepared, plan,
+                                      counter.submit(plan.encode) if counter is not None
+                                      else plan.encode())
             if counter is None:
-                settling, waiting = waiting, None
-                check.settle(settling)
-        if waiting is not None:
-            settling, waiting = waiting, None
-            check.settle(settling)
+                check.settle_waiting()
+        check.settle_waiting()
     except RowRejected:  # chunks_bounded's over-long line: an earlier row's failure first
-        if waiting is not None:
-            settling, waiting = waiting, None
-            check.settle(settling)
+        check.settle_waiting()
         check.batch.flush(check.on_reject)
         raise
     finally:
@@ -156,6 +149,8 @@ class _LineCheck:
         self.batch = CountBatch(job, self.tally)
         self.ids = IdSet()
         self.blank_since: int | None = None
+        # A fast-lane block whose count is running while the next block is prepared.
+        self.waiting: _Counting | None = None
         self.on_reject = None if errors is None else self._recorded
 
     def _recorded(self, rejected: RowRejected, where: object) -> None:
@@ -164,9 +159,13 @@ class _LineCheck:
         self.errors.add(RowError(rejected.message, line=number,
                                  custom_id=_custom_id(request)))
 
-    def settle(self, counting: _Counting) -> None:
-        """A fast-lane block once counted: its sums, or (a row does not fit, an id was
-        seen) its lines one by one."""
+    def settle_waiting(self) -> None:
+        """The fast-lane block being counted, once counted: its sums, or (a row does not
+        fit, an id was seen) its lines one by one. Taken off `waiting` first, so a
+        rejection raised here never settles it twice."""
+        counting, self.waiting = self.waiting, None
+        if counting is None:
+            return
         encoded = counting.encoded
         block = counting.prepared.cost(counting.plan.finish(
             encoded.result() if isinstance(encoded, Future) else encoded))
