@@ -98,7 +98,7 @@ def _json(response: requests.Response) -> Any:
 
 def _retryable(response: requests.Response) -> bool:
     """A 502/503/504, or the 409 with Retry-After that a repeat of a POST still in flight
-    gets (anex.api.idempotency): the reference's own 409s carry no Retry-After."""
+    gets (jobs.idempotency): the reference's own 409s carry no Retry-After."""
     return response.status_code in RETRY_STATUSES or (
         response.status_code == 409 and "Retry-After" in response.headers)
 

@@ -48,7 +48,7 @@ def _render(path: Path, mtime_ns: int) -> DocPage:
 
 
 # Pages generated from data rather than written: slug -> a function returning Markdown.
-GENERATED_PAGES = {"pricing": "billing.pricing.pricing_markdown"}
+GENERATED_PAGES = {"pricing": "anex.docs.pricing_markdown"}
 
 
 @lru_cache(maxsize=16)
@@ -106,3 +106,46 @@ def docs_page(request: HttpRequest, slug: str = "index", suffix: str = "") -> Ht
     if suffix == ".md" or wants_markdown(request.headers.get("Accept", "")):
         return HttpResponse(page.source, content_type=f"{MARKDOWN_TYPE}; charset=utf-8")
     return render(request, "docs/page.html", {"page": page, "pages": doc_pages()})
+
+
+def pricing_markdown() -> str:
+    """The /docs/pricing page, generated from the catalog so it can never drift from it."""
+    from inference.catalog import catalog
+    from inference.kinds import kind_for, kinds_all
+
+    models = list(catalog().values())
+    lines = [
+        "# Pricing",
+        "",
+        "Prices are in US dollars. 1 credit = 1 US cent. Per-token prices are exact decimals;",
+        "a job's charge is its exact cost rounded up to a whole credit, at least 1 credit when",
+        "it did any work, and at least the model's minimum job price (the cost of the machine",
+        "start a small job forces - never added on top of a job whose token price clears it).",
+        "A job that consumed nothing is not charged. Approval holds the estimate",
+        "(`est_cost_cents`); the final charge settles against that hold and never exceeds it,",
+        "and the rest is released - on done, failed and cancelled jobs alike.",
+        "",
+    ]
+    # Each kind of model prices its own rows: one section each, in the kinds' order.
+    for kind in kinds_all():
+        lines += kind.pricing_section([m for m in models if kind_for(m) is kind])
+        lines.append("")
+    ceilings = [
+        f"{_duration(m.media.audio_max_seconds)} of audio on `{m.id}`"
+        for m in models if m.media.audio_max_seconds
+    ]
+    lines += [
+        "## Audio and video durations",
+        "",
+        "Declare `duration_seconds` on a clip and it is checked and billed at exactly that",
+        "length. Undeclared, a clip whose container states its length is read exactly, one we",
+        "can size is estimated from its bytes at a conservative bitrate, and a hosted clip we",
+        "cannot size is billed at the model's full duration ceiling: "
+        + ", ".join(ceilings) + ".",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _duration(seconds: int) -> str:
+    return f"{seconds // 60} minutes" if seconds >= 60 and seconds % 60 == 0 else f"{seconds} s"

@@ -33,7 +33,7 @@ SCHEDULE = (
     Periodic("jobs.tasks.results_purge_expired_task", 600),
     # Realtime usage into the ledger, in whole credits (realtime.services).
     Periodic("realtime.tasks.realtime_charges_settle_task", 30),
-    # Idempotency-Key records past their 24 hours (anex.api.idempotency).
+    # Idempotency-Key records past their 24 hours (jobs.idempotency).
     Periodic("jobs.tasks.idempotency_records_purge_task", 600),
     # Preflight checks whose read was lost are failed, never left checking.
     Periodic("jobs.tasks.checks_settle_stale_task", 600),

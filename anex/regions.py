@@ -6,15 +6,29 @@ kept in the other region is refused with 421 naming the API to use.
 
 from __future__ import annotations
 
+from typing import Protocol
 from urllib.parse import urlsplit
 
 from django.conf import settings
+from django.db import models
 from django.http import HttpRequest
 from django.http.request import split_domain_port
 
 from anex.api.errors import ApiError
-from console.constants import Region
-from console.models import Organization
+
+
+class Region(models.TextChoices):
+    """Where an object's data is stored and processed (docs/decisions.md, "Data residency")."""
+
+    WORLD = "world", "World"
+    EU = "eu", "EU (EEA)"
+
+
+class Residing(Protocol):
+    """What residency reads of an organization (console.models.Organization)."""
+
+    eu_data_routing: bool
+
 
 EU_ROUTING_DISABLED_DETAIL = (
     "EU data routing is not enabled for this organization. Contact us to enable it."
@@ -32,7 +46,7 @@ def request_region(request: HttpRequest) -> Region:
     return Region.WORLD
 
 
-def residency_resolve(*, organization: Organization, requested: str | None) -> Region:
+def residency_resolve(*, organization: Residing, requested: str | None) -> Region:
     """The region a new input or job lives in: the request's choice, else the org default.
 
     Asking for "eu" without EU data routing is the reference's 403.

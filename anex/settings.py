@@ -302,8 +302,8 @@ SPECTACULAR_SETTINGS = {
     # Named region enums: the models' choices carry labels and the request serializers'
     # plain values, two enums that check --deploy otherwise warns collide on one name.
     "ENUM_NAME_OVERRIDES": {
-        "DataResidencyEnum": "console.constants.Region",
-        "DataResidencyRequestEnum": "console.constants.Region.values",
+        "DataResidencyEnum": "anex.regions.Region",
+        "DataResidencyRequestEnum": "anex.regions.Region.values",
     },
 }
 

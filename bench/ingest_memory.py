@@ -52,9 +52,9 @@ import os, resource, sys, django
 os.environ["DJANGO_SETTINGS_MODULE"] = "anex.settings"
 django.setup()
 from console.actors import Actor
-from console.constants import Region
+from anex.regions import Region
 from console.services import organization_create
-from jobs.constants import InputFormat
+from inference.constants import InputFormat
 from jobs.services.inputs import input_copy, input_ingest_create
 from jobs.storage import storage_for
 mode, url = sys.argv[1], sys.argv[2]

@@ -80,7 +80,7 @@ def run_batch_seconds(checkpoint: Path, source: Path, context: int) -> float:
 
 def _feed(model_id: str) -> Any:
     """The engine feed a model's chunks go through (None for an embedding engine)."""
-    from inference.engines import engine_for
+    from inference.kinds import engine_for
 
     return getattr(engine_for(model_id), "feed", None)
 
@@ -117,8 +117,8 @@ class Bench:
                       actor=self.actor)
 
     def input_of(self, source: Path) -> Any:
-        from console.constants import Region
-        from jobs.constants import InputFormat
+        from anex.regions import Region
+        from inference.constants import InputFormat
         from jobs.services.inputs import input_refresh, input_upload_create
         from jobs.storage import storage_for
 
@@ -190,7 +190,7 @@ class Bench:
 
     def submit_to_cost_ready(self, source: Path, rows: int) -> float:
         """submit -> cost_ready of an embedding job (every row checked and counted)."""
-        from console.constants import Region
+        from anex.regions import Region
         from jobs.constants import JobStatus
         from jobs.models import Job
         from jobs.services.submission import JobRequest, job_submit
@@ -211,7 +211,7 @@ def chat_bench(bench: Bench, rows: int, tokens: int, rounds: int,
     from vllm import SamplingParams
 
     from inference.catalog import model_get
-    from inference.engines import engine_for
+    from inference.kinds import engine_for
 
     model = model_get(CHAT_MODEL)
     assert model is not None
@@ -278,7 +278,7 @@ def cost_ready_seconds(bench: Bench, rows: int) -> float:
 def embed_bench(bench: Bench, rows: int, rounds: int) -> dict[str, Any]:
     from vllm.pooling_params import PoolingParams
 
-    from inference.engines import engine_for
+    from inference.kinds import engine_for
 
     engine = engine_for(EMBED_MODEL)
     llm = engine.llm  # type: ignore[union-attr]

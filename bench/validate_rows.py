@@ -73,8 +73,9 @@ def child(side: str, path: Path) -> None:
     import orjson
 
     from inference.catalog import model_get
+    from inference.rows.core import JobOptions
     from inference.tokens import checkpoint_tokens
-    from jobs.validation import JobOptions, validate_jsonl
+    from jobs.validation import validate_jsonl
 
     model = model_get(MODEL)
     assert model is not None

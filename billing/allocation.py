@@ -1,7 +1,7 @@
 """A job's charge spread over its rows: each result row says what it cost, and the rows'
 costs add up to the charge exactly (docs/decisions.md, "Per-row cost").
 
-The job is priced once, at the end (billing.pricing.price: its exact cost rounded up to a
+The job is priced once, at the end (inference.pricing.price: its exact cost rounded up to a
 whole credit, floored at 1 credit and at the model's minimum job price). Each row's share
 is that charge in proportion to the row's own exact price, cut to SHARE_PLACES decimals by
 cumulative rounding: row i's share is floor(C x W_i / W) - floor(C x W_(i-1) / W), where

@@ -4,8 +4,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from anex.tenancy import OrgScopedQuerySet
 from billing.constants import EntryKind
+from console.tenancy import OrgScopedQuerySet
 
 
 class LedgerEntry(models.Model):

@@ -6,13 +6,6 @@ class Role(models.TextChoices):
     MEMBER = "member", "Member"
 
 
-class Region(models.TextChoices):
-    """Where an object's data is stored and processed (docs/decisions.md, "Data residency")."""
-
-    WORLD = "world", "World"
-    EU = "eu", "EU (EEA)"
-
-
 class AuditAction(models.TextChoices):
     ORGANIZATION_CREATED = "organization.created"
     ORGANIZATION_UPDATED = "organization.updated"

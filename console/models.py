@@ -6,9 +6,9 @@ from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
 
-from anex.tenancy import OrgScopedQuerySet
 from console.constants import Role
 from console.keys import key_display
+from console.tenancy import OrgScopedQuerySet
 
 
 class Organization(models.Model):

@@ -14,11 +14,11 @@ from django.utils import timezone
 
 from anex.api.errors import ApiError
 from anex.crypto import secret_decrypt
-from anex.tenancy import scoped_get
 from billing.constants import EntryKind
 from billing.models import LedgerEntry
 from console.keys import key_parse, secret_matches
 from console.models import ApiKey, AuditEvent, Invitation, Membership, Organization
+from console.tenancy import scoped_get
 from inference.catalog import CatalogModel, catalog, local_models
 from jobs.constants import JobStatus
 from jobs.models import Job, WebhookDelivery

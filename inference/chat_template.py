@@ -218,7 +218,7 @@ def _reraise_interrupt(error: BaseException) -> None:
         raise error
 
 
-# -- the probe corpus: what a row may carry (jobs.validation.chat), in every role --------------
+# -- the probe corpus: what a row may carry (inference.rows.chat), in every role --------------
 
 _PROBE_TEXTS = (
     "Say hello in French.",

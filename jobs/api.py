@@ -13,10 +13,10 @@ from rest_framework.views import APIView
 
 from anex.api.authentication import request_actor, request_organization
 from anex.api.errors import ApiError
-from anex.api.idempotency import IDEMPOTENCY_PARAMETER, IN_FLIGHT_DESCRIPTION, idempotent
 from anex.regions import region_require, request_region, residency_resolve
 from billing.services import credits_require_positive
-from jobs.constants import InputFormat
+from inference.constants import InputFormat
+from jobs.idempotency import IDEMPOTENCY_PARAMETER, IN_FLIGHT_DESCRIPTION, idempotent
 from jobs.models import Job
 from jobs.selectors import check_get, input_get, job_get, job_progress
 from jobs.serializers import (

@@ -1,5 +1,7 @@
 from django.db import models
 
+from inference.constants import RowOutcome
+
 
 class JobStatus(models.TextChoices):
     """The lifecycle (docs/decisions.md, "Job lifecycle")."""
@@ -73,11 +75,6 @@ class InputStatus(models.TextChoices):
     EXPIRED = "expired"
 
 
-class InputFormat(models.TextChoices):
-    JSONL = "jsonl"
-    PARQUET = "parquet"
-
-
 class DeliveryStatus(models.TextChoices):
     PENDING = "pending"
     DELIVERED = "delivered"
@@ -99,15 +96,6 @@ class ChunkStatus(models.TextChoices):
 
 
 CHUNK_SETTLED = frozenset({ChunkStatus.DONE, ChunkStatus.FAILED, ChunkStatus.SKIPPED})
-
-
-class RowOutcome(models.TextChoices):
-    """How one row ended, as the chunk results record it (and the job's counts sum)."""
-
-    SUCCESS = "success"
-    ERROR = "error"
-    TRUNCATED = "truncated"  # stopped on the output-token cap
-    FORMAT_ERROR = "format_error"  # could not satisfy its response_format
 
 
 class CheckStatus(models.TextChoices):

@@ -6,14 +6,14 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from anex.tenancy import OrgScopedQuerySet
-from console.constants import Region
+from anex.regions import Region
+from console.tenancy import OrgScopedQuerySet
+from inference.constants import InputFormat
 from jobs.constants import (
     CheckStatus,
     ChunkStatus,
     DeliveryStatus,
     FailureCode,
-    InputFormat,
     InputStatus,
     JobStatus,
     TaskType,
@@ -70,7 +70,7 @@ class Job(models.Model):
     est_input_tok = models.PositiveBigIntegerField(null=True, blank=True)
     est_output_tok = models.PositiveBigIntegerField(null=True, blank=True)
     est_processing_seconds = models.PositiveIntegerField(null=True, blank=True)
-    # The input usage the rows were counted to (billing.pricing.Usage, output excluded),
+    # The input usage the rows were counted to (inference.pricing.Usage, output excluded),
     # media kept apart, so the sampled estimate prices media at the media rates and adds
     # the per-item and per-minute charges (docs/decisions.md, "Credits and billing").
     est_usage = models.JSONField(null=True, blank=True)
@@ -255,7 +255,7 @@ class Chunk(models.Model):
     error_rows = models.PositiveIntegerField(default=0)
     format_error_rows = models.PositiveIntegerField(default=0)
     truncated_rows = models.PositiveIntegerField(default=0)
-    # What the chunk's billable rows consumed, as billing.pricing.Usage fields.
+    # What the chunk's billable rows consumed, as inference.pricing.Usage fields.
     usage = models.JSONField(default=dict, blank=True)
 
     class Meta:
@@ -270,7 +270,7 @@ class Chunk(models.Model):
 
 class IdempotencyRecord(models.Model):
     """The response a POST with an Idempotency-Key gave, kept 24 hours so that the same
-    key and body replay it (anex.api.idempotency). Written in the transaction that does
+    key and body replay it (jobs.idempotency). Written in the transaction that does
     the request's work, so a record exists only for work that was committed."""
 
     id = models.BigAutoField(primary_key=True)

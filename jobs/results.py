@@ -6,21 +6,18 @@ the JSONL envelope, a cost_credits decimal column in parquet."""
 
 from __future__ import annotations
 
-import json
 import tempfile
 from collections.abc import Iterator
 from decimal import Decimal, localcontext
 from typing import Any
 
-import orjson
-
 from billing.allocation import ALLOCATION_CONTEXT, SHARE_PLACES, ChargeAllocator, credits_text
-from billing.pricing import CENTS_PER_USD, usage_cost_usd
 from inference.catalog import CatalogModel, model_get
+from inference.constants import InputFormat, RowOutcome
 from inference.kinds import kind_named
-from jobs.constants import InputFormat, RowOutcome
+from inference.pricing import CENTS_PER_USD, usage_cost_usd, usage_from_json
+from jobs.jsonl import line_dumps, line_loads
 from jobs.models import Chunk, Job
-from jobs.services.metering import usage_from_json
 from jobs.storage import storage_for
 
 # The parquet error_type of a row that stopped on the output-token cap.
@@ -32,23 +29,6 @@ def _cost_type() -> Any:
     import pyarrow as pa
 
     return pa.decimal128(38, SHARE_PLACES)
-
-
-def line_loads(line: bytes | str) -> Any:
-    """One JSONL line read with orjson; what orjson will not read (an integer wider than 64
-    bits, which Python's json takes) falls back to the standard library."""
-    try:
-        return orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return json.loads(line)
-
-
-def line_dumps(value: Any) -> bytes:
-    """One JSONL line (newline included), compact, UTF-8, written with orjson."""
-    try:
-        return orjson.dumps(value, option=orjson.OPT_APPEND_NEWLINE)
-    except TypeError:  # an integer wider than 64 bits from a customer's body
-        return json.dumps(value, separators=(",", ":")).encode() + b"\n"
 
 
 def chunk_key(job: Job, index: int) -> str:

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from django.db.models import Q, Sum
 from django.utils import timezone
 
-from anex.tenancy import scoped_get
 from console.models import Organization
+from console.tenancy import scoped_get
 from jobs.constants import ChunkStatus, JobStatus
 from jobs.models import Chunk, Input, Job, PreflightCheck
 

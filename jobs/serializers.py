@@ -8,9 +8,10 @@ from typing import Any
 
 from rest_framework import serializers
 
-from console.constants import Region
+from anex.regions import Region
 from inference.catalog import model_get
-from jobs.constants import RERUN_OUTCOMES, CheckStatus, InputStatus, JobStatus, RowOutcome
+from inference.constants import RowOutcome
+from jobs.constants import RERUN_OUTCOMES, CheckStatus, InputStatus, JobStatus
 from jobs.models import Input, Job, PreflightCheck
 
 

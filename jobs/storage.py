@@ -38,8 +38,7 @@ from django.core import signing
 from django.utils import timezone
 from storages.backends.s3 import S3Storage
 
-from anex.regions import region_origin
-from console.constants import Region
+from anex.regions import Region, region_origin
 
 UPLOAD_SALT = "anex.storage.upload"
 DOWNLOAD_SALT = "anex.storage.download"

@@ -24,7 +24,7 @@ from django.views.decorators.http import require_GET, require_POST
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from anex.api.throttling import client_address, window_hit
-from console.constants import Region
+from anex.regions import Region
 from jobs.services.inputs import input_accepts_upload
 from jobs.storage import (
     DOWNLOAD_SALT,

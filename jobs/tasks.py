@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dramatiq
 
-from anex.api.idempotency import idempotency_records_purge
+from jobs.idempotency import idempotency_records_purge
 from jobs.services.checks import check_run, checks_settle_stale
 from jobs.services.data import results_purge_expired
 from jobs.services.estimation import job_estimate

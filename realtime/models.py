@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
-from anex.tenancy import OrgScopedQuerySet
+from console.tenancy import OrgScopedQuerySet
 from realtime.constants import SWITCH_ID, Endpoint
 
 

@@ -30,22 +30,21 @@ from django.db.models import Max, Sum
 from django.utils import timezone
 
 from anex.api.errors import ApiError
-from anex.regions import EU_ROUTING_DISABLED_DETAIL, region_check
+from anex.regions import EU_ROUTING_DISABLED_DETAIL, Region, region_check
 from anex.requestid import current_request_id
-from billing.pricing import CENTS_PER_USD, MILLION
 from billing.services import (
     credits_available,
     key_spend_cents,
     organization_lock,
     realtime_charge_write,
 )
-from console.constants import Region
 from console.models import ApiKey
 from inference.catalog import CatalogModel
 from inference.engines import DecisionOutcome
 from inference.kinds import RequestRefused
 from inference.kinds.decide import DecideKind, answer_body
 from inference.kinds.embed import EmbedKind, embeddings_body
+from inference.pricing import CENTS_PER_USD, MILLION
 from realtime.checks import encoding_format_check, realtime_model_require
 from realtime.concurrency import concurrency_slot
 from realtime.constants import SWITCH_ID, Endpoint

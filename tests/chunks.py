@@ -10,11 +10,11 @@ from typing import Any
 
 from django.utils import timezone
 
-from billing.pricing import Usage
-from jobs.constants import ChunkStatus, RowOutcome
+from inference.constants import RowOutcome
+from inference.pricing import Usage, usage_from_json, usage_json
+from jobs.constants import ChunkStatus
 from jobs.models import Chunk, Job
 from jobs.results import chunk_key
-from jobs.services.metering import usage_from_json, usage_json
 from jobs.storage import storage_for
 
 

@@ -9,11 +9,13 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import User
 
+from anex.regions import Region
 from console.actors import Actor
-from console.constants import Region, Role
+from console.constants import Role
 from console.models import ApiKey, Organization
 from console.services import api_key_create, membership_add, organization_create
-from jobs.constants import InputFormat, JobStatus
+from inference.constants import InputFormat
+from jobs.constants import JobStatus
 from jobs.models import Input, Job
 from jobs.services.inputs import input_refresh, input_upload_create
 from jobs.storage import storage_for

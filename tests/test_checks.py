@@ -22,6 +22,7 @@ from billing.models import LedgerEntry
 from billing.services import credits_summary
 from console.models import Organization
 from inference.catalog import model_get
+from inference.rows.core import JobOptions, RowRejected
 from jobs.constants import CheckStatus, JobStatus
 from jobs.models import Job, PreflightCheck
 from jobs.services.checks import (
@@ -32,7 +33,7 @@ from jobs.services.checks import (
 )
 from jobs.services.estimation import job_estimate
 from jobs.services.submission import APPROVAL_QUEUE_LIMIT
-from jobs.validation import JobOptions, RowErrors, RowRejected, validate_jsonl
+from jobs.validation import RowErrors, validate_jsonl
 from tests.factories import api_key_make, input_ready, job_make, organization_make
 from tests.workers import running_worker
 
@@ -170,9 +171,9 @@ def test_blank_and_overlong_lines_are_reported_and_the_read_goes_on(
     model = model_get("gemma4-12b")
     assert model is not None
     errors = RowErrors(1000)
-    from jobs.validation.core import JobContext
+    from jobs.validation.core import FileContext
 
-    limit = JobContext(JobOptions(model=model), len, None).line_max_bytes
+    limit = FileContext(JobOptions(model=model), len, None).line_max_bytes
     huge = b'{"custom_id": "big", "pad": "' + b"x" * (limit + 10) + b'"}\n'
     content = chat_row("a") + b"\n" + chat_row("b") + huge + chat_row("c", [{"type": "x"}])
     report = validate_jsonl(io.BytesIO(content), JobOptions(model=model), count_tokens=len,

@@ -28,11 +28,10 @@ from inference.engines import (
     DecisionEngine,
     EmbeddingEngine,
     EngineNotConfigured,
-    engine_for,
 )
 from inference.engines.chat import BUDGET_NOTICE
 from inference.engines.runtime import llm_load
-from inference.kinds import kind_for
+from inference.kinds import engine_for, kind_for
 from inference.kinds.chat import ChatKind
 from inference.kinds.embed import EmbedKind
 from inference.tokens import token_counter

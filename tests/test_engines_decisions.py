@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from inference.engines import DecisionEngine, DecisionOutcome, DecisionRow
-from inference.engines.decisions import question_text
+from inference.rows.decisions import question_text
 
 # The reference's worked example ("Decision jobs", "Realtime decisions").
 STATE = {"body": "We were billed twice for March. Please refund it today."}
@@ -82,7 +82,7 @@ def test_every_question_type_is_answered_in_the_reference_shape(
 def test_input_tokens_follow_the_billing_rule_the_estimate_counts(
         decision_engine: DecisionEngine) -> None:
     # The reference: for each question, the text plus that question's instructions and
-    # option texts. The estimator (jobs/validation/decisions.py) counts the same words.
+    # option texts. The estimator (inference/rows/decisions.py) counts the same words.
     rows = [DecisionRow(state=STATE, questions=QUESTIONS),
             DecisionRow(state="a short text", questions={"q": QUESTIONS["urgent"]})]
     outcomes = decision_engine.decide(rows)

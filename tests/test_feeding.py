@@ -22,14 +22,15 @@ from pytest_django import Settings
 from console.models import Organization
 from inference.catalog import model_get
 from inference.engines import ChatEngine, ChatOutcome, ChatRow, ChatSettings
+from inference.rows.chat import template_kwargs
+from inference.rows.core import JobOptions
 from inference.tokens import checkpoint_tokens
 from jobs.constants import ChunkStatus, JobStatus
 from jobs.models import Chunk, Job
 from jobs.results import chunk_key
 from jobs.services.running import chunk_run, job_start
 from jobs.storage import storage_for
-from jobs.validation import JobOptions, validate_jsonl
-from jobs.validation.chat import template_kwargs
+from jobs.validation import validate_jsonl
 from tests.factories import input_ready, organization_make
 
 pytest_plugins = ["tests.engine_fixtures"]

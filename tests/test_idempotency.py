@@ -18,13 +18,6 @@ from pytest_django import Settings
 from rest_framework.test import APIClient
 
 from anex.api import idempotency
-from anex.api.idempotency import (
-    BAD_KEY_DETAIL,
-    IN_FLIGHT_DETAIL,
-    MISMATCH_DETAIL,
-    fingerprint_of,
-    idempotency_records_purge,
-)
 from anex.crypto import secret_decrypt, secret_encrypt
 from anex.periodic import SCHEDULE
 from billing.constants import EntryKind
@@ -32,6 +25,13 @@ from billing.models import LedgerEntry
 from billing.services import credits_grant, credits_summary
 from console.models import Organization
 from jobs.constants import JobStatus
+from jobs.idempotency import (
+    BAD_KEY_DETAIL,
+    IN_FLIGHT_DETAIL,
+    MISMATCH_DETAIL,
+    fingerprint_of,
+    idempotency_records_purge,
+)
 from jobs.models import IdempotencyRecord, Input, Job
 from tests.factories import SYSTEM, api_key_make, input_ready, job_make, organization_make
 from tests.test_races import THREADS, race

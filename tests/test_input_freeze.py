@@ -22,15 +22,14 @@ import requests
 from pytest_django import Settings
 from rest_framework.test import APIClient
 
-from billing.pricing import Usage
 from billing.services import credits_summary
 from console.models import Organization
+from inference.pricing import Usage, usage_json
 from jobs.constants import ChunkStatus, FailureCode, JobStatus
 from jobs.models import Chunk, Input, Job
 from jobs.results import chunk_key
 from jobs.services.estimation import job_estimate
 from jobs.services.inputs import INPUT_CHANGED
-from jobs.services.metering import usage_json
 from jobs.services.rows import rows_read
 from jobs.services.running import HOLD_REACHED, chunk_run, hold_reached, job_start
 from jobs.storage import StorageChanged, storage_for

@@ -18,16 +18,16 @@ from pytest_django import Settings
 from rest_framework.test import APIClient
 from tokenizers import Tokenizer
 
-from billing.pricing import Usage, price
 from billing.services import credits_summary
 from console.models import Organization
 from inference.catalog import model_get
+from inference.pricing import Usage, price
+from inference.rows.embeddings import MEDIA_ROW_PREFIX, MEDIA_ROW_SUFFIX
 from jobs.constants import JobStatus
 from jobs.models import Job
 from jobs.services.estimation import CANNOT_PRICE, job_estimate
 from jobs.services.lifecycle import job_finish
 from jobs.services.recovery import ESTIMATE, SUBMITTED, lease_recover
-from jobs.validation.embeddings import MEDIA_ROW_PREFIX, MEDIA_ROW_SUFFIX
 from tests.factories import input_ready, organization_make
 from tests.test_jobs_submit import uploaded
 from tests.workers import running_worker

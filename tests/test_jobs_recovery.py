@@ -14,13 +14,13 @@ from rest_framework.test import APIClient
 
 from billing.services import credits_summary
 from console.models import Organization
+from inference.constants import RowOutcome
 from jobs.constants import (
     AWAITING_APPROVAL_STATUSES,
     TERMINAL_STATUSES,
     ChunkStatus,
     InputStatus,
     JobStatus,
-    RowOutcome,
 )
 from jobs.models import Chunk, Input, Job, WebhookDelivery
 from jobs.services.estimation import job_estimate

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from inference.catalog import TASKS, catalog_all
+from inference.constants import RowOutcome
 from inference.engines import DecisionRow, EmbedRow, RowError
-from inference.engines.decisions import question_text, state_text
 from inference.kinds import RequestRefused, ServedRow, kind_for, kind_named, kinds_all
 from inference.kinds.decide import DecideKind, DecisionRequest
 from inference.kinds.embed import (
@@ -21,8 +21,8 @@ from inference.kinds.embed import (
     REALTIME_MAX_TOTAL_CHARS,
     EmbedKind,
 )
+from inference.rows.decisions import question_text, state_text
 from inference.tokens import token_counter
-from jobs.constants import RowOutcome
 from tests.test_validation_support import model
 
 REPO = Path(__file__).resolve().parent.parent

@@ -16,16 +16,15 @@ from pytest_django import Settings
 from rest_framework.test import APIClient
 
 from billing.models import LedgerEntry
-from billing.pricing import Usage, price
 from billing.services import Credits, credits_summary
 from console.models import Organization
 from inference.catalog import model_get
 from inference.engines import ChatOutcome, ChatRow, ChatSettings, EmbedOutcome, EmbedRow
+from inference.kinds.base import InputRow
+from inference.pricing import Usage, price, usage_from_json
 from jobs.constants import JobStatus
 from jobs.models import Chunk, Job
 from jobs.services.estimation import job_estimate
-from jobs.services.metering import usage_from_json
-from jobs.services.rows import InputRow
 from jobs.services.running import chunk_run, execute, job_start
 from jobs.services.sampling import SampleResult, job_sample
 from tests.factories import input_ready
@@ -112,8 +111,8 @@ def test_a_media_job_is_charged_its_surcharges_and_the_charge_is_the_estimate(
     # when: it is approved and its rows run
     before = credits_summary(organization=organization)
     assert api.post(f"{JOBS}/{job.pk}/approve").status_code == 200
-    monkeypatch.setattr("inference.engines.engine_for",
-                        lambda model_id: FakeChat((job.est_input_tok or 0) // ROWS))
+    monkeypatch.setattr("inference.kinds.engines.engine_cached",
+                        lambda model_id, kind: FakeChat((job.est_input_tok or 0) // ROWS))
     finished = run(job, monkeypatch)
     # then: the charge is the estimate, media and surcharges included
     assert (finished.status, finished.success_rows) == (JobStatus.DONE, ROWS)
@@ -165,8 +164,8 @@ def test_a_sampled_media_job_prices_media_at_the_media_rate_with_its_surcharges(
     # and the run is charged exactly that
     before = credits_summary(organization=organization)
     assert api.post(f"{JOBS}/{job.pk}/approve").status_code == 200
-    monkeypatch.setattr("inference.engines.engine_for",
-                        lambda model_id: FakeChat((job.est_input_tok or 0) // ROWS))
+    monkeypatch.setattr("inference.kinds.engines.engine_cached",
+                        lambda model_id, kind: FakeChat((job.est_input_tok or 0) // ROWS))
     finished = run(job, monkeypatch)
     assert finished.cost_cents == job.est_cost_cents
     assert credits_summary(organization=organization) == Credits(
@@ -181,7 +180,8 @@ class FakeEmbed:
 
 def test_an_embedding_row_with_media_is_billed_at_the_media_row_rate_with_per_item_charges(
         organization: Organization, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("inference.engines.engine_for", lambda model_id: FakeEmbed())
+    monkeypatch.setattr("inference.kinds.engines.engine_cached",
+                        lambda model_id, kind: FakeEmbed())
     job = Job.objects.create(organization=organization, model="qwen3-vl-embedding-8b",
                              task_type="embed", status=JobStatus.IN_PROGRESS)
     video = {"type": "video_url", "video_url": {"url": "https://example.com/c.mp4",

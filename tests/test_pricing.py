@@ -7,8 +7,8 @@ from decimal import Decimal
 import pytest
 from django.test import Client
 
-from billing.pricing import Usage, clip_seconds_billed, price, usage_cost_usd
 from inference.catalog import catalog, model_get
+from inference.pricing import Usage, clip_seconds_billed, price, usage_cost_usd
 
 M = 1_000_000
 REFERENCE_MODELS = {"qwen3.8-27b", "nemotron-3-nano-omni-30b", "gemma4-12b",

@@ -14,12 +14,13 @@ from django.core.management import call_command
 from django.test import Client
 from pytest_django import Settings
 
-from billing.pricing import Usage
 from console.constants import AuditAction, Role
 from console.models import AuditEvent, Organization
 from console.selectors import organization_webhook_secret
 from console.services import organization_webhook_set
-from jobs.constants import JobStatus, RowOutcome
+from inference.constants import RowOutcome
+from inference.pricing import Usage
+from jobs.constants import JobStatus
 from jobs.models import Chunk, Job, WebhookDelivery
 from jobs.services.lifecycle import job_approve
 from jobs.services.progress import job_progress_notify

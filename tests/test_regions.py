@@ -6,8 +6,7 @@ import pytest
 from django.test import RequestFactory
 
 from anex.api.errors import ApiError
-from anex.regions import region_origin, request_region, residency_resolve
-from console.constants import Region
+from anex.regions import Region, region_origin, request_region, residency_resolve
 from tests.factories import organization_make
 
 pytestmark = pytest.mark.django_db

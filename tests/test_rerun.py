@@ -17,9 +17,10 @@ from pytest_django import Settings
 from rest_framework.test import APIClient
 
 from billing.models import LedgerEntry
-from billing.pricing import Usage
 from console.models import Organization
-from jobs.constants import JobStatus, RowOutcome
+from inference.constants import RowOutcome
+from inference.pricing import Usage
+from jobs.constants import JobStatus
 from jobs.models import Chunk, Job
 from jobs.services.estimation import job_estimate
 from jobs.services.lifecycle import job_approve

@@ -17,10 +17,11 @@ from pytest_django import Settings
 
 from billing.allocation import ChargeAllocator, credits_text
 from billing.models import LedgerEntry
-from billing.pricing import Usage, price, usage_cost_usd
 from console.models import Organization
 from inference.catalog import model_get
-from jobs.constants import ChunkStatus, JobStatus, RowOutcome
+from inference.constants import RowOutcome
+from inference.pricing import Usage, price, usage_cost_usd
+from jobs.constants import ChunkStatus, JobStatus
 from jobs.models import Chunk, Job
 from jobs.services.lifecycle import job_approve
 from jobs.services.running import chunk_run, job_finalize, job_start, job_usage

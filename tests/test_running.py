@@ -15,15 +15,15 @@ from django.utils import timezone
 from pytest_django import Settings
 from rest_framework.test import APIClient
 
-from billing.pricing import Usage
 from billing.services import credits_summary
 from console.models import Organization
-from jobs.constants import ChunkStatus, JobStatus, RowOutcome
+from inference.constants import RowOutcome
+from inference.pricing import Usage, usage_from_json, usage_json
+from jobs.constants import ChunkStatus, JobStatus
 from jobs.models import Chunk, Job
 from jobs.results import chunk_key
 from jobs.services.data import results_purge_expired
 from jobs.services.lifecycle import job_approve
-from jobs.services.metering import usage_from_json, usage_json
 from jobs.services.recovery import CHUNK, lease_recover
 from jobs.services.running import (
     chunks_plan,
@@ -298,7 +298,7 @@ def test_chunk_usage_round_trips_and_old_media_row_keys_still_settle(
         organization: Organization) -> None:
     from decimal import Decimal
 
-    from billing.pricing import Usage
+    from inference.pricing import Usage
 
     usage = Usage(input_tokens=5, media_row_tokens=7, images=2, media_seconds=Decimal("1.5"))
     assert usage_from_json(usage_json(usage)) == usage

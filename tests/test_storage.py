@@ -15,8 +15,8 @@ from moto.server import ThreadedMotoServer
 from pytest_django import Settings
 from rest_framework.test import APIClient
 
-from console.constants import Region
-from jobs.constants import InputFormat
+from anex.regions import Region
+from inference.constants import InputFormat
 from jobs.models import Input
 from jobs.services.inputs import input_copy, input_upload_create
 from jobs.storage import RegionStorage, StorageTooLarge, storage_for

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from billing.pricing import Usage
+from inference.pricing import Usage
 from tests.test_validation_support import chat_line, check, refusal
 
 SCHEMA = {"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "object"}}}

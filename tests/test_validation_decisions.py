@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from billing.pricing import Usage, price
+from inference.pricing import Usage, price
 from tests.test_validation_support import check, decide_line, model, refusal
 
 QUESTION = {"type": "noul", "instructions": "Is it urgent?"}

@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 
-from billing.pricing import Usage, usage_cost_usd
+from inference.pricing import Usage, usage_cost_usd
 from tests.test_validation_media_files import data_uri, mp4_bytes, png_bytes
 from tests.test_validation_support import check, embed_line, model, refusal
 

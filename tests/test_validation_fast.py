@@ -1,4 +1,4 @@
-"""The JSONL checker's two lanes: the chat fast lane (jobs/validation/fast.py) takes a block of
+"""The JSONL checker's two lanes: the chat fast lane (inference/rows/fast.py) takes a block of
 plainly valid rows at once, and everything else is checked line by line. Held to one
 invariant: whatever the file, both lanes end in the same report, the same refusal, or (a
 preflight check) the same list of failing rows."""
@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 
 from inference.kinds.chat import ChatKind
+from inference.rows.core import InputRejected
+from inference.rows.fast import ChatFastRows
 from inference.tokens import checkpoint_tokens
-from jobs.validation import InputRejected, RowErrors, validate_jsonl
+from jobs.validation import RowErrors, validate_jsonl
 from jobs.validation import lines as lines_module
-from jobs.validation.fast import ChatFastRows
 from jobs.validation.ids import IdSet
 from jobs.validation.lines import chunks_bounded
 from tests.test_validation_support import chat_line, embed_line, options, words

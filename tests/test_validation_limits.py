@@ -19,15 +19,16 @@ from rest_framework.test import APIClient
 
 from console.models import Organization
 from inference.catalog import catalog_limits
+from inference.constants import InputFormat
 from inference.kinds.chat import chat_kwargs
-from jobs.constants import InputFormat, InputStatus, JobStatus
+from inference.rows.core import MAX_TOKEN_BYTES, TEXT_MAX_BYTES, InputRejected, line_max_bytes
+from inference.rows.durations import clip_header_read
+from jobs.constants import InputStatus, JobStatus
 from jobs.models import Input, Job
 from jobs.services import rows as rows_module
 from jobs.services.rows import input_parquet_path, parquet_cache_prune
 from jobs.storage import storage_for
-from jobs.validation import InputRejected, validate_jsonl, validate_parquet
-from jobs.validation.core import MAX_TOKEN_BYTES, TEXT_MAX_BYTES, line_max_bytes
-from jobs.validation.durations import clip_header_read
+from jobs.validation import validate_jsonl, validate_parquet
 from tests.factories import input_ready, job_make
 from tests.test_validation_media_files import data_uri, webm_bytes
 from tests.test_validation_support import (

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.validation import RowRejected, validate_jsonl
+from inference.rows.core import RowRejected
+from jobs.validation import validate_jsonl
 from jobs.validation.ids import DigestSet
 from tests.test_validation_support import (
     chat_line,

@@ -11,8 +11,8 @@ from decimal import Decimal
 
 import pytest
 
-from jobs.validation.durations import ClipHeader, clip_header_read, clip_seconds_estimated
-from jobs.validation.formats import (
+from inference.rows.durations import ClipHeader, clip_header_read, clip_seconds_estimated
+from inference.rows.formats import (
     format_from_extension,
     format_from_media_type,
     same_container,

@@ -11,8 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from billing.pricing import Usage
-from jobs.validation import InputRejected, validate_parquet
+from inference.pricing import Usage
+from inference.rows.core import InputRejected
+from jobs.validation import validate_parquet
 from jobs.validation.parquet import BATCH_ROWS
 from tests.test_validation_media_files import data_uri, png_bytes
 from tests.test_validation_support import options, words

@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobs.validation import FileReport, InputRejected
+from inference.rows.core import FileReport, InputRejected
 from tests.test_validation_media_files import data_uri, mp4_bytes, png_bytes, wav_bytes
 from tests.test_validation_support import check
 

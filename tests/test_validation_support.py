@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from inference.catalog import CatalogModel, model_get
-from jobs.validation import FileReport, InputRejected, JobOptions, validate_jsonl
+from inference.rows.core import FileReport, InputRejected, JobOptions
+from jobs.validation import validate_jsonl
 
 Probe = Callable[[str], str | None]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from billing.pricing import Usage, price
+from inference.pricing import Usage, price
 from tests.test_validation_support import chat_line, check, model, refusal
 
 

@@ -20,7 +20,8 @@ from billing.services import credits_require_positive
 from console.forms import JobSubmitForm
 from console.selectors import console_models, job_list, job_models_used, job_progress_shown
 from console.views.base import Console, console_page, fragment, page
-from jobs.constants import TERMINAL_STATUSES, FailureCode, InputFormat, JobStatus
+from inference.constants import InputFormat
+from jobs.constants import TERMINAL_STATUSES, FailureCode, JobStatus
 from jobs.models import Job
 from jobs.selectors import job_get
 from jobs.serializers import JobOut

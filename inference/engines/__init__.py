@@ -1,7 +1,7 @@
 """The inference engines: what a worker runs a chunk of rows through (docs/decisions.md,
 "Inference").
 
-    engine = engine_for(job.model)           # built once per process, then kept
+    engine = kind.engine(job.model)          # inference.kinds: built once per process
     outcomes = engine.generate(rows, settings)   # ChatEngine: list[ChatRow] -> ChatOutcome
     outcomes = engine.embed(rows)                # EmbeddingEngine: EmbedRow -> EmbedOutcome
     outcomes = engine.decide(rows)               # DecisionEngine: DecisionRow -> outcome
@@ -9,15 +9,15 @@
 One outcome per row, in row order; a row the model refuses carries its RowError and never
 fails the chunk. The job pipeline and the realtime API reach an engine through its model's
 task kind (inference.kinds: `kind.engine(model_id)`, typed to that kind's engine), which
-also builds it (`kind.engine_build`, called by engine_for). Only plain dataclasses cross
-this boundary: no vLLM type. vLLM itself is imported when the first engine is built, so
-importing this package stays cheap.
+also builds it (`kind.engine_build`, called by inference.kinds.engines.engine_for). Only
+plain dataclasses cross this boundary: no vLLM type. vLLM itself is imported when the
+first engine is built, so importing this package stays cheap.
 """
 
 from inference.engines.chat import ChatEngine
 from inference.engines.decisions import DecisionEngine
 from inference.engines.embeddings import EmbeddingEngine
-from inference.engines.registry import Engine, EngineNotConfigured, engine_for
+from inference.engines.registry import Engine, EngineNotConfigured
 from inference.engines.types import (
     ChatOutcome,
     ChatRow,
@@ -43,5 +43,4 @@ __all__ = [
     "Engine",
     "EngineNotConfigured",
     "RowError",
-    "engine_for",
 ]

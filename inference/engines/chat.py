@@ -37,8 +37,8 @@ from inference.engines.types import (
     RowError,
     RowRefused,
 )
+from inference.response_format import json_schema_satisfied, response_format_problem
 from inference.tokens import checkpoint_tokens
-from jobs.response_format import json_schema_satisfied, response_format_problem
 
 logger = logging.getLogger(__name__)
 
@@ -274,7 +274,7 @@ def _satisfies(content: str | None, response_format: dict[str, Any]) -> bool:
     grammar does not enforce, can still leave content that is not what was asked for.
 
     The schema is the customer's: it is evaluated without retrieving anything and with RE2
-    patterns (jobs.response_format), and whatever it raises makes this row a format error,
+    patterns (inference.response_format), and whatever it raises makes this row a format error,
     never the chunk's failure."""
     if content is None:
         return False

@@ -23,7 +23,7 @@ import json
 import math
 import string
 import unicodedata
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from tokenizers import Tokenizer
 from inference.engines.feed import EngineFeed
 from inference.engines.runtime import feed_of, llm_load
 from inference.engines.types import DecisionOutcome, DecisionRow, RowError, RowRefused
+from inference.rows.decisions import answer_described, question_text, state_text
 
 ENGLISH = "english"
 MULTILINGUAL = "multilingual"
@@ -230,8 +231,8 @@ class DecisionEngine:
                              f"{', '.join(repr(k) for k in strange)}.")
             if not all(isinstance(v, str) for v in criteria.values()):
                 raise refuse("is a noul: each of its criteria is a description (a string).")
-            options = [("true", _described("yes", criteria.get("true"))),
-                       ("false", _described("no", criteria.get("false")))]
+            options = [("true", answer_described("yes", criteria.get("true"))),
+                       ("false", answer_described("no", criteria.get("false")))]
         else:
             if not isinstance(criteria, list) or len(criteria) < 2 or not all(
                     isinstance(v, str) for v in criteria):
@@ -338,39 +339,6 @@ def _model_len(checkpoint: Path) -> int:
 
 
 # -- answers -------------------------------------------------------------------------------
-
-def state_text(state: object) -> str | None:
-    """The text a decision row (or realtime request) is read and billed as: a string as it
-    is, an object as its compact, unescaped JSON rendering (the reference: "an object
-    counts as its JSON rendering"); None for anything else. The validator measures this
-    against the state limit and counts it, the engine reads it."""
-    if isinstance(state, str):
-        return state
-    if isinstance(state, dict):
-        return json.dumps(state, ensure_ascii=False, separators=(",", ":"))
-    return None
-
-
-def _described(answer: str, description: object) -> str:
-    return f"{answer}: {description}" if isinstance(description, str) and description \
-        else answer
-
-
-def question_text(question: Mapping[str, object]) -> str:
-    """A question's own words, as a row's estimate counts them and its serving bills them:
-    the instructions, then each option as "key: description" (the key alone when it has
-    no description; a score level's description alone), one per line."""
-    pieces: list[str] = []
-    instructions = question.get("instructions")
-    if isinstance(instructions, str):
-        pieces.append(instructions)
-    criteria = question.get("criteria")
-    if isinstance(criteria, dict):
-        pieces += [f"{k}: {v}" if isinstance(v, str) else str(k) for k, v in criteria.items()]
-    elif isinstance(criteria, list):
-        pieces += [item for item in criteria if isinstance(item, str)]
-    return "\n".join(pieces)
-
 
 def _round(value: float) -> float:
     return round(value, 4)

@@ -14,6 +14,8 @@ from __future__ import annotations
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
+from inference.catalog import model_get
+from inference.engines.registry import Engine, EngineNotConfigured
 from inference.kinds.base import (
     GENERATION_FIELDS,
     ParquetReading,
@@ -22,6 +24,7 @@ from inference.kinds.base import (
     SubmitFields,
     TaskKind,
 )
+from inference.kinds.engines import engine_cached
 
 if TYPE_CHECKING:
     from inference.catalog import CatalogModel
@@ -56,6 +59,15 @@ def kind_for(model: CatalogModel) -> AnyKind:
     return kind_named(model.task)
 
 
+def engine_for(model_id: str) -> Engine:
+    """The process's engine for a served model id, whatever its kind (a kind's own
+    `engine` is typed to its engine); EngineNotConfigured when it is not served here."""
+    model = model_get(model_id)
+    if model is None:
+        raise EngineNotConfigured(f"model '{model_id}' is not in the catalog")
+    return engine_cached(model_id, kind_for(model))
+
+
 __all__ = [
     "GENERATION_FIELDS",
     "AnyKind",
@@ -64,6 +76,7 @@ __all__ = [
     "ServedRow",
     "SubmitFields",
     "TaskKind",
+    "engine_for",
     "kind_for",
     "kind_named",
     "kinds_all",

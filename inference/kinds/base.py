@@ -46,13 +46,16 @@ the rows of every request waiting (realtime_run) and answers each (realtime_repl
 
 from __future__ import annotations
 
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, cast
 
-from billing.pricing import Usage
-from jobs.constants import InputFormat, RowOutcome
+from inference.constants import InputFormat, RowOutcome
+from inference.engines.registry import EngineNotConfigured
+from inference.kinds import engines
+from inference.pricing import Usage
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -60,10 +63,8 @@ if TYPE_CHECKING:
     from inference.catalog import CatalogModel
     from inference.engines.registry import Engine
     from inference.engines.types import RowError
-    from jobs.models import Job
-    from jobs.services.metering import RowMeter
-    from jobs.services.rows import InputRow
-    from jobs.validation.core import FastRows, FileReport, JobContext, RowCost, RowRef
+    from inference.kinds.metering import RowMeter
+    from inference.rows.core import FastRows, FileReport, JobContext, RowCost, RowRef
 
 RequestT = TypeVar("RequestT")  # what the engine takes for one row: ChatRow, EmbedRow, ...
 OutcomeT = TypeVar("OutcomeT")  # what it answers for that row: ChatOutcome, EmbedOutcome, ...
@@ -72,6 +73,30 @@ EngineT = TypeVar("EngineT")  # what runs them, as the kind calls it: ChatRunner
 # The job-level fields that only make sense where text is generated (POST /jobs).
 GENERATION_FIELDS = ("max_output_tokens", "reasoning", "reasoning_budget", "reasoning_effort",
                      "response_format", "video_fps")
+
+
+class ServedJob(Protocol):
+    """What a kind reads of the job whose rows it serves (jobs.models.Job): its id and
+    model, and the job-level settings its rows fall back on."""
+
+    @property
+    def pk(self) -> uuid.UUID: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def max_output_tokens(self) -> int | None: ...
+    @property
+    def reasoning(self) -> bool | None: ...
+    @property
+    def reasoning_budget(self) -> int | None: ...
+    @property
+    def reasoning_effort(self) -> str: ...
+    @property
+    def response_format(self) -> dict[str, Any] | None: ...
+    @property
+    def dimensions(self) -> int | None: ...
+    @property
+    def video_fps(self) -> float | None: ...
 
 
 class SubmitFields(Protocol):
@@ -126,6 +151,15 @@ def row_error_json(error: RowError) -> dict[str, Any]:
     return {name: value for name, value in (
         ("type", error.type), ("message", error.message), ("code", error.code),
         ("param", error.param), ("status_code", error.status_code)) if value is not None}
+
+
+@dataclass(frozen=True)
+class InputRow:
+    """One row of a job's input as a chunk reads it (jobs.services.rows)."""
+
+    index: int
+    ident: str  # custom_id (JSONL), the id column, or the row_index (parquet)
+    body: dict[str, Any]  # the request body: messages/chat_template_kwargs/…, input, state…
 
 
 @dataclass(frozen=True)
@@ -187,6 +221,10 @@ class TaskKind(ABC, Generic[RequestT, OutcomeT, EngineT]):
     parquet: ClassVar[ParquetReading | None] = None  # None: JSONL input only
     # The processing-time estimate's conservative rate (a chat job's sample measures its own).
     tokens_per_second: ClassVar[int]
+    # What this kind calls an engine through (a runtime-checkable Protocol: EngineT), and
+    # how a refusal names an engine of that kind.
+    runner: ClassVar[type]
+    runner_noun: ClassVar[str]
 
     # -- submit -----------------------------------------------------------------------------
 
@@ -212,7 +250,7 @@ class TaskKind(ABC, Generic[RequestT, OutcomeT, EngineT]):
         RowRejected (naming the row) at its first violation."""
 
     def fast_rows(self, job: JobContext) -> FastRows | None:
-        """The JSONL checker's fast lane for this kind's rows (jobs/validation/fast.py), or
+        """The JSONL checker's fast lane for this kind's rows (inference/rows/fast.py), or
         None: every line is then checked one at a time by row_cost."""
         return None
 
@@ -239,25 +277,30 @@ class TaskKind(ABC, Generic[RequestT, OutcomeT, EngineT]):
     def engine_build(self, model: CatalogModel, checkpoint: Path) -> Engine:
         """The engine this model's checkpoint loads into (inference.engines.registry)."""
 
-    @abstractmethod
     def engine(self, model_id: str) -> EngineT:
-        """The process's engine for this model id (inference.engines.engine_for), as this
-        kind calls it; EngineNotConfigured when the id is not served by such an engine."""
+        """The process's engine for this model id (inference.kinds.engines), as this kind
+        calls it; EngineNotConfigured when the id is not served by such an engine."""
+        engine = engines.engine_cached(model_id, self)
+        if not isinstance(engine, self.runner):
+            raise EngineNotConfigured(f"model '{model_id}' is not served by {self.runner_noun}")
+        return cast(EngineT, engine)
 
     @abstractmethod
-    def engine_request(self, job: Job, body: dict[str, Any]) -> RequestT:
+    def engine_request(self, job: ServedJob, body: dict[str, Any]) -> RequestT:
         """The engine row one input row's body becomes under the job's settings."""
 
     @abstractmethod
-    def engine_run(self, job: Job, requests: list[RequestT]) -> list[OutcomeT]:
+    def engine_run(self, job: ServedJob, requests: list[RequestT]) -> list[OutcomeT]:
         """One call of the job's engine (`engine(job.model)`): one outcome per request, in
         order; a request the engine refuses fails alone (its outcome carries the error)."""
 
     @abstractmethod
-    def served(self, job: Job, row: InputRow, outcome: OutcomeT, meter: RowMeter) -> ServedRow:
+    def served(self, job: ServedJob, row: InputRow, outcome: OutcomeT,
+               meter: RowMeter) -> ServedRow:
         """The record one row's outcome becomes, and what it bills."""
 
-    def serve(self, job: Job, rows: Sequence[InputRow], meter: RowMeter) -> list[ServedRow]:
+    def serve(self, job: ServedJob, rows: Sequence[InputRow],
+              meter: RowMeter) -> list[ServedRow]:
         """A chunk's rows through the job's engine in one call."""
         outcomes = self.engine_run(job, [self.engine_request(job, row.body) for row in rows])
         return [self.served(job, row, outcome, meter)

@@ -1,7 +1,7 @@
 """Chat rows (/v1/chat/completions): generated text under the job's output cap, thinking
 and response_format, each row free to set its own thinking, effort and response_format.
 
-The row checks themselves are jobs.validation.chat (messages, content parts, media); this
+The row checks themselves are inference.rows.chat (messages, content parts, media); this
 kind says when they apply, and what a checked row becomes when it is served.
 """
 
@@ -12,24 +12,22 @@ import time
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
-from billing.pricing import Usage, usd
-from inference import engines
+from inference.constants import RowOutcome
 from inference.engines import ChatOutcome, ChatRow, ChatSettings
 from inference.engines.chat import ChatEngine
-from inference.kinds.base import ParquetReading, ServedRow, SubmitFields, TaskKind
-from jobs.constants import RowOutcome
-from jobs.validation.chat import chat_cost, chat_row, job_thinking, template_kwargs
-from jobs.validation.core import CHAT, InputRejected, JobContext, RowCost, RowRef
-from jobs.validation.fast import ChatFastRows
+from inference.kinds.base import ParquetReading, ServedJob, ServedRow, SubmitFields, TaskKind
+from inference.pricing import Usage, usd
+from inference.rows.chat import chat_cost, chat_row, job_thinking, template_kwargs
+from inference.rows.core import CHAT, InputRejected, JobContext, RowCost, RowRef
+from inference.rows.fast import ChatFastRows
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from inference.catalog import CatalogModel
-    from jobs.models import Job
-    from jobs.services.metering import RowMeter
-    from jobs.services.rows import InputRow
-    from jobs.validation.core import FileReport
+    from inference.kinds.base import InputRow
+    from inference.kinds.metering import RowMeter
+    from inference.rows.core import FileReport
 
 # Thinking needs room to close before the answer (the reference: "at least 64 below an
 # explicit max_output_tokens").
@@ -48,15 +46,15 @@ class ChatRunner(Protocol):
 
 # -- the engine request --------------------------------------------------------------------
 
-def chat_kwargs(job: Job, body: dict[str, Any]) -> dict[str, Any]:
+def chat_kwargs(job: ServedJob, body: dict[str, Any]) -> dict[str, Any]:
     """The row's chat_template_kwargs, the job's thinking setting and effort filling in
     only what the row leaves unsaid. Only the keys a row may set reach the template
-    (jobs.validation.chat.ROW_TEMPLATE_KWARGS): never a special token of its own."""
+    (inference.rows.chat.ROW_TEMPLATE_KWARGS): never a special token of its own."""
     return template_kwargs(body.get("chat_template_kwargs"), reasoning=job.reasoning,
                            effort=job.reasoning_effort or None)
 
 
-def row_response_format(job: Job, body: dict[str, Any]) -> dict[str, Any] | None:
+def row_response_format(job: ServedJob, body: dict[str, Any]) -> dict[str, Any] | None:
     """A row's own response_format replaces the job's whole (all or nothing)."""
     own = body.get("response_format")
     return own if own is not None else job.response_format
@@ -70,7 +68,7 @@ def _job_kwargs(job: JobContext) -> dict[str, object]:
 
 # -- the result body -----------------------------------------------------------------------
 
-def completion_body(job: Job, row: InputRow, *, content: str | None, reasoning: str | None,
+def completion_body(job: ServedJob, row: InputRow, *, content: str | None, reasoning: str | None,
                     finish_reason: str, prompt_tokens: int, completion_tokens: int,
                     reasoning_tokens: int) -> dict[str, Any]:
     """The chat completion object, as an OpenAI-compatible server returns it."""
@@ -129,6 +127,8 @@ class ChatParquet(ParquetReading):
 # -- the kind ------------------------------------------------------------------------------
 
 class ChatKind(TaskKind[ChatRow, ChatOutcome, ChatRunner]):
+    runner = ChatRunner
+    runner_noun = "a chat engine"
     task = "chat"
     endpoint = CHAT
     noun = "a chat model"
@@ -208,24 +208,18 @@ class ChatKind(TaskKind[ChatRow, ChatOutcome, ChatRunner]):
         return ChatEngine(model_id=model.id, checkpoint=checkpoint,
                           context_tokens=model.context_tokens, reasoning=model.reasoning)
 
-    def engine(self, model_id: str) -> ChatRunner:
-        engine = engines.engine_for(model_id)
-        if not isinstance(engine, ChatRunner):
-            raise engines.EngineNotConfigured(f"model '{model_id}' is not served by a chat "
-                                              "engine")
-        return engine
 
-    def engine_request(self, job: Job, body: dict[str, Any]) -> ChatRow:
+    def engine_request(self, job: ServedJob, body: dict[str, Any]) -> ChatRow:
         return ChatRow(messages=body.get("messages") or [],
                        chat_template_kwargs=chat_kwargs(job, body),
                        response_format=row_response_format(job, body))
 
-    def engine_run(self, job: Job, requests: list[ChatRow]) -> list[ChatOutcome]:
+    def engine_run(self, job: ServedJob, requests: list[ChatRow]) -> list[ChatOutcome]:
         return self.engine(job.model).generate(
             requests, ChatSettings(max_tokens=job.max_output_tokens or 1,
                                    reasoning_budget=job.reasoning_budget or None))
 
-    def served(self, job: Job, row: InputRow, outcome: ChatOutcome,
+    def served(self, job: ServedJob, row: InputRow, outcome: ChatOutcome,
                meter: RowMeter) -> ServedRow:
         if outcome.error is not None:
             return ServedRow.failed(outcome.error)

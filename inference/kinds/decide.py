@@ -2,7 +2,7 @@
 probability per option and no generated text; and the realtime API's decision requests,
 whose body is a decision row's plus the model.
 
-The row checks are jobs.validation.decisions; the text a row is read as and the words a
+The row checks are inference.rows.decisions; the text a row is read as and the words a
 question bills are inference.engines.decisions.state_text and question_text, the one
 rendering the estimate, the engine and the realtime API all count.
 """
@@ -13,39 +13,31 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from billing.pricing import Usage, usd
-from inference import engines
+from inference.constants import InputFormat, RowOutcome
 from inference.engines import DecisionOutcome, DecisionRow
 from inference.engines.decisions import DecisionEngine
 from inference.kinds.base import (
     GENERATION_FIELDS,
     RequestRefused,
+    ServedJob,
     ServedRow,
     SubmitFields,
     TaskKind,
     fields_refused,
     row_error_json,
 )
+from inference.pricing import Usage, usd
+from inference.rows.core import DECISIONS, JobContext, JobOptions, RowCost, RowRef, RowRejected
+from inference.rows.decisions import decision_row
 from inference.tokens import token_counter
-from jobs.constants import InputFormat, RowOutcome
-from jobs.validation.core import (
-    DECISIONS,
-    JobContext,
-    JobOptions,
-    RowCost,
-    RowRef,
-    RowRejected,
-)
-from jobs.validation.decisions import decision_row
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from inference.catalog import CatalogModel
     from inference.engines.registry import Engine
-    from jobs.models import Job
-    from jobs.services.metering import RowMeter
-    from jobs.services.rows import InputRow
+    from inference.kinds.base import InputRow
+    from inference.kinds.metering import RowMeter
 
 # The catalog's option budget when a decision model states none (the reference: 192).
 DEFAULT_OPTION_BUDGET = 192
@@ -88,6 +80,8 @@ def _uncounted(text: str) -> int:
 
 
 class DecideKind(TaskKind[DecisionRow, DecisionOutcome, DecisionRunner]):
+    runner = DecisionRunner
+    runner_noun = "a decision engine"
     task = "decide"
     endpoint = DECISIONS
     noun = "a decision model"
@@ -120,21 +114,15 @@ class DecideKind(TaskKind[DecisionRow, DecisionOutcome, DecisionRunner]):
                               or DEFAULT_OPTION_BUDGET,
                               max_questions=model.max_questions)
 
-    def engine(self, model_id: str) -> DecisionRunner:
-        engine = engines.engine_for(model_id)
-        if not isinstance(engine, DecisionRunner):
-            raise engines.EngineNotConfigured(f"model '{model_id}' is not served by a "
-                                              "decision engine")
-        return engine
 
-    def engine_request(self, job: Job, body: dict[str, Any]) -> DecisionRow:
+    def engine_request(self, job: ServedJob, body: dict[str, Any]) -> DecisionRow:
         return DecisionRow(state=body["state"], questions=body.get("questions") or {},
                            lang=body.get("lang"))
 
-    def engine_run(self, job: Job, requests: list[DecisionRow]) -> list[DecisionOutcome]:
+    def engine_run(self, job: ServedJob, requests: list[DecisionRow]) -> list[DecisionOutcome]:
         return self.engine(job.model).decide(requests)
 
-    def served(self, job: Job, row: InputRow, outcome: DecisionOutcome,
+    def served(self, job: ServedJob, row: InputRow, outcome: DecisionOutcome,
                meter: RowMeter) -> ServedRow:
         if outcome.error is not None:
             return ServedRow.failed(outcome.error)
@@ -158,7 +146,7 @@ class DecideKind(TaskKind[DecisionRow, DecisionOutcome, DecisionRunner]):
         carries the model's own message (the reference answers it 422). `counted=False`
         skips the count (the web tier bills the engine's own; input_tokens is then None)."""
         count = token_counter(model.id) if counted else None
-        context = JobContext(JobOptions(model=model), count or _uncounted, None)
+        context = JobContext(JobOptions(model=model), count or _uncounted, None, self)
         try:
             cost = decision_row(body, job=context, row=_REQUEST)
         except RowRejected as rejected:

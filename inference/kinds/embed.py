@@ -1,7 +1,7 @@
 """Embedding rows (/v1/embeddings): one vector per row, nothing generated; and the realtime
 API's embeddings requests, which are batch text rows one request at a time.
 
-The row checks themselves are jobs.validation.embeddings; this kind says when they apply,
+The row checks themselves are inference.rows.embeddings; this kind says when they apply,
 and what a checked row becomes when it is served.
 """
 
@@ -11,33 +11,32 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
-from billing.pricing import usd, usd_per_million
-from inference import engines
+from inference.constants import RowOutcome
 from inference.engines import EmbedOutcome, EmbedRow, RowError
 from inference.engines.embeddings import EmbeddingEngine
 from inference.kinds.base import (
     GENERATION_FIELDS,
     ParquetReading,
     RequestRefused,
+    ServedJob,
     ServedRow,
     SubmitFields,
     TaskKind,
     fields_refused,
     row_error_json,
 )
+from inference.pricing import usd, usd_per_million
+from inference.rows.core import EMBEDDINGS, InputRejected, JobContext, RowCost, RowRef
+from inference.rows.embeddings import END_OF_TEXT_TOKENS, embedding_input, embedding_row
 from inference.tokens import token_counter
-from jobs.constants import RowOutcome
-from jobs.validation.core import EMBEDDINGS, InputRejected, JobContext, RowCost, RowRef
-from jobs.validation.embeddings import END_OF_TEXT_TOKENS, embedding_input, embedding_row
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from inference.catalog import CatalogModel
     from inference.engines.registry import Engine
-    from jobs.models import Job
-    from jobs.services.metering import RowMeter
-    from jobs.services.rows import InputRow
+    from inference.kinds.base import InputRow
+    from inference.kinds.metering import RowMeter
 
 INPUT = "input"  # a parquet input's content column
 
@@ -97,6 +96,8 @@ class EmbedParquet(ParquetReading):
 
 
 class EmbedKind(TaskKind[EmbedRow, EmbedOutcome, EmbedRunner]):
+    runner = EmbedRunner
+    runner_noun = "an embedding engine"
     task = "embed"
     endpoint = EMBEDDINGS
     noun = "an embedding model"
@@ -131,22 +132,16 @@ class EmbedKind(TaskKind[EmbedRow, EmbedOutcome, EmbedRunner]):
                                dimensions_native=model.dimensions_native,
                                dimensions_min=model.dimensions_min)
 
-    def engine(self, model_id: str) -> EmbedRunner:
-        engine = engines.engine_for(model_id)
-        if not isinstance(engine, EmbedRunner):
-            raise engines.EngineNotConfigured(f"model '{model_id}' is not served by an "
-                                              "embedding engine")
-        return engine
 
-    def engine_request(self, job: Job, body: dict[str, Any]) -> EmbedRow:
+    def engine_request(self, job: ServedJob, body: dict[str, Any]) -> EmbedRow:
         # A row's own dimensions win over the job's.
         return EmbedRow(text=str(body["input"]),
                         dimensions=body.get("dimensions") or job.dimensions)
 
-    def engine_run(self, job: Job, requests: list[EmbedRow]) -> list[EmbedOutcome]:
+    def engine_run(self, job: ServedJob, requests: list[EmbedRow]) -> list[EmbedOutcome]:
         return self.engine(job.model).embed(requests)
 
-    def served(self, job: Job, row: InputRow, outcome: EmbedOutcome,
+    def served(self, job: ServedJob, row: InputRow, outcome: EmbedOutcome,
                meter: RowMeter) -> ServedRow:
         if outcome.error is not None:
             return ServedRow.failed(outcome.error)

@@ -22,10 +22,11 @@ from django.utils import timezone
 
 from anex.api.errors import ApiError
 from anex.api.throttling import window_hit
+from anex.regions import Region
 from console.actors import Actor
-from console.constants import Region
 from console.models import Organization
 from inference.catalog import model_get
+from inference.rows.core import InputRejected, JobOptions
 from inference.tokens import token_counter
 from jobs.constants import CHECK_ERRORS_MAX, CheckStatus
 from jobs.models import PreflightCheck
@@ -33,7 +34,7 @@ from jobs.services.estimation import CANNOT_PRICE, input_validate
 from jobs.services.inputs import INPUT_CHANGED
 from jobs.services.submission import JobRequest, job_request_admit
 from jobs.storage import StorageChanged
-from jobs.validation import InputRejected, JobOptions, RowError, RowErrors
+from jobs.validation import RowError, RowErrors
 
 logger = logging.getLogger(__name__)
 

@@ -15,12 +15,14 @@ import tempfile
 import uuid
 
 from anex.net import FetchError, fetch
-from billing.pricing import price
 from inference.catalog import CatalogModel, model_get
+from inference.constants import InputFormat
 from inference.kinds import kind_for
+from inference.pricing import price
+from inference.rows.core import CountTokens, FileReport, InputRejected, JobOptions
 from inference.tokens import token_counter
 from inference.warmth import startup_seconds
-from jobs.constants import FailureCode, InputFormat, JobStatus
+from jobs.constants import FailureCode, JobStatus
 from jobs.models import Input, Job
 from jobs.services.inputs import INPUT_CHANGED
 from jobs.services.lifecycle import (
@@ -32,15 +34,7 @@ from jobs.services.lifecycle import (
 )
 from jobs.services.sampling import sample_enqueue
 from jobs.storage import StorageChanged, storage_for
-from jobs.validation import (
-    CountTokens,
-    FileReport,
-    InputRejected,
-    JobOptions,
-    RowErrors,
-    validate_jsonl,
-    validate_parquet,
-)
+from jobs.validation import RowErrors, validate_jsonl, validate_parquet
 
 logger = logging.getLogger(__name__)
 

@@ -22,12 +22,14 @@ from django.utils import timezone
 from anex.api.errors import ApiError
 from anex.crypto import secret_encrypt
 from anex.net import DeadlineExceeded, FetchError, TooLarge, UnsafeURL, fetch
+from anex.regions import Region
 from billing.services import organization_lock
 from console.actors import Actor
 from console.audit import audit_record
-from console.constants import AuditAction, Region
+from console.constants import AuditAction
 from console.models import Organization
-from jobs.constants import InputFormat, InputStatus
+from inference.constants import InputFormat
+from jobs.constants import InputStatus
 from jobs.models import Input
 from jobs.services.webhooks import delivery_enqueue, webhook_secret_new
 from jobs.storage import StorageTooLarge, storage_for

@@ -23,17 +23,11 @@ from typing import Any
 from django.db import transaction
 
 from anex.api.errors import ApiError
-from anex.regions import region_check
+from anex.regions import Region, region_check
 from billing.services import credits_require_positive
 from console.actors import Actor
-from console.constants import Region
-from jobs.constants import (
-    TERMINAL_STATUSES,
-    ChunkStatus,
-    InputFormat,
-    InputStatus,
-    RowOutcome,
-)
+from inference.constants import InputFormat, RowOutcome
+from jobs.constants import TERMINAL_STATUSES, ChunkStatus, InputStatus
 from jobs.models import Input, Job
 from jobs.results import records, records_costed, rows_write
 from jobs.services.data import DELETED, RESULT_LINK_SECONDS, job_result_link, merged_key

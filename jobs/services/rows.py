@@ -10,14 +10,15 @@ import os
 import shutil
 import tempfile
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inference.constants import InputFormat
 from inference.kinds import ServedRow, kind_named
-from jobs.constants import TERMINAL_STATUSES, InputFormat
+from inference.kinds.base import InputRow
+from jobs.constants import TERMINAL_STATUSES
+from jobs.jsonl import line_loads
 from jobs.models import Chunk, Job
-from jobs.results import line_loads
 from jobs.storage import LocalRegionStorage, storage_for
 from jobs.validation.parquet import parquet_columns, parquet_open, parquet_rows
 
@@ -28,13 +29,6 @@ from jobs.validation.parquet import parquet_columns, parquet_open, parquet_rows
 PARQUET_CACHE = Path(tempfile.gettempdir()) / "anex-parquet-inputs"
 PARQUET_CACHE_MAX_BYTES = 10 * 1024**3
 _CACHED_INPUT = "input.parquet"
-
-
-@dataclass(frozen=True)
-class InputRow:
-    index: int
-    ident: str  # custom_id (JSONL), the id column, or the row_index (parquet)
-    body: dict[str, Any]  # the request body: messages/chat_template_kwargs/…, input, state…
 
 
 def input_parquet_path(job: Job) -> Path:

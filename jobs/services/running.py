@@ -23,20 +23,17 @@ from django.db import connection, transaction
 from django.db.models import F, Sum
 from django.utils import timezone
 
-from billing.pricing import Usage, price, usage_cost_usd
 from billing.services import hold_open_cents
 from inference.catalog import model_get
+from inference.constants import InputFormat, RowOutcome
 from inference.kinds import kind_named
-from jobs.constants import (
-    CHUNK_SETTLED,
-    ChunkStatus,
-    FailureCode,
-    InputFormat,
-    JobStatus,
-    RowOutcome,
-)
+from inference.kinds.base import InputRow
+from inference.kinds.metering import RowMeter
+from inference.pricing import Usage, price, usage_cost_usd, usage_json
+from jobs.constants import CHUNK_SETTLED, ChunkStatus, FailureCode, JobStatus
+from jobs.jsonl import line_dumps
 from jobs.models import Chunk, Job
-from jobs.results import chunk_key, line_dumps, result_write
+from jobs.results import chunk_key, result_write
 from jobs.services.inputs import INPUT_CHANGED
 from jobs.services.lifecycle import (
     WORKER,
@@ -45,9 +42,9 @@ from jobs.services.lifecycle import (
     job_lease_claim,
     job_transition,
 )
-from jobs.services.metering import RowMeter, usage_json, usage_sum
+from jobs.services.metering import usage_sum
 from jobs.services.progress import job_progress_notify
-from jobs.services.rows import InputRow, record, rows_read
+from jobs.services.rows import record, rows_read
 from jobs.storage import StorageChanged, storage_for
 
 logger = logging.getLogger(__name__)

@@ -32,18 +32,18 @@ from django.db import transaction
 from django.utils import timezone
 
 from anex.api.errors import ApiError
-from billing.pricing import Usage, price
 from billing.services import organization_lock
 from inference.catalog import CatalogModel, model_get
 from inference.engines import ChatSettings
 from inference.kinds import kind_for
+from inference.kinds.base import InputRow
 from inference.kinds.chat import ChatKind
+from inference.pricing import Usage, price, usage_from_json, usage_json
 from inference.warmth import startup_seconds
 from jobs.constants import FailureCode, JobStatus
 from jobs.models import Job
 from jobs.services.lifecycle import job_cost_ready, job_fail, job_lease_claim
-from jobs.services.metering import usage_from_json, usage_json
-from jobs.services.rows import InputRow, rows_read
+from jobs.services.rows import rows_read
 from jobs.services.running import chunks_plan, queue_send
 
 logger = logging.getLogger(__name__)

@@ -13,17 +13,17 @@ from typing import Any
 from django.db import transaction
 
 from anex.api.errors import ApiError
-from anex.regions import region_check, residency_resolve
+from anex.regions import Region, region_check, residency_resolve
 from billing.services import credits_require_positive, organization_lock
 from console.actors import Actor
 from console.audit import audit_record
-from console.constants import AuditAction, Region
+from console.constants import AuditAction
 from console.models import ApiKey, Organization
 from inference.catalog import CatalogModel, model_get
 from inference.kinds import AnyKind, kind_for
+from inference.response_format import response_format_problem
 from jobs.constants import AWAITING_APPROVAL_STATUSES, InputStatus, TaskType
 from jobs.models import Input, Job
-from jobs.response_format import response_format_problem
 from jobs.selectors import input_get
 from jobs.services.estimation import needs_sample
 from jobs.services.inputs import input_refresh

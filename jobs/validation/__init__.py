@@ -15,7 +15,7 @@ failure_reason; the job fails with failure_code invalid_input and is never bille
 row with that same message and reads on, reporting the rows that passed.
 """
 
-from jobs.validation.core import (
+from inference.rows.core import (
     CHAT,
     DECISIONS,
     EMBEDDINGS,
@@ -25,10 +25,9 @@ from jobs.validation.core import (
     InputRejected,
     JobOptions,
     ProbeContentType,
-    RowError,
-    RowErrors,
     RowRejected,
 )
+from jobs.validation.core import RowError, RowErrors
 from jobs.validation.lines import validate_jsonl
 from jobs.validation.parquet import validate_parquet
 

@@ -19,25 +19,21 @@ from typing import BinaryIO
 import numpy as np
 import orjson
 
-from jobs.validation.core import (
+from inference.rows.core import (
     ENDPOINTS,
-    CountBatch,
     CountPlan,
     CountTokens,
     FileReport,
-    JobContext,
     JobOptions,
     PreparedRows,
     ProbeContentType,
-    RowError,
-    RowErrors,
     RowRef,
     RowRejected,
-    Tally,
     TextTooLong,
     listing,
     thousands,
 )
+from jobs.validation.core import CountBatch, FileContext, RowError, RowErrors, Tally
 from jobs.validation.ids import IdSet
 
 _BOM = b"\xef\xbb\xbf"
@@ -78,11 +74,11 @@ def validate_jsonl(stream: BinaryIO, options: JobOptions, *, count_tokens: Count
     report then counts the rows that passed.
 
     The file is read a block of whole lines at a time. A block goes through its kind's
-    fast lane (jobs/validation/fast.py: typed decoding of every line at once, checks and
+    fast lane (inference/rows/fast.py: typed decoding of every line at once, checks and
     counts over the block) where the kind has one and the block is plainly valid; any
     block the fast lane does not take whole is checked line by line here, by the same
     rules, which name its first failing row. Both lanes add the same sums."""
-    job = JobContext(options, count_tokens, probe_content_type)
+    job = FileContext(options, count_tokens, probe_content_type)
     job.deferring = True  # text-only rows are counted COUNT_BATCH_ROWS at a time
     check = _LineCheck(job, errors)
     fast = job.kind.fast_rows(job)
@@ -142,7 +138,7 @@ class _LineCheck:
     reported (it is reported when a request line follows it; blank lines ending the file
     are let be)."""
 
-    def __init__(self, job: JobContext, errors: RowErrors | None) -> None:
+    def __init__(self, job: FileContext, errors: RowErrors | None) -> None:
         self.job = job
         self.errors = errors
         self.tally = Tally(job.kind.endpoint)
@@ -310,7 +306,7 @@ def _at(number: int) -> RowRef:
     return RowRef.line(number)
 
 
-def _envelope(request: object, number: int, *, ids: IdSet, job: JobContext,
+def _envelope(request: object, number: int, *, ids: IdSet, job: FileContext,
               first: bool) -> tuple[RowRef, dict[str, object]]:
     """The request object around the body: custom_id, method, url, body."""
     if not isinstance(request, dict):

@@ -23,22 +23,18 @@ from typing import IO, TYPE_CHECKING, Any
 from django.conf import settings
 
 from inference.kinds import ParquetReading
-from jobs.validation.core import (
-    CountBatch,
+from inference.rows.core import (
     CountTokens,
     FileReport,
     InputRejected,
-    JobContext,
     JobOptions,
     ProbeContentType,
-    RowError,
-    RowErrors,
     RowRef,
     RowRejected,
-    Tally,
     TextTooLong,
     thousands,
 )
+from jobs.validation.core import CountBatch, FileContext, RowError, RowErrors, Tally
 from jobs.validation.ids import DigestSet
 
 if TYPE_CHECKING:
@@ -64,7 +60,7 @@ def validate_parquet(source: str | Path | IO[bytes], options: JobOptions, *,
     """The parquet twin of validate_jsonl: same rules, same report, same rejections, and
     the same collect mode (`errors`). There a row over the size a request may take stops
     the read too: its size is measured a batch at a time, before its value exists."""
-    job = JobContext(options, count_tokens, probe_content_type)
+    job = FileContext(options, count_tokens, probe_content_type)
     model, kind = job.model, job.kind
     reading = kind.parquet
     if reading is None:

@@ -10,8 +10,10 @@ the row alone at serving time, so it passes here.
 
 from __future__ import annotations
 
-from inference.engines.decisions import question_text, state_text
-from jobs.validation.core import JobContext, RowCost, RowRef, thousands
+import json
+from collections.abc import Mapping
+
+from inference.rows.core import JobContext, RowCost, RowRef, thousands
 
 DECISION_FIELDS = ("state", "questions", "lang", "model")
 
@@ -54,3 +56,35 @@ def decision_row(body: dict[str, object], *, job: JobContext, row: RowRef) -> Ro
             tokens += count(own)
     return RowCost(text_tokens=tokens, questions=len(questions))
 
+
+def state_text(state: object) -> str | None:
+    """The text a decision row (or realtime request) is read and billed as: a string as it
+    is, an object as its compact, unescaped JSON rendering (the reference: "an object
+    counts as its JSON rendering"); None for anything else. The validator measures this
+    against the state limit and counts it, the engine reads it."""
+    if isinstance(state, str):
+        return state
+    if isinstance(state, dict):
+        return json.dumps(state, ensure_ascii=False, separators=(",", ":"))
+    return None
+
+
+def answer_described(answer: str, description: object) -> str:
+    return f"{answer}: {description}" if isinstance(description, str) and description \
+        else answer
+
+
+def question_text(question: Mapping[str, object]) -> str:
+    """A question's own words, as a row's estimate counts them and its serving bills them:
+    the instructions, then each option as "key: description" (the key alone when it has
+    no description; a score level's description alone), one per line."""
+    pieces: list[str] = []
+    instructions = question.get("instructions")
+    if isinstance(instructions, str):
+        pieces.append(instructions)
+    criteria = question.get("criteria")
+    if isinstance(criteria, dict):
+        pieces += [f"{k}: {v}" if isinstance(v, str) else str(k) for k, v in criteria.items()]
+    elif isinstance(criteria, list):
+        pieces += [item for item in criteria if isinstance(item, str)]
+    return "\n".join(pieces)

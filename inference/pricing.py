@@ -9,9 +9,11 @@ is not charged.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, fields
 from decimal import Decimal
+from typing import Any
 
 from inference.catalog import CatalogModel
 
@@ -114,44 +116,21 @@ def usd_per_million(amount: Decimal) -> str:
     return usd(amount * MILLION) if amount else "-"
 
 
-def pricing_markdown() -> str:
-    """The /docs/pricing page, generated from the catalog so it can never drift from it."""
-    from inference.catalog import catalog
-    from inference.kinds import kind_for, kinds_all
-
-    models = list(catalog().values())
-    lines = [
-        "# Pricing",
-        "",
-        "Prices are in US dollars. 1 credit = 1 US cent. Per-token prices are exact decimals;",
-        "a job's charge is its exact cost rounded up to a whole credit, at least 1 credit when",
-        "it did any work, and at least the model's minimum job price (the cost of the machine",
-        "start a small job forces - never added on top of a job whose token price clears it).",
-        "A job that consumed nothing is not charged. Approval holds the estimate",
-        "(`est_cost_cents`); the final charge settles against that hold and never exceeds it,",
-        "and the rest is released - on done, failed and cancelled jobs alike.",
-        "",
-    ]
-    # Each kind of model prices its own rows: one section each, in the kinds' order.
-    for kind in kinds_all():
-        lines += kind.pricing_section([m for m in models if kind_for(m) is kind])
-        lines.append("")
-    ceilings = [
-        f"{_duration(m.media.audio_max_seconds)} of audio on `{m.id}`"
-        for m in models if m.media.audio_max_seconds
-    ]
-    lines += [
-        "## Audio and video durations",
-        "",
-        "Declare `duration_seconds` on a clip and it is checked and billed at exactly that",
-        "length. Undeclared, a clip whose container states its length is read exactly, one we",
-        "can size is estimated from its bytes at a conservative bitrate, and a hosted clip we",
-        "cannot size is billed at the model's full duration ceiling: "
-        + ", ".join(ceilings) + ".",
-        "",
-    ]
-    return "\n".join(lines)
+def usage_json(usage: Usage) -> dict[str, Any]:
+    """A Usage as a JSON object (Decimal seconds as a string, never a float)."""
+    return {k: str(v) if isinstance(v, Decimal) else v
+            for k, v in dataclasses.asdict(usage).items()}
 
 
-def _duration(seconds: int) -> str:
-    return f"{seconds // 60} minutes" if seconds >= 60 and seconds % 60 == 0 else f"{seconds} s"
+# Chunk usage written before embedding rows with media were billed at one media-row rate
+# split those tokens by images and video; a chunk stored then still settles.
+USAGE_RENAMED = {"image_row_tokens": "media_row_tokens", "video_row_tokens": "media_row_tokens"}
+
+
+def usage_from_json(raw: dict[str, Any]) -> Usage:
+    fields: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = USAGE_RENAMED.get(key, key)
+        amount = Decimal(value) if name == "media_seconds" else value
+        fields[name] = fields.get(name, 0) + amount
+    return Usage(**fields)

@@ -10,14 +10,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 
-from billing.pricing import clip_seconds_billed
-from jobs.validation.core import JobContext, RowRef, listing
-from jobs.validation.durations import (
+from inference.pricing import clip_seconds_billed
+from inference.rows.core import JobContext, RowRef, listing
+from inference.rows.durations import (
     ClipHeader,
     clip_header_read,
     clip_seconds_estimated,
 )
-from jobs.validation.formats import (
+from inference.rows.formats import (
     SUPPORTED,
     UNTYPED,
     format_from_extension,

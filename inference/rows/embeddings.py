@@ -4,9 +4,9 @@ the reference refuses (messages, a non-float encoding_format, audio)."""
 
 from __future__ import annotations
 
-from jobs.validation.chat import row_fitted
-from jobs.validation.core import JobContext, RowCost, RowRef
-from jobs.validation.media import MODALITY_OF, no_encoder, parts_check
+from inference.rows.chat import row_fitted
+from inference.rows.core import JobContext, RowCost, RowRef
+from inference.rows.media import MODALITY_OF, no_encoder, parts_check
 
 EMBED_PART_TYPES = ("text", "image_url", "video_url")
 _AUDIO_PARTS = ("input_audio", "audio_url")

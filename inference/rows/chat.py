@@ -8,9 +8,9 @@ is ignored, not refused.
 
 from __future__ import annotations
 
-from jobs.response_format import response_format_problem
-from jobs.validation.core import ZERO, JobContext, RowCost, RowRef, fit_check, listing
-from jobs.validation.media import Media, parts_check, row_context
+from inference.response_format import response_format_problem
+from inference.rows.core import ZERO, JobContext, RowCost, RowRef, fit_check, listing
+from inference.rows.media import Media, parts_check, row_context
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 _ROLE_SET = frozenset(ROLES)
@@ -217,7 +217,7 @@ def _effective(enable: bool | None, effort: object, job: JobContext) -> tuple[bo
 
 
 def response_format_check(value: object, *, row: RowRef) -> None:
-    """The same structural check as a job-level response_format (jobs.response_format)."""
+    """The same structural check as a job-level response_format (inference.response_format)."""
     problem = response_format_problem(value)
     if problem:
         raise row.reject(problem)

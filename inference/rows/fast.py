@@ -24,14 +24,8 @@ from typing import Annotated, Literal
 import msgspec
 import numpy as np
 
-from jobs.validation.chat import MESSAGE_TEMPLATE_TOKENS, ROLES, row_thinking, template_kwargs
-from jobs.validation.core import (
-    CHAT,
-    BlockCost,
-    JobContext,
-    RowRef,
-    RowRejected,
-)
+from inference.rows.chat import MESSAGE_TEMPLATE_TOKENS, ROLES, row_thinking, template_kwargs
+from inference.rows.core import CHAT, BlockCost, JobContext, RowRef, RowRejected
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 assert set(Role.__args__) == set(ROLES)  # type: ignore[attr-defined]
