@@ -36,19 +36,3 @@ def broker_setup() -> dramatiq.Broker:
     broker.add_middleware(DbConnectionsMiddleware())
     dramatiq.set_broker(broker)
     return broker
-
-
-def run_queues_declare() -> list[str]:
-    """Declare the run queues this worker consumes: one per region and served model, so a
-    GPU worker only takes the chunks of the model it has loaded; and beside each its sample
-    queue (jobs.services.sampling), kept apart so samples never queue in front of chunks."""
-    from jobs.services.running import run_queue
-    from jobs.services.sampling import sample_queue
-
-    broker = dramatiq.get_broker()
-    queues = [name(region, model_id) for region in settings.ANEX_WORKER_REGIONS
-              for model_id in settings.ANEX_WORKER_MODELS
-              for name in (run_queue, sample_queue)]
-    for queue in queues:
-        broker.declare_queue(queue)
-    return queues

@@ -12,7 +12,7 @@ from django.utils.module_loading import autodiscover_modules  # noqa: E402
 # Each app keeps its actors in tasks.py (STYLE.md); importing them declares them.
 autodiscover_modules("tasks")
 
-from anex.broker import run_queues_declare  # noqa: E402
+from jobs.dispatch import run_queues_declare  # noqa: E402
 
 # The chunks of the models this worker serves, in the regions it serves (ANEX_WORKER_*).
 run_queues_declare()

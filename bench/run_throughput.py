@@ -321,7 +321,7 @@ def main() -> None:
     bench = Bench()
     import dramatiq
 
-    from anex.broker import run_queues_declare
+    from jobs.dispatch import run_queues_declare
 
     broker = dramatiq.get_broker()
     broker.flush_all()

@@ -16,6 +16,7 @@ from inference.catalog import CatalogModel, model_get
 from inference.constants import InputFormat, RowOutcome
 from inference.kinds import kind_named
 from inference.pricing import CENTS_PER_USD, usage_cost_usd, usage_from_json
+from jobs.constants import TERMINAL_STATUSES
 from jobs.jsonl import line_dumps, line_loads
 from jobs.models import Chunk, Job
 from jobs.storage import storage_for
@@ -170,3 +171,17 @@ def _parquet_write(job: Job, results: Iterator[dict[str, Any]], key: str) -> int
         storage_for(job.data_residency).write_stream(
             key, iter(lambda: local.read(1024 * 1024), b""), max_bytes=2**62)
     return written
+
+
+# How long a result link stays good (GET /jobs/{id}/result, the job.completed webhook).
+RESULT_LINK_SECONDS = 3600
+
+
+def result_download_url(job: Job) -> str | None:
+    """A fresh presigned link to the job's result file, valid RESULT_LINK_SECONDS; None
+    while it has none (not finished, no rows delivered, its data deleted)."""
+    if job.data_deleted_at is not None or job.status not in TERMINAL_STATUSES \
+            or not job.result_key:
+        return None
+    return storage_for(job.data_residency).download_url(
+        job.result_key, expires_in=RESULT_LINK_SECONDS, filename=f"{job.pk}.{job.format}")

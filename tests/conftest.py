@@ -10,6 +10,7 @@ from pytest_django import Settings
 from rest_framework.test import APIClient
 
 from console.models import ApiKey, Organization
+from tests.dispatched import dispatch_catch
 from tests.factories import api_key_make, organization_make
 from tests.servers import LocalServer
 
@@ -97,8 +98,7 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The chunk ids sent to the run queues, which nothing consumes here: the test runs or
     records the chunks itself (tests/chunks.py)."""
     calls: list[str] = []
-    monkeypatch.setattr("jobs.services.running.queue_send",
-                        lambda actor, queue, *args, **kw: calls.append(args[0]))
+    dispatch_catch(monkeypatch, lambda sent: calls.append(sent.id), "chunk_run_task")
     return calls
 
 

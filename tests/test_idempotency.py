@@ -17,13 +17,13 @@ from django.utils import timezone
 from pytest_django import Settings
 from rest_framework.test import APIClient
 
-from anex.api import idempotency
 from anex.crypto import secret_decrypt, secret_encrypt
 from anex.periodic import SCHEDULE
 from billing.constants import EntryKind
 from billing.models import LedgerEntry
 from billing.services import credits_grant, credits_summary
 from console.models import Organization
+from jobs import idempotency
 from jobs.constants import JobStatus
 from jobs.idempotency import (
     BAD_KEY_DETAIL,

@@ -19,9 +19,11 @@ from rest_framework.test import APIClient
 from anex.crypto import secret_decrypt
 from jobs.constants import DELIVERY_BACKOFF_SECONDS, DeliveryStatus, InputStatus
 from jobs.models import Input, WebhookDelivery
-from jobs.services.inputs import input_copy, inputs_sweep
+from jobs.services.inputs import input_copy
+from jobs.services.recovery import inputs_sweep
 from jobs.services.webhooks import delivery_attempt, webhook_signature
 from jobs.storage import storage_for
+from tests.dispatched import dispatch_catch
 from tests.servers import LocalServer, _Handler, reply, tls_context
 from tests.workers import running_worker
 
@@ -226,7 +228,7 @@ def test_signatures_follow_the_standard_webhooks_scheme() -> None:
 def test_the_sweeper_requeues_lost_and_stuck_ingests(api: APIClient, source: LocalServer,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     sent: list[str] = []
-    monkeypatch.setattr("jobs.tasks.input_copy_task.send", lambda input_id: sent.append(input_id))
+    dispatch_catch(monkeypatch, lambda message: sent.append(message.id), "input_copy_task")
     lost = ingest(api, source_url=serve(source, "/a.jsonl", ROWS))["id"]
     stuck = ingest(api, source_url=serve(source, "/b.jsonl", ROWS))["id"]
     fresh = ingest(api, source_url=serve(source, "/c.jsonl", ROWS))["id"]

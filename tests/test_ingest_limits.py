@@ -25,8 +25,10 @@ from rest_framework.test import APIClient
 from jobs.constants import InputStatus
 from jobs.models import Input
 from jobs.services import inputs as inputs_service
-from jobs.services.inputs import input_copy, inputs_sweep
+from jobs.services.inputs import input_copy
+from jobs.services.recovery import inputs_sweep
 from jobs.storage import storage_for
+from tests.dispatched import dispatch_catch
 from tests.factories import api_key_make, organization_make
 from tests.servers import LocalServer, _Handler, reply, tls_context, trickle
 from tests.workers import running_worker
@@ -49,7 +51,7 @@ def source(make_server: Callable[..., LocalServer], ca: Any, trust_ca: None,
 @pytest.fixture
 def no_broker(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     sent: list[str] = []
-    monkeypatch.setattr("jobs.tasks.input_copy_task.send", sent.append)
+    dispatch_catch(monkeypatch, lambda message: sent.append(message.id), "input_copy_task")
     return sent
 
 

@@ -28,6 +28,7 @@ from jobs.models import Job
 from jobs.services.estimation import CANNOT_PRICE, job_estimate
 from jobs.services.lifecycle import job_finish
 from jobs.services.recovery import ESTIMATE, SUBMITTED, lease_recover
+from tests.dispatched import dispatch_catch
 from tests.factories import input_ready, organization_make
 from tests.test_jobs_submit import uploaded
 from tests.workers import running_worker
@@ -318,7 +319,7 @@ def test_an_auto_approve_organization_goes_straight_to_in_progress(client_for) -
 def test_lost_and_abandoned_estimates_are_recovered(api: APIClient, organization: Organization,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     sent: list[str] = []
-    monkeypatch.setattr("jobs.tasks.job_estimate_task.send", lambda job_id: sent.append(job_id))
+    dispatch_catch(monkeypatch, lambda message: sent.append(message.id), "job_estimate_task")
     rows = jsonl(embedding_row("a", "x"))
     lost = submitted(api, organization, rows, model="qwen3-embedding-8b")
     dead = submitted(api, organization, rows, model="qwen3-embedding-8b")

@@ -27,6 +27,7 @@ from jobs.models import Chunk, Job
 from jobs.services.estimation import job_estimate
 from jobs.services.running import chunk_run, execute, job_start
 from jobs.services.sampling import SampleResult, job_sample
+from tests.dispatched import dispatch_catch
 from tests.factories import input_ready
 
 pytestmark = pytest.mark.django_db
@@ -76,8 +77,7 @@ class FakeChat:
 def run(job: Job, monkeypatch: pytest.MonkeyPatch) -> Job:
     """Approve over the API, plan, and run every chunk here as a worker would."""
     sent: list[str] = []
-    monkeypatch.setattr("jobs.services.running.queue_send",
-                        lambda actor, queue, chunk_id, **kw: sent.append(chunk_id))
+    dispatch_catch(monkeypatch, lambda message: sent.append(message.id), "chunk_run_task")
     assert job_start(job_id=job.pk) == Chunk.objects.filter(job=job).count() == 3
     for chunk_id in sent:
         chunk_run(chunk_id=chunk_id)
@@ -137,8 +137,7 @@ def test_a_sampled_media_job_prices_media_at_the_media_rate_with_its_surcharges(
         api: APIClient, organization: Organization, monkeypatch: pytest.MonkeyPatch) -> None:
     # given: the same rows with no max_output_tokens, so the cap comes from a sample
     queued: list[str] = []
-    monkeypatch.setattr("jobs.services.sampling.queue_send",
-                        lambda actor, queue, job_id, **kw: queued.append(queue))
+    dispatch_catch(monkeypatch, lambda message: queued.append(message.queue), "job_sample_task")
     item = input_ready(organization, chat_rows(ROWS))
     response = api.post(JOBS, {"input_id": str(item.pk), "model": "gemma4-12b"},
                         format="json")

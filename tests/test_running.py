@@ -20,19 +20,15 @@ from console.models import Organization
 from inference.constants import RowOutcome
 from inference.pricing import Usage, usage_from_json, usage_json
 from jobs.constants import ChunkStatus, JobStatus
+from jobs.dispatch import run_queue
 from jobs.models import Chunk, Job
 from jobs.results import chunk_key
-from jobs.services.data import results_purge_expired
 from jobs.services.lifecycle import job_approve
+from jobs.services.purge import results_purge_expired
 from jobs.services.recovery import CHUNK, lease_recover
-from jobs.services.running import (
-    chunks_plan,
-    job_finalize,
-    job_start,
-    job_usage,
-    run_queue,
-)
+from jobs.services.running import chunks_plan, job_finalize, job_start, job_usage
 from jobs.storage import storage_for
+from tests.dispatched import dispatch_catch
 from tests.factories import SYSTEM, input_ready, job_make, organization_make
 
 pytestmark = pytest.mark.django_db
@@ -54,8 +50,8 @@ def small_chunks(settings: Settings) -> None:
 def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     """Messages sent to the run queues (no worker consumes them here)."""
     calls: list[tuple[str, str]] = []
-    monkeypatch.setattr("jobs.services.running.queue_send",
-                        lambda actor, queue, *args, **kw: calls.append((queue, args[0])))
+    dispatch_catch(monkeypatch, lambda message: calls.append((message.queue, message.id)),
+                   "chunk_run_task")
     return calls
 
 

@@ -30,6 +30,7 @@ from jobs.services.estimation import job_estimate
 from jobs.services.inputs import INPUT_CHANGED
 from jobs.services.running import job_start
 from jobs.storage import storage_for
+from tests.dispatched import dispatch_catch
 from tests.engine_fixtures import checkpoint_dirs  # noqa: F401
 from tests.factories import api_key_make, organization_make
 from tests.test_storage import BUCKETS, s3, s3_endpoint  # noqa: F401
@@ -133,7 +134,7 @@ def test_a_jsonl_job_runs_end_to_end_on_s3(client, worker, served: str) -> None:
 
 def test_replaying_the_presigned_post_after_the_estimate_fails_the_job_unbilled(
         client, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr("jobs.services.running.queue_send", lambda *args, **kw: None)
+    dispatch_catch(monkeypatch, lambda message: None, "chunk_run_task")
     api, organization = client
     # given a one-row file estimated at the least a job costs
     created = uploaded(api, rows(1))
@@ -156,7 +157,7 @@ def test_replaying_the_presigned_post_after_the_estimate_fails_the_job_unbilled(
 
 def test_a_versioned_bucket_runs_the_version_that_was_checked(
         client, served: str, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr("jobs.services.running.queue_send", lambda *args, **kw: None)
+    dispatch_catch(monkeypatch, lambda message: None, "chunk_run_task")
     boto3.client("s3", endpoint_url=served, region_name="us-east-1").put_bucket_versioning(
         Bucket=BUCKETS["world"], VersioningConfiguration={"Status": "Enabled"})
     try:

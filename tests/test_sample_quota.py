@@ -13,14 +13,15 @@ from django.utils import timezone
 from pytest_django import Settings
 from rest_framework.test import APIClient
 
-from anex.broker import run_queues_declare
 from billing.services import credits_summary
 from console.models import Organization
 from jobs.constants import JobStatus
+from jobs.dispatch import run_queues_declare
 from jobs.models import Job
 from jobs.services.estimation import job_estimate
 from jobs.services.sampling import SAMPLE_ROWS, SampleResult, job_sample, sample_allowance
 from jobs.tasks import chunk_run_task, job_sample_task
+from tests.dispatched import dispatch_catch
 from tests.factories import input_ready
 
 pytestmark = pytest.mark.django_db
@@ -43,9 +44,8 @@ def setup(settings: Settings, checkpoints: Path, monkeypatch: pytest.MonkeyPatch
 def queued(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The queues messages were sent to (no worker consumes them here)."""
     names: list[str] = []
-    for module in ("sampling", "running"):
-        monkeypatch.setattr(f"jobs.services.{module}.queue_send",
-                            lambda actor, queue, *args, **kw: names.append(queue))
+    dispatch_catch(monkeypatch, lambda message: names.append(message.queue), "job_sample_task",
+                   "chunk_run_task")
     return names
 
 

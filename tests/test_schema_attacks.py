@@ -17,9 +17,9 @@ from rest_framework.test import APIClient
 
 from billing.services import credits_summary
 from console.models import Organization
+from inference import response_format as rf
 from inference.engines import ChatEngine, ChatRow, ChatSettings
 from inference.engines.chat import _satisfies
-from jobs import response_format as rf
 from jobs.constants import JobStatus
 from jobs.models import Job
 from jobs.services.estimation import job_estimate

@@ -41,6 +41,7 @@ from jobs.constants import DELIVERY_BACKOFF_SECONDS, DeliveryStatus, FailureCode
 from jobs.models import Job, WebhookDelivery
 from jobs.services.webhooks import deliveries_sweep, delivery_attempt, job_webhook_enqueue
 from jobs.storage import DOWNLOAD_SALT, storage_for
+from tests.dispatched import dispatch_catch
 from tests.factories import SYSTEM, api_key_make, job_make, organization_make, user_make
 from tests.servers import LocalServer, Seen, _Handler, reply, tls_context
 from tests.workers import running_worker
@@ -344,7 +345,7 @@ def test_a_jobs_later_event_waits_until_the_earlier_one_is_settled(
     # Due, but the earlier event of its job is still pending: not attempted, not swept.
     assert delivery_attempt(delivery_id=second.pk) is None
     sent: list[str] = []
-    monkeypatch.setattr("jobs.tasks.delivery_attempt_task.send", sent.append)
+    dispatch_catch(monkeypatch, lambda message: sent.append(message.id), "delivery_attempt_task")
     WebhookDelivery.objects.filter(pk=first.pk).update(
         next_attempt_at=timezone.now() - timedelta(minutes=1))
     WebhookDelivery.objects.filter(job__in=[job, other]).exclude(pk=first.pk).update(
@@ -353,8 +354,8 @@ def test_a_jobs_later_event_waits_until_the_earlier_one_is_settled(
     assert str(second.pk) not in sent and str(first.pk) in sent  # the other job is not held
     # Once the first is delivered, the second is sent after that commit.
     kicked: list[tuple[str, ...]] = []
-    monkeypatch.setattr("jobs.tasks.delivery_attempt_task.send_with_options",
-                        lambda args, delay: kicked.append(args))
+    dispatch_catch(monkeypatch, lambda message: kicked.append(message.args),
+                   "delivery_attempt_task")
     with django_capture_on_commit_callbacks(execute=True):
         assert delivery_attempt(delivery_id=first.pk) == DeliveryStatus.DELIVERED
     assert kicked == [(str(second.pk),)]
@@ -412,8 +413,8 @@ def test_a_receiver_that_never_answers_is_given_up_after_about_a_day(
     waited = 0.0
     outcome = None
     kicked: list[tuple[str, ...]] = []
-    monkeypatch.setattr("jobs.tasks.delivery_attempt_task.send_with_options",
-                        lambda args, delay: kicked.append(args))
+    dispatch_catch(monkeypatch, lambda message: kicked.append(message.args),
+                   "delivery_attempt_task")
     for _ in range(len(DELIVERY_BACKOFF_SECONDS) + 1):
         with django_capture_on_commit_callbacks(execute=True):
             outcome = delivery_attempt(delivery_id=first.pk)

@@ -10,7 +10,7 @@ import dramatiq
 from django.db import connection
 from dramatiq.worker import _WorkerMiddleware
 
-from anex.broker import run_queues_declare
+from jobs.dispatch import run_queues_declare
 
 
 @contextmanager

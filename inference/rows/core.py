@@ -1,5 +1,6 @@
-"""The checker's shared vocabulary: the job's options, a rejection, the per-job state that
-every row is checked against, what one row costs, and the report a file adds up to."""
+"""The row checks' shared vocabulary: the job's options, a rejection, the per-job state that
+every row is checked against, what one row costs, and the report a file adds up to (the
+file readers that add it up are jobs/validation)."""
 
 from __future__ import annotations
 
@@ -9,45 +10,28 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Protocol
 
-from billing.pricing import Usage
-
 from inference.catalog import CatalogLimits, CatalogModel, catalog_limits
+from inference.pricing import Usage
 from inference.token_pieces import PieceCounts
 
 CHAT = "/v1/chat/completions"
-
-
 EMBEDDINGS = "/v1/embeddings"
-
-
 DECISIONS = "/v1/systemone"
-
-
 ENDPOINTS = (CHAT, EMBEDDINGS, DECISIONS)
-
 
 # The reference: the HEAD probe "covers the first few dozen URLs in a job".
 PROBE_LIMIT = 32
-
-
 # A customer's custom_id can be any length; the failure_reason quotes at most this much.
 LABEL_MAX_CHARS = 200
-
-
 ZERO = Decimal(0)
-
 
 # One row's text may take at most this many bytes of its line (JSONL) or value (parquet);
 # inline media get room on top (line_max_bytes). Read before anything is decoded, so a
 # 2 GiB line with no newline is refused after 16 MiB, not held whole in memory.
 TEXT_MAX_BYTES = 16 * 1024 * 1024
-
-
 # The inline media one row may carry on top of its text, by modality: the reference's
 # "at most 4 images and 1 video clip" a row, and one audio clip.
 INLINE_ITEMS_PER_ROW = {"image": 4, "audio": 1, "video": 1}
-
-
 # No tokenizer we serve has a token longer than this many UTF-8 bytes (tiny-qwen3's
 # longest is 42, MiniLM's 18; Qwen's byte-level BPE, built on cl100k, stays under it), so a
 # string longer than context x MAX_TOKEN_BYTES cannot fit and is refused without being
@@ -55,14 +39,9 @@ INLINE_ITEMS_PER_ROW = {"image": 4, "audio": 1, "video": 1}
 # holds the local tokenizers to this bound).
 MAX_TOKEN_BYTES = 128
 
-
 CountTokens = Callable[[str], int]
-
-
 # Rows whose text is counted together, in one call into the tokenizer (encode_batch_fast).
 COUNT_BATCH_ROWS = 1024
-
-
 ProbeContentType = Callable[[str], str | None]
 
 

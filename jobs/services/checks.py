@@ -28,6 +28,7 @@ from console.models import Organization
 from inference.catalog import model_get
 from inference.rows.core import InputRejected, JobOptions
 from inference.tokens import token_counter
+from jobs import dispatch
 from jobs.constants import CHECK_ERRORS_MAX, CheckStatus
 from jobs.models import PreflightCheck
 from jobs.services.estimation import CANNOT_PRICE, input_validate
@@ -74,14 +75,8 @@ def check_create(*, organization: Organization, actor: Actor, request: JobReques
         check = PreflightCheck.objects.create(
             organization=organization, input=admitted.input, created_by_key=actor.key,
             model=admitted.model.id, options=options)
-        _run_after_commit(check.pk)
+        dispatch.send_on_commit("check_run_task", str(check.pk))
     return check
-
-
-def _run_after_commit(check_id: uuid.UUID) -> None:
-    from jobs.tasks import check_run_task
-
-    transaction.on_commit(lambda: check_run_task.send(str(check_id)))
 
 
 def _uncounted(text: str) -> int:

@@ -23,6 +23,7 @@ from inference.rows.core import CountTokens, FileReport, InputRejected, JobOptio
 from inference.tokens import token_counter
 from inference.warmth import startup_seconds
 from jobs.constants import FailureCode, JobStatus
+from jobs.failures import claimed_work
 from jobs.models import Input, Job
 from jobs.services.inputs import INPUT_CHANGED
 from jobs.services.lifecycle import (
@@ -119,20 +120,14 @@ def _estimate_fields(job: Job, model: CatalogModel, report: FileReport) -> dict[
 
 
 def job_estimate(*, job_id: uuid.UUID | str) -> JobStatus | None:
-    """The job_estimate_task actor's work; a job already past this stage is left alone."""
+    """The job_estimate_task actor's work; a job already past this stage is left alone.
+    An unexpected failure once claimed (storage, a tokenizer that will not load) raises
+    ClaimedWorkFailed: its actor hands the work out again (jobs.tasks)."""
     job = Job.objects.select_related("input", "organization").get(pk=job_id)
     if not _claim(job):
         return None
-    try:
+    with claimed_work("estimate", job_id=job.pk):
         return _estimate(job)
-    except Exception:
-        # Storage, a tokenizer that will not load: handed out again, then failed past the
-        # cap (jobs.services.recovery), never left estimating.
-        logger.exception("estimate of job %s failed", job.pk)
-        from jobs.services.recovery import ESTIMATE, lease_retry
-
-        lease_retry(ESTIMATE, Job.objects.get(pk=job.pk))
-        return None
 
 
 def _estimate(job: Job) -> JobStatus | None:

@@ -29,6 +29,7 @@ from console.audit import audit_record
 from console.constants import AuditAction
 from console.models import Organization
 from inference.constants import InputFormat
+from jobs import dispatch
 from jobs.constants import InputStatus
 from jobs.models import Input
 from jobs.services.webhooks import delivery_enqueue, webhook_secret_new
@@ -170,7 +171,7 @@ def input_ingest_create(*, organization: Organization, actor: Actor, source_url:
                      target=item, data={"mode": "ingest", "format": fmt,
                                         "data_residency": residency,
                                         "callback": bool(callback_url)})
-        _ingest_send_after_commit(item.pk)
+        dispatch.send_on_commit("input_copy_task", str(item.pk))
     return item, secret
 
 
@@ -185,12 +186,6 @@ def _ingest_capacity_check(organization: Organization) -> None:
                  f"pending or copying (the limit is {INGEST_CONCURRENCY_LIMIT}). Wait for "
                  "some to become ready or fail, then retry.",
             retry_after=INGEST_RETRY_AFTER)
-
-
-def _ingest_send_after_commit(input_id: uuid.UUID) -> None:
-    from jobs.tasks import input_copy_task
-
-    transaction.on_commit(lambda: input_copy_task.send(str(input_id)))
 
 
 def _ready_fields(size: int, pin: str) -> dict[str, object]:
@@ -312,9 +307,7 @@ def _copy_settle(item: Input, *, error: str, size: int, started: datetime,
 
 def input_copy_resend(item: Input) -> None:
     """The recovery pass: an ingest still pending (its message lost) is sent again."""
-    from jobs.tasks import input_copy_task
-
-    input_copy_task.send(str(item.pk))
+    dispatch.send("input_copy_task", str(item.pk))
 
 
 def input_copy_revive(item: Input) -> None:
@@ -332,14 +325,6 @@ def input_copy_give_up(item: Input) -> None:
     _copy_settle(Input.objects.select_related("organization").get(pk=item.pk),
                  error=f"The copy was interrupted {item.attempts} times before it finished. "
                        "Create the input again.", size=0, started=item.copy_started_at)
-
-
-def inputs_sweep() -> int:
-    """The ingest rows of the recovery pass alone (jobs.services.recovery)."""
-    from jobs.services.recovery import INGEST_COPY, INGEST_QUEUED, lease_recover
-
-    now = timezone.now()
-    return lease_recover(INGEST_QUEUED, now) + lease_recover(INGEST_COPY, now)
 
 
 def inputs_expire() -> int:

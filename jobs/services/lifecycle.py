@@ -23,6 +23,7 @@ from console.actors import Actor
 from console.audit import audit_record
 from console.constants import AuditAction
 from console.models import ApiKey
+from jobs import dispatch
 from jobs.constants import (
     CANCELLABLE,
     JOB_TRANSITIONS,
@@ -33,6 +34,7 @@ from jobs.constants import (
 )
 from jobs.models import Job, JobEvent
 from jobs.services import webhooks
+from jobs.services.purge import job_data_purge
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +99,7 @@ def job_transition(*, job: Job, to: JobStatus, actor: Actor,
     entered = Job.objects.select_related("organization").get(pk=job.pk)
     if to == JobStatus.IN_PROGRESS:
         hold_place(job=entered)
-        _start_after_commit(entered.pk)
+        dispatch.send_on_commit("job_start_task", str(entered.pk))
     elif terminal:
         entered.cost_cents = hold_settle(job=entered, cost_cents=cost_cents)
         Job.objects.filter(pk=job.pk).update(cost_cents=entered.cost_cents)
@@ -107,18 +109,10 @@ def job_transition(*, job: Job, to: JobStatus, actor: Actor,
     return entered
 
 
-def _start_after_commit(job_id: uuid.UUID) -> None:
-    from jobs.tasks import job_start_task
-
-    transaction.on_commit(lambda: job_start_task.send(str(job_id)))
-
-
 def _purge_after_commit(job_id: uuid.UUID) -> None:
     # Storage deletes are not transactional: they follow the commit. A process that dies
     # in between leaves the deletion to the recovery pass ("requested data deletion").
     def purge() -> None:
-        from jobs.services.data import job_data_purge
-
         job_data_purge(job=Job.objects.select_related("input").get(pk=job_id))
 
     transaction.on_commit(purge)

@@ -20,6 +20,7 @@ from typing import Any
 from django.db.models import Exists, F, OuterRef, Q, QuerySet
 from django.utils import timezone
 
+from jobs import dispatch
 from jobs.constants import (
     CHUNK_SETTLED,
     TERMINAL_STATUSES,
@@ -29,7 +30,6 @@ from jobs.constants import (
     JobStatus,
 )
 from jobs.models import Chunk, Input, Job
-from jobs.services.data import job_data_purge
 from jobs.services.inputs import (
     COPY_TIME_LIMIT,
     INGEST_ATTEMPTS,
@@ -38,6 +38,7 @@ from jobs.services.inputs import (
     input_copy_revive,
 )
 from jobs.services.lifecycle import RECOVERY, job_fail, job_finish
+from jobs.services.purge import job_data_purge
 from jobs.services.running import (
     CHUNK_ATTEMPTS,
     chunks_send,
@@ -101,9 +102,7 @@ def _job_give_up(reason: str) -> Callable[[Job], None]:
 
 
 def _send_estimate(job: Job) -> None:
-    from jobs.tasks import job_estimate_task
-
-    job_estimate_task.send(str(job.pk))
+    dispatch.send("job_estimate_task", str(job.pk))
 
 
 def _send_sample(job: Job) -> None:
@@ -111,9 +110,7 @@ def _send_sample(job: Job) -> None:
 
 
 def _send_start(job: Job) -> None:
-    from jobs.tasks import job_start_task
-
-    job_start_task.send(str(job.pk))
+    dispatch.send("job_start_task", str(job.pk))
 
 
 def _finalize(job: Job) -> None:
@@ -254,3 +251,9 @@ def recover() -> dict[str, int]:
     counts = {lease.what: lease_recover(lease, now) for lease in LEASES}
     counts["webhook delivery"] = deliveries_sweep()
     return counts
+
+
+def inputs_sweep() -> int:
+    """The ingest rows of the recovery pass alone."""
+    now = timezone.now()
+    return lease_recover(INGEST_QUEUED, now) + lease_recover(INGEST_COPY, now)

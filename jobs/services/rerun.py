@@ -30,8 +30,9 @@ from inference.constants import InputFormat, RowOutcome
 from jobs.constants import TERMINAL_STATUSES, ChunkStatus, InputStatus
 from jobs.models import Input, Job
 from jobs.results import records, records_costed, rows_write
-from jobs.services.data import DELETED, RESULT_LINK_SECONDS, job_result_link, merged_key
+from jobs.services.data import DELETED, RESULT_LINK_SECONDS, job_result_link
 from jobs.services.inputs import INPUT_CHANGED, input_derived_create, input_refresh
+from jobs.services.purge import merged_key
 from jobs.services.rows import input_parquet_path
 from jobs.services.submission import JobRequest, job_submit
 from jobs.storage import StorageChanged, storage_for

@@ -17,7 +17,6 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-import dramatiq
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F, Sum
@@ -30,6 +29,7 @@ from inference.kinds import kind_named
 from inference.kinds.base import InputRow
 from inference.kinds.metering import RowMeter
 from inference.pricing import Usage, price, usage_cost_usd, usage_json
+from jobs import dispatch
 from jobs.constants import CHUNK_SETTLED, ChunkStatus, FailureCode, JobStatus
 from jobs.jsonl import line_dumps
 from jobs.models import Chunk, Job
@@ -58,18 +58,6 @@ def heartbeat_stale() -> timedelta:
     return timedelta(seconds=settings.ANEX_HEARTBEAT_STALE_SECONDS)
 
 CHUNK_ATTEMPTS = 3
-
-
-def run_queue(region: str, model_id: str) -> str:
-    """The queue a region's workers for this model consume: GPU workers take only what
-    they serve."""
-    return f"run.{region}.{model_id}"
-
-
-def queue_send(actor: dramatiq.Actor, queue: str, *args: Any,  # type: ignore[type-arg]
-               delay_ms: int | None = None) -> None:
-    message = actor.message(*args).copy(queue_name=queue)
-    dramatiq.get_broker().enqueue(message, delay=delay_ms)
 
 
 # --- starting ---------------------------------------------------------------------------
@@ -147,13 +135,11 @@ def job_start(*, job_id: uuid.UUID | str) -> int:
 
 def chunks_send(chunks: Any) -> list[uuid.UUID]:
     """Send these chunks to their model's run queue, noting when."""
-    from jobs.tasks import chunk_run_task
-
     sent = []
     for chunk in chunks.select_related("job"):
         Chunk.objects.filter(pk=chunk.pk).update(queued_at=timezone.now())
-        queue_send(chunk_run_task, run_queue(chunk.job.data_residency, chunk.job.model),
-                   str(chunk.pk))
+        dispatch.chunk_send(chunk_id=chunk.pk, region=chunk.job.data_residency,
+                            model=chunk.job.model)
         sent.append(chunk.pk)
     return sent
 
@@ -258,10 +244,8 @@ def _chunk_retry_or_fail(chunk: Chunk) -> ChunkStatus:
     if chunk.attempts < CHUNK_ATTEMPTS:
         Chunk.objects.filter(pk=chunk.pk, status=ChunkStatus.RUNNING).update(
             status=ChunkStatus.PENDING, queued_at=timezone.now())
-        from jobs.tasks import chunk_run_task
-
-        queue_send(chunk_run_task, run_queue(chunk.job.data_residency, chunk.job.model),
-                   str(chunk.pk), delay_ms=5_000 * chunk.attempts)
+        dispatch.chunk_send(chunk_id=chunk.pk, region=chunk.job.data_residency,
+                            model=chunk.job.model, delay_ms=5_000 * chunk.attempts)
         return ChunkStatus.PENDING
     Chunk.objects.filter(pk=chunk.pk, status=ChunkStatus.RUNNING).update(
         status=ChunkStatus.FAILED, finished_at=timezone.now())

@@ -40,11 +40,13 @@ from inference.kinds.base import InputRow
 from inference.kinds.chat import ChatKind
 from inference.pricing import Usage, price, usage_from_json, usage_json
 from inference.warmth import startup_seconds
+from jobs import dispatch
 from jobs.constants import FailureCode, JobStatus
+from jobs.failures import ClaimedWorkFailed
 from jobs.models import Job
 from jobs.services.lifecycle import job_cost_ready, job_fail, job_lease_claim
 from jobs.services.rows import rows_read
-from jobs.services.running import chunks_plan, queue_send
+from jobs.services.running import chunks_plan
 
 logger = logging.getLogger(__name__)
 
@@ -59,18 +61,9 @@ DEFAULT_CEILING = 32_768
 SAMPLE_WINDOW = timedelta(hours=1)
 
 
-def sample_queue(region: str, model_id: str) -> str:
-    """The queue of a region's samples for this model: consumed by the workers that take
-    its chunks (anex.broker.run_queues_declare), apart from them so samples never queue in
-    front of paid chunks."""
-    return f"sample.{region}.{model_id}"
-
-
 def sample_send(job: Job, *, delay_ms: int | None = None) -> None:
-    from jobs.tasks import job_sample_task
-
-    queue_send(job_sample_task, sample_queue(job.data_residency, job.model), str(job.pk),
-               delay_ms=delay_ms)
+    dispatch.sample_send(job_id=job.pk, region=job.data_residency, model=job.model,
+                         delay_ms=delay_ms)
 
 
 # --- the hourly allowance ---------------------------------------------------------------
@@ -263,7 +256,8 @@ def sample_generate(job: Job, model: CatalogModel) -> SampleResult:
 def job_sample(*, job_id: uuid.UUID | str) -> JobStatus | None:
     """The sampled estimate (on a worker serving the model); then cost_ready. Claimed
     once; a failure other than the output not fitting (the engine not starting, storage)
-    is handed out again and fails the job past the cap (jobs.services.recovery)."""
+    raises ClaimedWorkFailed: its actor hands it out again, and the job fails past the cap
+    (jobs.services.recovery)."""
     if not job_lease_claim(job_id=job_id, status=JobStatus.ESTIMATING,
                            row_count__isnull=False):
         return None
@@ -276,12 +270,8 @@ def job_sample(*, job_id: uuid.UUID | str) -> JobStatus | None:
     except EstimateFailed as failure:
         job_fail(job=job, code=FailureCode.INVALID_INPUT, reason=failure.message)
         return JobStatus.FAILED
-    except Exception:
-        logger.exception("sample of job %s failed", job.pk)
-        from jobs.services.recovery import SAMPLE, lease_retry
-
-        lease_retry(SAMPLE, Job.objects.get(pk=job.pk))
-        return None
+    except Exception as error:
+        raise ClaimedWorkFailed("sample", job_id=job.pk) from error
     # What it used replaces its reservation (a sample that failed keeps the reservation).
     Job.objects.filter(pk=job.pk).update(sample_tokens=result.tokens_used)
     rows = job.row_count or 0

@@ -22,6 +22,7 @@ from console.models import ApiKey, Organization
 from inference.catalog import CatalogModel, model_get
 from inference.kinds import AnyKind, kind_for
 from inference.response_format import response_format_problem
+from jobs import dispatch
 from jobs.constants import AWAITING_APPROVAL_STATUSES, InputStatus, TaskType
 from jobs.models import Input, Job
 from jobs.selectors import input_get
@@ -192,12 +193,6 @@ def job_submit(*, organization: Organization, actor: Actor, request: JobRequest,
         job_created(job=job, actor=actor)
         audit_record(organization=organization, actor=actor, action=AuditAction.JOB_SUBMITTED,
                      target=job, data={"model": model.id, "input": str(item.pk)})
-        _estimate_after_commit(job)
+        dispatch.send_on_commit("job_estimate_task", str(job.pk))
     return job
-
-
-def _estimate_after_commit(job: Job) -> None:
-    from jobs.tasks import job_estimate_task
-
-    transaction.on_commit(lambda: job_estimate_task.send(str(job.pk)))
 

@@ -31,12 +31,13 @@ from django.db.models import Exists, F, OuterRef, Q, QuerySet
 from django.utils import timezone
 from standardwebhooks import Webhook
 
-from anex.api.errors import ApiError
 from anex.crypto import secret_decrypt
 from anex.net import FetchError, UnsafeURL, fetch, url_check
 from console.models import Organization
+from jobs import dispatch
 from jobs.constants import DELIVERY_BACKOFF_SECONDS, DeliveryStatus, JobStatus
 from jobs.models import Input, Job, WebhookDelivery
+from jobs.results import RESULT_LINK_SECONDS, result_download_url
 
 logger = logging.getLogger(__name__)
 SECRET_PREFIX = "whsec_"  # noqa: S105 - the format's prefix, not a secret
@@ -151,10 +152,8 @@ def organization_event_enqueue(*, organization: Organization,
 
 
 def _send_after_commit(delivery_id: uuid.UUID, *, delay_seconds: float) -> None:
-    from jobs.tasks import delivery_attempt_task
-
-    transaction.on_commit(lambda: delivery_attempt_task.send_with_options(
-        args=(str(delivery_id),), delay=int(delay_seconds * 1000)))
+    dispatch.send_on_commit("delivery_attempt_task", str(delivery_id),
+                            delay_ms=int(delay_seconds * 1000))
 
 
 def organization_signing_secrets(organization: Organization) -> list[str]:
@@ -200,14 +199,8 @@ def _payload_for_attempt(delivery: WebhookDelivery) -> dict[str, Any]:
 
 
 def _result_link(job: Job) -> tuple[str, int] | None:
-    # Imported here: jobs.services.data imports the lifecycle, which imports this module.
-    from jobs.services.data import job_result_link
-
-    try:
-        link = job_result_link(job=job)
-    except ApiError:  # nothing to download, or deleted
-        return None
-    return str(link["result_url"]), int(str(link["expires_in"]))
+    url = result_download_url(job)
+    return None if url is None else (url, RESULT_LINK_SECONDS)
 
 
 def _earlier_of_same_job_pending() -> Exists:
@@ -296,14 +289,12 @@ def _settle(delivery: WebhookDelivery, outcome: DeliveryStatus, *, url: str,
 def _job_next_send(job_id: uuid.UUID) -> None:
     """Send the job's next pending event, which waited for the one just settled. Run after
     that commit, so a next event committed meanwhile is seen here or sees it settled."""
-    from jobs.tasks import delivery_attempt_task
-
     following = WebhookDelivery.objects.filter(
         job_id=job_id, status=DeliveryStatus.PENDING).order_by("created_at", "id").first()
     if following is not None:
         wait = (following.next_attempt_at - timezone.now()).total_seconds()
-        delivery_attempt_task.send_with_options(args=(str(following.pk),),
-                                          delay=max(0, int(wait * 1000)))
+        dispatch.send("delivery_attempt_task", str(following.pk),
+                      delay_ms=max(0, int(wait * 1000)))
 
 
 def deliveries_sweep() -> int:
@@ -312,10 +303,8 @@ def deliveries_sweep() -> int:
     lease ran out). Attempts are claimed, so a duplicate message is harmless; an event
     waiting behind an earlier one of its job is left to that one."""
     due = _due(timezone.now() - timedelta(seconds=30)).values_list("pk", flat=True)[:500]
-    from jobs.tasks import delivery_attempt_task
-
     count = 0
     for delivery_id in due:
-        delivery_attempt_task.send(str(delivery_id))
+        dispatch.send("delivery_attempt_task", str(delivery_id))
         count += 1
     return count

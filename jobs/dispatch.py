@@ -1,0 +1,95 @@
+"""The one place work is sent: queue names, the queues a worker declares, and messages sent
+by actor name, after the commit that made their row (STYLE.md rule 6; readthedocs'
+`send_task` by name).
+
+    dispatch.send_on_commit("job_estimate_task", str(job.pk))
+    dispatch.chunk_send(chunk_id=chunk.pk, region=job.data_residency, model=job.model)
+
+Services never import the actors (jobs/tasks.py imports the services): a message names its
+actor, and the worker that declared that actor runs it. ACTOR_QUEUES is every actor a
+service sends; tests/test_dispatch.py holds each name to an actor jobs.tasks declares, on
+the queue named here.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import dramatiq
+from django.conf import settings
+from django.db import transaction
+
+# The fixed queues: CPU work, apart from the per-model GPU queues below.
+INGEST = "ingest"
+WEBHOOKS = "webhooks"
+PERIODIC = "periodic"
+ESTIMATE = "estimate"
+JOBS = "jobs"
+# The default queue of the per-model actors; their messages go to run_queue/sample_queue.
+RUN = "run"
+SAMPLE = "sample"
+
+ACTOR_QUEUES = {
+    "input_copy_task": INGEST,
+    "delivery_attempt_task": WEBHOOKS,
+    "job_estimate_task": ESTIMATE,
+    "check_run_task": ESTIMATE,
+    "job_start_task": JOBS,
+    "chunk_run_task": RUN,
+    "job_sample_task": SAMPLE,
+}
+
+
+def run_queue(region: str, model_id: str) -> str:
+    """The queue a region's workers for this model consume: GPU workers take only what
+    they serve."""
+    return f"{RUN}.{region}.{model_id}"
+
+
+def sample_queue(region: str, model_id: str) -> str:
+    """The queue of a region's samples for this model: consumed by the workers that take
+    its chunks (run_queues_declare), apart from them so samples never queue in front of
+    paid chunks."""
+    return f"{SAMPLE}.{region}.{model_id}"
+
+
+def run_queues_declare() -> list[str]:
+    """Declare the run queues this worker consumes: one per region and served model, so a
+    GPU worker only takes the chunks of the model it has loaded; and beside each its sample
+    queue, kept apart so samples never queue in front of chunks."""
+    broker = dramatiq.get_broker()
+    queues = [name(region, model_id) for region in settings.ANEX_WORKER_REGIONS
+              for model_id in settings.ANEX_WORKER_MODELS
+              for name in (run_queue, sample_queue)]
+    for queue in queues:
+        broker.declare_queue(queue)
+    return queues
+
+
+def send(actor: str, *args: str, queue: str | None = None,
+         delay_ms: int | None = None) -> None:
+    """Send one message to `actor` now (on its own queue unless `queue` is given)."""
+    message: dramatiq.Message[Any] = dramatiq.Message(
+        queue_name=queue or ACTOR_QUEUES[actor], actor_name=actor, args=args, kwargs={},
+        options={})
+    dramatiq.get_broker().enqueue(message, delay=delay_ms)
+
+
+def send_on_commit(actor: str, *args: str, queue: str | None = None,
+                   delay_ms: int | None = None) -> None:
+    """send() once the current transaction commits (at once outside one), so the worker
+    finds the row the message names."""
+    transaction.on_commit(lambda: send(actor, *args, queue=queue, delay_ms=delay_ms))
+
+
+def chunk_send(*, chunk_id: uuid.UUID, region: str, model: str,
+               delay_ms: int | None = None) -> None:
+    """A chunk to its model's run queue in its region."""
+    send("chunk_run_task", str(chunk_id), queue=run_queue(region, model), delay_ms=delay_ms)
+
+
+def sample_send(*, job_id: uuid.UUID, region: str, model: str,
+                delay_ms: int | None = None) -> None:
+    """A job's sampled estimate to its model's sample queue in its region."""
+    send("job_sample_task", str(job_id), queue=sample_queue(region, model), delay_ms=delay_ms)

@@ -1,0 +1,59 @@
+"""A stopped job's data removed from storage: on request (DELETE /jobs/{id}/data, a cancel
+that asked for it) and 30 days after it ended. The job record (statuses, counts, cost,
+dates) stays; its input object, result object and every intermediate (chunk results) go.
+"""
+
+from __future__ import annotations
+
+from django.db.models import Case, F, Value, When
+from django.utils import timezone
+
+from jobs.constants import TERMINAL_STATUSES, InputStatus
+from jobs.models import Input, Job
+from jobs.results import chunk_key
+from jobs.services.rows import parquet_cache_purge
+from jobs.storage import storage_for
+
+
+def merged_key(job: Job) -> str:
+    """Where GET /jobs/{id}/result?merged=true writes the job's merged result."""
+    return f"results/{job.organization_id}/{job.pk}/merged.{job.format}"
+
+
+def job_data_purge(*, job: Job) -> Job:
+    """Remove every object of a stopped job; the first purge's time is kept."""
+    storage = storage_for(job.data_residency)
+    for chunk in job.chunks.all():
+        storage.delete(chunk_key(job, chunk.index))
+    if job.result_key:
+        storage.delete(job.result_key)
+    # A merged result (jobs.services.rerun) copies its re-runs' rows: the job's own goes,
+    # and so does every ancestor's that may hold this job's rows (re-made on the next
+    # ?merged=true without them).
+    ancestor: Job | None = job
+    while ancestor is not None:
+        storage_for(ancestor.data_residency).delete(merged_key(ancestor))
+        ancestor = ancestor.parent
+    if job.input is not None:
+        storage.delete(job.input.object_key)
+        # The input may be shared by other jobs: its object is gone for all of them, so it
+        # reads expired, and a later submit against it is the reference's 410.
+        Input.objects.filter(pk=job.input.pk, deleted_at__isnull=True).update(
+            status=Case(When(status=InputStatus.READY, then=Value(InputStatus.EXPIRED)),
+                        default=F("status")),
+            deleted_at=timezone.now())
+    parquet_cache_purge(job_id=job.pk)
+    Job.objects.filter(pk=job.pk, data_deleted_at__isnull=True).update(
+        data_deleted_at=timezone.now())
+    job.refresh_from_db()
+    return job
+
+
+def results_purge_expired() -> int:
+    count = 0
+    due = Job.objects.filter(status__in=TERMINAL_STATUSES, data_deleted_at__isnull=True,
+                             data_expires_at__lt=timezone.now())
+    for job in due.select_related("input")[:500]:
+        job_data_purge(job=job)
+        count += 1
+    return count
