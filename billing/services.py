@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
+from typing import Protocol
 
 from django.db import IntegrityError, transaction
 from django.db.models import F, Sum
@@ -24,9 +25,22 @@ from console.actors import Actor
 from console.audit import audit_record
 from console.constants import AuditAction
 from console.models import ApiKey, Organization
-from jobs.models import Job
 
 logger = logging.getLogger(__name__)
+
+
+class HeldJob(Protocol):
+    """What the ledger reads of a job whose estimate it holds and settles (jobs.models.Job;
+    the ledger sits below the jobs app and names it only by its row)."""
+
+    @property
+    def pk(self) -> uuid.UUID: ...
+    @property
+    def organization_id(self) -> uuid.UUID: ...
+    @property
+    def est_cost_cents(self) -> int | None: ...
+    @property
+    def approved_by_key(self) -> ApiKey | None: ...
 
 NO_CREDITS_DETAIL = (
     "The organization's credit balance is zero or below: add credits (a top-up on the "
@@ -236,7 +250,7 @@ def key_spend_cents(*, api_key: ApiKey) -> int:
     return int(spent)
 
 
-def hold_place(*, job: Job) -> LedgerEntry | None:
+def hold_place(*, job: HeldJob) -> LedgerEntry | None:
     """Hold the job's estimate, inside the caller's transaction (job_approve's, which
     moves the job to in_progress in the same commit). 402 when it is not covered."""
     organization = organization_lock(job.organization_id)
@@ -266,19 +280,19 @@ def hold_place(*, job: Job) -> LedgerEntry | None:
     if estimate == 0:
         return None
     entry, _ = _entry_write(
-        organization=organization, kind=EntryKind.HOLD, held_delta=estimate, job=job,
+        organization=organization, kind=EntryKind.HOLD, held_delta=estimate, job_id=job.pk,
         api_key=key, idempotency_key=f"job:{job.pk}:hold",
     )
     return entry
 
 
-def hold_open_cents(*, job: Job) -> int:
-    total = LedgerEntry.objects.filter(job=job).aggregate(held=Coalesce(Sum("held_delta"), 0))
+def hold_open_cents(*, job: HeldJob) -> int:
+    total = LedgerEntry.objects.filter(job_id=job.pk).aggregate(held=Coalesce(Sum("held_delta"), 0))
     return int(total["held"])
 
 
 @transaction.atomic
-def hold_settle(*, job: Job, cost_cents: int) -> int:
+def hold_settle(*, job: HeldJob, cost_cents: int) -> int:
     """Charge the job's cost against its hold and release the rest; returns the charge.
 
     Runs on done, failed and cancelled alike. Settling twice changes nothing: the first
@@ -288,10 +302,10 @@ def hold_settle(*, job: Job, cost_cents: int) -> int:
         raise ValueError("a cost is never negative")
     organization = organization_lock(job.organization_id)
     settled = LedgerEntry.objects.filter(
-        job=job, kind__in=[EntryKind.CHARGE, EntryKind.RELEASE]
+        job_id=job.pk, kind__in=[EntryKind.CHARGE, EntryKind.RELEASE]
     ).exists()
     if settled:
-        return -int(LedgerEntry.objects.filter(job=job, kind=EntryKind.CHARGE)
+        return -int(LedgerEntry.objects.filter(job_id=job.pk, kind=EntryKind.CHARGE)
                     .aggregate(c=Coalesce(Sum("balance_delta"), 0))["c"])
     held = hold_open_cents(job=job)
     charge = min(cost_cents, held)
@@ -300,11 +314,11 @@ def hold_settle(*, job: Job, cost_cents: int) -> int:
                      job.pk, cost_cents, held)
     key = job.approved_by_key
     if charge > 0:
-        _entry_write(organization=organization, kind=EntryKind.CHARGE, job=job, api_key=key,
+        _entry_write(organization=organization, kind=EntryKind.CHARGE, job_id=job.pk, api_key=key,
                      balance_delta=-charge, held_delta=-charge,
                      idempotency_key=f"job:{job.pk}:charge")
     if held - charge > 0:
-        _entry_write(organization=organization, kind=EntryKind.RELEASE, job=job, api_key=key,
+        _entry_write(organization=organization, kind=EntryKind.RELEASE, job_id=job.pk, api_key=key,
                      held_delta=-(held - charge), idempotency_key=f"job:{job.pk}:release")
     return charge
 

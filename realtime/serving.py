@@ -127,7 +127,7 @@ class Served:
 
 def engine_load(model_id: str) -> tuple[AnyKind, Engine]:
     """The warm engine for a realtime model and its kind, built from its checkpoint by the
-    kind as a batch worker's is (inference/engines/registry.py), but not through
+    kind as a batch worker's is (inference/kinds/engines.py), but not through
     engine_for: that marks the model warm for the batch estimator, and a realtime server
     takes no chunk."""
     model = model_get(model_id)

@@ -9,7 +9,7 @@
 One outcome per row, in row order; a row the model refuses carries its RowError and never
 fails the chunk. The job pipeline and the realtime API reach an engine through its model's
 task kind (inference.kinds: `kind.engine(model_id)`, typed to that kind's engine), which
-also builds it (`kind.engine_build`, called by inference.kinds.engines.engine_for). Only
+also builds it (`kind.engine_build`, called by inference/kinds/engines.py). Only
 plain dataclasses cross this boundary: no vLLM type. vLLM itself is imported when the
 first engine is built, so importing this package stays cheap.
 """
