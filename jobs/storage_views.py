@@ -23,7 +23,8 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from anex.api.throttling import client_address, window_hit
+from anex.api.throttling import client_address
+from anex.redis import window_hit
 from anex.regions import Region
 from jobs.services.inputs import input_accepts_upload
 from jobs.storage import (

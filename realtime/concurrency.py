@@ -29,8 +29,8 @@ from django.conf import settings
 from rest_framework.exceptions import Throttled
 
 from anex.api.errors import ApiError
-from anex.api.throttling import RATE_LIMITER, WINDOW_SECONDS, key_rate_limit, window_counter
-from anex.redis import redis_client
+from anex.api.throttling import RATE_LIMITER, key_rate_limit
+from anex.redis import WINDOW_SECONDS, redis_client, window_counter
 from console.models import ApiKey
 
 logger = logging.getLogger(__name__)

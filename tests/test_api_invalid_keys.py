@@ -15,6 +15,7 @@ import redis
 from pytest_django import Settings
 from rest_framework.test import APIClient
 
+import anex.redis
 from anex.api import throttling
 from anex.redis import redis_client
 from console.models import ApiKey
@@ -123,7 +124,7 @@ def test_the_limiter_never_takes_the_api_down(key_pair: tuple[ApiKey, str],
         def __getattr__(self, name: str) -> object:
             raise redis.ConnectionError("redis is down")
 
-    monkeypatch.setattr(throttling, "redis_client", lambda: Down())
+    monkeypatch.setattr(anex.redis, "redis_client", lambda: Down())
     client = APIClient()
     address = addresses()
     assert [probe(client, key, address, "Bearer sk-nope").status_code

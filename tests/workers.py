@@ -8,6 +8,7 @@ from contextlib import contextmanager
 
 import dramatiq
 from django.db import connection
+from django.utils.module_loading import autodiscover_modules
 from dramatiq.worker import _WorkerMiddleware
 
 from jobs.dispatch import run_queues_declare
@@ -15,6 +16,9 @@ from jobs.dispatch import run_queues_declare
 
 @contextmanager
 def running_worker(threads: int = 1) -> Iterator[dramatiq.Worker]:
+    # A worker process declares every app's actors as anex.worker does; services send by
+    # name (jobs.dispatch) and never import them.
+    autodiscover_modules("tasks")
     broker = dramatiq.get_broker()
     worker = dramatiq.Worker(broker, worker_threads=threads)
     worker.start()

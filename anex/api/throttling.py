@@ -15,17 +15,14 @@ from __future__ import annotations
 
 import logging
 import math
-import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import redis
 from django.conf import settings
 from django.http import HttpRequest
 from rest_framework.throttling import BaseThrottle
 
 from anex.api.errors import ApiError
-from anex.redis import redis_client
+from anex.redis import window_hit
 from console.models import ApiKey
 
 if TYPE_CHECKING:
@@ -34,7 +31,6 @@ if TYPE_CHECKING:
     from rest_framework.views import APIView
 
 logger = logging.getLogger(__name__)
-WINDOW_SECONDS = 60
 RATE_LIMITER = "ratelimit"  # the per-key request counters
 # A client that sends a valid key gets this wrong rarely (a rotated key in one deploy);
 # a flood of guessed or revoked keys is held to it.
@@ -45,38 +41,9 @@ INVALID_KEYS_DETAIL = (
 )
 
 
-@dataclass(frozen=True)
-class WindowHit:
-    count: int  # hits in this window, the one just counted included
-    seconds_left: float  # until the window ends
-
-
-def window_counter(limiter: str, subject: object, now: float) -> tuple[str, float]:
-    """The Redis counter of `subject`'s current window, and the seconds until it ends (the
-    realtime API counts a key's requests in the same one, realtime/concurrency.py)."""
-    window = int(now // WINDOW_SECONDS)
-    return f"anex:{limiter}:{subject}:{window}", (window + 1) * WINDOW_SECONDS - now
-
-
 def key_rate_limit(key: ApiKey) -> int:
     """The requests a minute this key may send."""
     return key.rate_limit_per_minute or settings.ANEX_DEFAULT_RATE_LIMIT_PER_MINUTE
-
-
-def window_hit(limiter: str, subject: object) -> WindowHit | None:
-    """Count one hit for `subject` in the current fixed window of the `limiter` counters
-    (a key, a client address); None when Redis cannot be reached, and the caller lets the
-    request through."""
-    counter, seconds_left = window_counter(limiter, subject, time.time())
-    try:
-        pipe = redis_client().pipeline()
-        pipe.incr(counter)
-        pipe.expire(counter, WINDOW_SECONDS * 2)
-        count, _ = pipe.execute()
-    except redis.RedisError as exc:
-        logger.warning("%s limiter unavailable, request allowed: %s", limiter, exc)
-        return None
-    return WindowHit(int(count), seconds_left)
 
 
 class ApiKeyRateThrottle(BaseThrottle):

@@ -21,7 +21,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from anex.api.errors import ApiError
-from anex.api.throttling import window_hit
+from anex.redis import window_hit
 from anex.regions import Region
 from console.actors import Actor
 from console.models import Organization
