@@ -22,9 +22,8 @@ from console.services import (
     api_key_revoke,
     organization_create,
     organization_update,
-    organization_webhook_set,
-    webhook_url_validate,
 )
+from jobs.services.webhook_endpoint import organization_webhook_set, webhook_url_validate
 
 
 class ReadOnlyInline(admin.TabularInline):

@@ -17,22 +17,12 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from anex.crypto import secret_encrypt
-from anex.net import FetchError
 from billing.services import credits_grant
 from console.actors import Actor
 from console.audit import audit_record
 from console.constants import AuditAction, Role
 from console.keys import key_generate, secret_hash
 from console.models import ApiKey, Invitation, Membership, Organization
-from jobs.models import WebhookDelivery
-from jobs.services.webhooks import (
-    SECRET_GRACE,
-    TEST_EVENT,
-    organization_event_enqueue,
-    webhook_secret_new,
-    webhook_url_check,
-)
 
 # last_used_at is advisory: writing it on every request would turn each read into a write.
 LAST_USED_RESOLUTION = timedelta(minutes=1)
@@ -70,7 +60,7 @@ def organization_update(*, organization: Organization, actor: Actor,
     unknown = set(changes) - set(ORGANIZATION_SETTINGS)
     if unknown:
         raise ValueError(f"not an organization setting: {', '.join(sorted(unknown))}")
-    _owner_require(organization=organization, actor=actor,
+    owner_require(organization=organization, actor=actor,
                    message="Only an owner can change the organization's settings.")
     # EU data routing is turned on by us on request (the reference), never by a customer.
     if "eu_data_routing" in changes and not _staff_or_system(actor) and \
@@ -96,7 +86,7 @@ def _staff_or_system(actor: Actor) -> bool:
     return actor.system is not None or (actor.user is not None and actor.user.is_staff)
 
 
-def _owner_require(*, organization: Organization, actor: Actor, message: str) -> None:
+def owner_require(*, organization: Organization, actor: Actor, message: str) -> None:
     """Settings, members and the webhook are an owner's; staff and the system (createorg,
     the admin) act for them. A member, or a key, is refused."""
     if _staff_or_system(actor):
@@ -104,80 +94,6 @@ def _owner_require(*, organization: Organization, actor: Actor, message: str) ->
     if actor.user is None or not Membership.objects.filter(
             organization=organization, user=actor.user, role=Role.OWNER).exists():
         raise PermissionDenied(message)
-
-
-def _webhook_owner_require(*, organization: Organization, actor: Actor) -> None:
-    """The endpoint and its secret are an owner's (the reference: "an owner does this on
-    the console's Settings page")."""
-    _owner_require(organization=organization, actor=actor,
-                   message="Only an owner can change the webhook settings.")
-
-
-def webhook_url_validate(url: str) -> None:
-    """webhook_url_check as a ValidationError, for a form field or a command's option."""
-    try:
-        webhook_url_check(url)
-    except FetchError as exc:
-        raise ValidationError(f"The webhook endpoint cannot be used: {exc}.",
-                              code="webhook_url") from None
-
-
-@transaction.atomic
-def organization_webhook_set(*, organization: Organization, actor: Actor,
-                             url: str) -> Organization:
-    """Set (or, with "", remove) the endpoint every job event is POSTed to. It must be
-    https and resolve only to public addresses (checked again at each delivery). The
-    first endpoint gets a signing secret, shown to owners (console.selectors)."""
-    _webhook_owner_require(organization=organization, actor=actor)
-    url = url.strip()
-    if url:
-        webhook_url_validate(url)
-    locked = Organization.objects.select_for_update().get(pk=organization.pk)
-    fields: dict[str, Any] = {}
-    if url != locked.webhook_url:
-        fields["webhook_url"] = url
-    if url and not locked.webhook_secret_encrypted:
-        fields["webhook_secret_encrypted"] = secret_encrypt(webhook_secret_new())
-    if fields:
-        Organization.objects.filter(pk=locked.pk).update(**fields)
-    if "webhook_url" in fields:
-        audit_record(organization=locked, actor=actor, action=AuditAction.WEBHOOK_ENDPOINT_SET,
-                     target=locked, data={"from": locked.webhook_url, "to": url})
-    organization.refresh_from_db()
-    return organization
-
-
-@transaction.atomic
-def organization_webhook_secret_rotate(*, organization: Organization, actor: Actor) -> str:
-    """A new signing secret; returns it. The one it replaces keeps signing beside it for
-    SECRET_GRACE, so events stay verifiable while the receiver switches."""
-    _webhook_owner_require(organization=organization, actor=actor)
-    locked = Organization.objects.select_for_update().get(pk=organization.pk)
-    secret = webhook_secret_new()
-    Organization.objects.filter(pk=locked.pk).update(
-        webhook_secret_encrypted=secret_encrypt(secret),
-        webhook_secret_previous_encrypted=locked.webhook_secret_encrypted,
-        webhook_secret_previous_until=(timezone.now() + SECRET_GRACE
-                                       if locked.webhook_secret_encrypted else None),
-    )
-    # Never the secret itself: the audit log is readable by every member.
-    audit_record(organization=locked, actor=actor, action=AuditAction.WEBHOOK_SECRET_ROTATED,
-                 target=locked, data={"previous_valid_hours": SECRET_GRACE / timedelta(hours=1)})
-    organization.refresh_from_db()
-    return secret
-
-
-@transaction.atomic
-def organization_webhook_test(*, organization: Organization, actor: Actor) -> WebhookDelivery:
-    """Queue the test event to the current endpoint (the Settings page's test button)."""
-    _webhook_owner_require(organization=organization, actor=actor)
-    locked = Organization.objects.select_for_update().get(pk=organization.pk)
-    if not locked.webhook_url:
-        raise ValidationError("Set a webhook endpoint first.", code="webhook_url")
-    delivery = organization_event_enqueue(organization=locked, event_type=TEST_EVENT)
-    audit_record(organization=locked, actor=actor, action=AuditAction.WEBHOOK_TEST_SENT,
-                 target=locked, data={"delivery_id": str(delivery.pk)})
-    return delivery
 
 
 @transaction.atomic
@@ -214,7 +130,7 @@ def invitation_create(*, organization: Organization, actor: Actor, email: str,
                       ) -> Invitation:
     """Invite an email address; the mail carries accept_url(token), sent after commit.
     Only the token's digest is stored, so the link works from the mail alone."""
-    _owner_require(organization=organization, actor=actor,
+    owner_require(organization=organization, actor=actor,
                    message="Only an owner can invite members.")
     email = email.strip().lower()
     if Membership.objects.for_org(organization).filter(user__email__iexact=email).exists():

@@ -24,11 +24,11 @@ from billing.services import credits_summary
 from console.constants import Role
 from console.models import ApiKey, AuditEvent, Invitation, Membership, Organization
 from console.selectors import organization_webhook_secret, spend_per_day
-from console.services import organization_webhook_set
 from console.templatetags.console_tags import duration
 from jobs.constants import JobStatus
 from jobs.models import Input, Job
 from jobs.serializers import JobOut
+from jobs.services.webhook_endpoint import organization_webhook_set
 from tests.factories import (
     SYSTEM,
     api_key_make,

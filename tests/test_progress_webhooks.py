@@ -17,7 +17,6 @@ from pytest_django import Settings
 from console.constants import AuditAction, Role
 from console.models import AuditEvent, Organization
 from console.selectors import organization_webhook_secret
-from console.services import organization_webhook_set
 from inference.constants import RowOutcome
 from inference.pricing import Usage
 from jobs.constants import JobStatus
@@ -25,6 +24,7 @@ from jobs.models import Chunk, Job, WebhookDelivery
 from jobs.services.lifecycle import job_approve
 from jobs.services.progress import job_progress_notify
 from jobs.services.running import chunk_run, job_start
+from jobs.services.webhook_endpoint import organization_webhook_set
 from tests.chunks import chunk_done, row_record
 from tests.engine_fixtures import checkpoint_dirs  # noqa: F401
 from tests.factories import SYSTEM, input_ready, job_make, organization_make

@@ -32,13 +32,13 @@ from console.actors import Actor
 from console.constants import Role
 from console.models import AuditEvent, Organization
 from console.selectors import organization_webhook_secret
-from console.services import (
+from jobs.constants import DELIVERY_BACKOFF_SECONDS, DeliveryStatus, FailureCode, JobStatus
+from jobs.models import Job, WebhookDelivery
+from jobs.services.webhook_endpoint import (
     organization_webhook_secret_rotate,
     organization_webhook_set,
     organization_webhook_test,
 )
-from jobs.constants import DELIVERY_BACKOFF_SECONDS, DeliveryStatus, FailureCode, JobStatus
-from jobs.models import Job, WebhookDelivery
 from jobs.services.webhooks import deliveries_sweep, delivery_attempt, job_webhook_enqueue
 from jobs.storage import DOWNLOAD_SALT, storage_for
 from tests.dispatched import dispatch_catch

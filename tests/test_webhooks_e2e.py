@@ -20,9 +20,9 @@ from rest_framework.test import APIClient
 
 from console.models import Organization
 from console.selectors import organization_webhook_secret
-from console.services import organization_webhook_set
 from jobs.constants import DeliveryStatus
 from jobs.models import Job, WebhookDelivery
+from jobs.services.webhook_endpoint import organization_webhook_set
 from tests.engine_fixtures import checkpoint_dirs  # noqa: F401
 from tests.factories import SYSTEM, api_key_make, input_ready, organization_make
 from tests.servers import LocalServer, tls_context

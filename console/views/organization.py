@@ -32,12 +32,14 @@ from console.services import (
     invitation_create,
     invitation_for_token,
     organization_update,
+)
+from console.views.base import SESSION_ORGANIZATION, Console, console_page, fragment, page
+from jobs.constants import DeliveryStatus
+from jobs.services.webhook_endpoint import (
     organization_webhook_secret_rotate,
     organization_webhook_set,
     organization_webhook_test,
 )
-from console.views.base import SESSION_ORGANIZATION, Console, console_page, fragment, page
-from jobs.constants import DeliveryStatus
 
 DELIVERIES_SHOWN = 20
 

@@ -13,7 +13,8 @@ from django.db import transaction
 from billing.services import credits_grant
 from console.actors import Actor
 from console.selectors import organization_webhook_secret
-from console.services import api_key_create, organization_create, organization_webhook_set
+from console.services import api_key_create, organization_create
+from jobs.services.webhook_endpoint import organization_webhook_set
 
 
 class Command(BaseCommand):
