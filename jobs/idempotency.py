@@ -38,10 +38,9 @@ from drf_spectacular.utils import OpenApiParameter
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from anex.api.authentication import request_organization
 from anex.api.errors import ApiError, error_response
 from anex.crypto import DecryptionFailed, secret_decrypt, secret_encrypt
-from console.models import Organization
+from console.models import ApiKey, Organization
 from jobs.models import IdempotencyRecord
 
 if TYPE_CHECKING:
@@ -191,7 +190,9 @@ def idempotent(handler: Handler) -> Handler:
             return handler(view, request, *args, **kwargs)
         if not _key_valid(key):
             raise ApiError(422, BAD_KEY_DETAIL)
-        organization = request_organization(request)
+        # The decorated views authenticate by API key first (anex.api.authentication).
+        assert isinstance(request.auth, ApiKey), "an Idempotency-Key view without an API key"
+        organization = request.auth.organization
         fingerprint = request_fingerprint(request)
         try:
             with transaction.atomic():
