@@ -12,37 +12,16 @@ from django.db.models import QuerySet, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
-from anex.api.errors import ApiError
 from anex.crypto import secret_decrypt
+from anex.errors import NotFound
 from billing.constants import EntryKind
 from billing.models import LedgerEntry
-from console.keys import key_parse, secret_matches
 from console.models import ApiKey, AuditEvent, Invitation, Membership, Organization
 from console.tenancy import scoped_get
 from inference.catalog import CatalogModel, catalog, local_models
 from jobs.constants import JobStatus
 from jobs.models import Job, WebhookDelivery
 from jobs.selectors import job_progress
-
-
-def api_key_for_plaintext(raw: str) -> ApiKey | None:
-    """The active key this plaintext is, or None (unknown, wrong secret, revoked, expired)."""
-    parts = key_parse(raw)
-    if parts is None:
-        return None
-    try:
-        # get(), not first(): the prefix is unique, and every API request runs this query,
-        # so it carries no ORDER BY to compile or plan.
-        key = ApiKey.objects.select_related("organization").get(prefix=parts.prefix)
-    except ApiKey.DoesNotExist:
-        return None
-    if not secret_matches(parts.secret, key.secret_hash):
-        return None
-    if key.revoked_at is not None:
-        return None
-    if key.expires_at is not None and key.expires_at <= timezone.now():
-        return None
-    return key
 
 
 def api_key_get(*, organization: Organization, id: uuid.UUID | str) -> ApiKey:
@@ -101,7 +80,7 @@ def webhook_delivery_get(*, organization: Organization, id: uuid.UUID | str) -> 
     delivery = scoped_get(WebhookDelivery.objects.all(), organization=organization, id=id,
                           noun="Delivery")
     if delivery.input_id is not None:
-        raise ApiError.not_found("Delivery")
+        raise NotFound.of("Delivery")
     return delivery
 
 
