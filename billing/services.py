@@ -12,19 +12,19 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from django.db import IntegrityError, transaction
 from django.db.models import F, Sum
 from django.db.models.functions import Coalesce
 
-from anex.api.errors import ApiError
+from anex.errors import PaymentRequired
 from billing.constants import EntryKind
 from billing.models import LedgerEntry
 from console.actors import Actor
 from console.audit import audit_record
 from console.constants import AuditAction
 from console.models import ApiKey, Organization
-from jobs.models import Job
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +32,20 @@ NO_CREDITS_DETAIL = (
     "The organization's credit balance is zero or below: add credits (a top-up on the "
     "console's Billing page) before uploading or submitting."
 )
+
+
+class HeldJob(Protocol):
+    """What the ledger reads of the job it holds credits for (jobs.models.Job: billing sits
+    below the jobs app and never imports it)."""
+
+    @property
+    def pk(self) -> Any: ...
+    @property
+    def organization_id(self) -> uuid.UUID: ...
+    @property
+    def est_cost_cents(self) -> int | None: ...
+    @property
+    def approved_by_key(self) -> ApiKey | None: ...
 
 
 @dataclass(frozen=True)
@@ -42,6 +56,29 @@ class Credits:
     @property
     def available(self) -> int:
         return self.balance - self.held
+
+    def covers(self, cents: int) -> bool:
+        """Whether `cents` may be spent now: the available balance (what approved jobs hold
+        is not spendable) covers it. Approval asks it of the estimate; a realtime request,
+        which has no approval, of the next credit it spends."""
+        return cents <= self.available
+
+
+@dataclass(frozen=True)
+class KeyBudget:
+    """A key's spend budget and what its approvals and realtime usage consumed of it."""
+
+    budget: int
+    spent: int
+
+    @property
+    def left(self) -> int:
+        return self.budget - self.spent
+
+    def covers(self, cents: int) -> bool:
+        """Whether the key may spend `cents` more (approval: the estimate; a realtime
+        request: the next credit)."""
+        return cents <= self.left
 
 
 def organization_lock(organization_id: uuid.UUID) -> Organization:
@@ -64,9 +101,16 @@ def credits_available(*, organization: Organization) -> int:
 
 
 def credits_require_positive(*, organization: Organization) -> None:
-    """The coarse check before uploads and submits: any balance at all (402 otherwise)."""
+    """The batch API's coarse check before uploads, ingests, submits and re-runs: any
+    balance at all (402 otherwise), "a coarser check than approval's" (the reference).
+
+    It differs from Credits.covers on purpose: nothing is spent until the job is approved,
+    and approval asks the available balance (less what approved jobs hold) to cover the
+    estimate, so holds are not counted here. A realtime request spends at once, with no
+    approval after it, so realtime asks Credits.covers (docs/decisions.md, "Credits and
+    billing")."""
     if credits_summary(organization=organization).balance <= 0:
-        raise ApiError(402, NO_CREDITS_DETAIL)
+        raise PaymentRequired(NO_CREDITS_DETAIL)
 
 
 def _entry_write(**values: object) -> tuple[LedgerEntry, bool]:
@@ -236,7 +280,14 @@ def key_spend_cents(*, api_key: ApiKey) -> int:
     return int(spent)
 
 
-def hold_place(*, job: Job) -> LedgerEntry | None:
+def key_budget(*, api_key: ApiKey) -> KeyBudget | None:
+    """The key's spend budget and its spend so far; None for a key without a budget."""
+    if api_key.spend_budget_cents is None:
+        return None
+    return KeyBudget(budget=api_key.spend_budget_cents, spent=key_spend_cents(api_key=api_key))
+
+
+def hold_place(*, job: HeldJob) -> LedgerEntry | None:
     """Hold the job's estimate, inside the caller's transaction (job_approve's, which
     moves the job to in_progress in the same commit). 402 when it is not covered."""
     organization = organization_lock(job.organization_id)
@@ -246,39 +297,37 @@ def hold_place(*, job: Job) -> LedgerEntry | None:
     estimate = job.est_cost_cents
     if estimate is None:
         raise ValueError("a job is approved on its estimate; this one has none")
-    available = credits_available(organization=organization)
-    if estimate > available:
-        raise ApiError(
-            402,
+    credits = credits_summary(organization=organization)
+    if not credits.covers(estimate):
+        raise PaymentRequired(
             f"The balance does not cover the estimate: approving this job holds {estimate} "
-            f"credits and {max(available, 0)} are available. Top up and approve again.",
+            f"credits and {max(credits.available, 0)} are available. Top up and approve "
+            "again.",
         )
     key = job.approved_by_key
-    if key is not None and key.spend_budget_cents is not None:
-        left = key.spend_budget_cents - key_spend_cents(api_key=key)
-        if estimate > left:
-            raise ApiError(
-                402,
-                f"This API key's spend budget does not cover the estimate: approving this "
-                f"job holds {estimate} credits and {max(left, 0)} are left of its "
-                f"{key.spend_budget_cents}-credit budget.",
-            )
+    budget = key_budget(api_key=key) if key is not None else None
+    if budget is not None and not budget.covers(estimate):
+        raise PaymentRequired(
+            f"This API key's spend budget does not cover the estimate: approving this "
+            f"job holds {estimate} credits and {max(budget.left, 0)} are left of its "
+            f"{budget.budget}-credit budget.",
+        )
     if estimate == 0:
         return None
     entry, _ = _entry_write(
-        organization=organization, kind=EntryKind.HOLD, held_delta=estimate, job=job,
+        organization=organization, kind=EntryKind.HOLD, held_delta=estimate, job_id=job.pk,
         api_key=key, idempotency_key=f"job:{job.pk}:hold",
     )
     return entry
 
 
-def hold_open_cents(*, job: Job) -> int:
-    total = LedgerEntry.objects.filter(job=job).aggregate(held=Coalesce(Sum("held_delta"), 0))
+def hold_open_cents(*, job: HeldJob) -> int:
+    total = LedgerEntry.objects.filter(job_id=job.pk).aggregate(held=Coalesce(Sum("held_delta"), 0))
     return int(total["held"])
 
 
 @transaction.atomic
-def hold_settle(*, job: Job, cost_cents: int) -> int:
+def hold_settle(*, job: HeldJob, cost_cents: int) -> int:
     """Charge the job's cost against its hold and release the rest; returns the charge.
 
     Runs on done, failed and cancelled alike. Settling twice changes nothing: the first
@@ -288,10 +337,10 @@ def hold_settle(*, job: Job, cost_cents: int) -> int:
         raise ValueError("a cost is never negative")
     organization = organization_lock(job.organization_id)
     settled = LedgerEntry.objects.filter(
-        job=job, kind__in=[EntryKind.CHARGE, EntryKind.RELEASE]
+        job_id=job.pk, kind__in=[EntryKind.CHARGE, EntryKind.RELEASE]
     ).exists()
     if settled:
-        return -int(LedgerEntry.objects.filter(job=job, kind=EntryKind.CHARGE)
+        return -int(LedgerEntry.objects.filter(job_id=job.pk, kind=EntryKind.CHARGE)
                     .aggregate(c=Coalesce(Sum("balance_delta"), 0))["c"])
     held = hold_open_cents(job=job)
     charge = min(cost_cents, held)
@@ -300,11 +349,11 @@ def hold_settle(*, job: Job, cost_cents: int) -> int:
                      job.pk, cost_cents, held)
     key = job.approved_by_key
     if charge > 0:
-        _entry_write(organization=organization, kind=EntryKind.CHARGE, job=job, api_key=key,
+        _entry_write(organization=organization, kind=EntryKind.CHARGE, job_id=job.pk, api_key=key,
                      balance_delta=-charge, held_delta=-charge,
                      idempotency_key=f"job:{job.pk}:charge")
     if held - charge > 0:
-        _entry_write(organization=organization, kind=EntryKind.RELEASE, job=job, api_key=key,
+        _entry_write(organization=organization, kind=EntryKind.RELEASE, job_id=job.pk, api_key=key,
                      held_delta=-(held - charge), idempotency_key=f"job:{job.pk}:release")
     return charge
 
