@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from datetime import date, timedelta
 
 from django.conf import settings
@@ -19,9 +18,7 @@ from billing.models import LedgerEntry
 from console.models import ApiKey, AuditEvent, Invitation, Membership, Organization
 from console.tenancy import scoped_get
 from inference.catalog import CatalogModel, catalog, local_models
-from jobs.constants import JobStatus
 from jobs.models import Job, WebhookDelivery
-from jobs.selectors import job_progress
 
 
 def api_key_get(*, organization: Organization, id: uuid.UUID | str) -> ApiKey:
@@ -97,34 +94,6 @@ def job_list(*, organization: Organization, status: str = "",
 
 def job_models_used(*, organization: Organization) -> list[str]:
     return sorted(set(Job.objects.for_org(organization).values_list("model", flat=True)))
-
-
-@dataclass(frozen=True)
-class JobProgress:
-    """A job's progress as the console shows it (the API's GET /jobs/{id}/progress)."""
-
-    rows_done: int
-    rows_total: int | None
-    eta_seconds: int | None
-
-    @property
-    def percent(self) -> int:
-        if not self.rows_total:
-            return 0
-        return min(100, round(100 * self.rows_done / self.rows_total))
-
-
-def job_progress_shown(*, organization: Organization, job: Job) -> JobProgress:
-    """The API's progress (jobs.selectors.job_progress); before the first chunk has landed
-    a running job's ETA is what is left of its est_processing_seconds."""
-    progress = job_progress(organization=organization, id=job.pk)
-    eta = progress.eta_seconds
-    if eta is None and job.status == JobStatus.IN_PROGRESS and job.approved_at is not None \
-            and job.est_processing_seconds is not None and not progress.done_rows:
-        elapsed = (timezone.now() - job.approved_at).total_seconds()
-        eta = max(round(job.est_processing_seconds - elapsed), 0)
-    return JobProgress(rows_done=progress.done_rows, rows_total=progress.total_rows,
-                       eta_seconds=eta)
 
 
 def spend_per_day(*, organization: Organization, days: int = 30) -> list[tuple[date, int]]:

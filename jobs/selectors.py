@@ -38,9 +38,22 @@ class Progress:
     eta_seconds: int | None
     rows_per_second: float | None
 
+    @property
+    def percent(self) -> int:
+        """The rows done as a whole percentage (the console's progress bar)."""
+        if not self.total_rows:
+            return 0
+        return min(100, round(100 * self.done_rows / self.total_rows))
+
 
 def job_progress(*, organization: Organization, id: uuid.UUID | str) -> Progress:
+    """GET /jobs/{id}/progress: another organization's job is 404."""
+    return job_progress_of(job=job_get(organization=organization, id=id))
+
+
+def job_progress_of(*, job: Job) -> Progress:
     """How far a job's run has come, from its chunks: one aggregate query, no row read.
+    The API's progress and the console's pages both read it, so they tell one ETA.
 
     done_rows counts the rows of finished chunks (a chunk's rows finish together); the rate
     is those rows over the seconds since approval (until the job ended, for a finished
@@ -48,7 +61,6 @@ def job_progress(*, organization: Organization, id: uuid.UUID | str) -> Progress
     left, and null when it cannot be told: no chunk finished yet, not approved yet, or
     stopped with rows that will never run (cancelling, failed, cancelled).
     """
-    job = job_get(organization=organization, id=id)
     chunks = Chunk.objects.filter(job_id=job.pk).aggregate(
         planned=Sum("row_count"),
         done=Sum("row_count", filter=Q(status=ChunkStatus.DONE)))

@@ -15,7 +15,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from anex.api.errors import ApiError
+from anex.errors import NotFound
 from console.constants import Role
 from console.forms import InviteForm, OrganizationNameForm, WebhookForm
 from console.selectors import (
@@ -98,7 +98,7 @@ def settings_page(request: HttpRequest, console: Console) -> HttpResponse:
         try:
             tested = webhook_delivery_get(organization=organization,
                                           id=request.GET["delivery"])
-        except ApiError:  # a stale or another organization's id just shows nothing
+        except NotFound:  # a stale or another organization's id just shows nothing
             tested = None
     context = {
         "webhook_form": webhook_form, "name_form": name_form,

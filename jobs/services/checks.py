@@ -20,14 +20,14 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from anex.api.errors import ApiError
 from anex.api.throttling import window_hit
+from anex.errors import RateLimited
 from anex.regions import Region
 from console.actors import Actor
 from console.models import Organization
 from inference.catalog import model_get
 from inference.rows.core import InputRejected, JobOptions
-from inference.tokens import token_counter
+from inference.tokens import token_counter, uncounted
 from jobs import dispatch
 from jobs.constants import CHECK_ERRORS_MAX, CheckStatus
 from jobs.models import PreflightCheck
@@ -59,8 +59,8 @@ def _rate_limit(organization: Organization) -> None:
     if hit is None or hit.count <= limit:
         return
     detail = RATE_LIMITED.format(limit=limit)
-    raise ApiError(429, detail, retry_after=max(1, math.ceil(hit.seconds_left)),
-                   extra={"error": {"code": "rate_limit_exceeded", "message": detail}})
+    raise RateLimited(detail, retry_after=max(1, math.ceil(hit.seconds_left)),
+                      code="rate_limit_exceeded")
 
 
 def check_create(*, organization: Organization, actor: Actor, request: JobRequest,
@@ -77,12 +77,6 @@ def check_create(*, organization: Organization, actor: Actor, request: JobReques
             model=admitted.model.id, options=options)
         dispatch.send_on_commit("check_run_task", str(check.pk))
     return check
-
-
-def _uncounted(text: str) -> int:
-    # No tokenizer here for the model: the rows are still checked for every rule their
-    # text's count cannot change (as the estimate does), and the check says it cannot price.
-    return 0
 
 
 def check_run(*, check_id: uuid.UUID | str) -> CheckStatus | None:
@@ -103,7 +97,7 @@ def check_run(*, check_id: uuid.UUID | str) -> CheckStatus | None:
             options = JobOptions(model=model, **{name: check.options.get(name)
                                                  for name in CHECKED_FIELDS})
             report = input_validate(item=check.input, options=options,
-                                    count_tokens=count_tokens or _uncounted, errors=errors)
+                                    count_tokens=count_tokens or uncounted, errors=errors)
             rows = report.rows + errors.failed_rows
             if count_tokens is None:
                 errors.add(RowError(CANNOT_PRICE), row=False)

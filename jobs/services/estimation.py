@@ -20,7 +20,7 @@ from inference.constants import InputFormat
 from inference.kinds import kind_for
 from inference.pricing import price
 from inference.rows.core import CountTokens, FileReport, InputRejected, JobOptions
-from inference.tokens import token_counter
+from inference.tokens import token_counter, uncounted
 from inference.warmth import startup_seconds
 from jobs.constants import FailureCode, JobStatus
 from jobs.failures import claimed_work
@@ -138,7 +138,7 @@ def _estimate(job: Job) -> JobStatus | None:
     try:
         # Every row check runs first, tokenizer or not: a row that breaks a rule fails the
         # job with its own reason; only a file that passes can fail for want of a price.
-        report = _validate(job, model, count_tokens or _uncounted)
+        report = _validate(job, model, count_tokens or uncounted)
         if count_tokens is None:
             return _failed(job, CANNOT_PRICE)
         fields = {} if needs_sample(job, model) else _estimate_fields(job, model, report)
@@ -152,13 +152,6 @@ def _estimate(job: Job) -> JobStatus | None:
         # allowance of sampled tokens.
         return sample_enqueue(job=job, model=model, rows=report.rows, usage=report.usage)
     return job_cost_ready(job=job, estimate={"row_count": report.rows, **fields})
-
-
-def _uncounted(text: str) -> int:
-    """The token count on a model with no tokenizer here: none, a lower bound. A row is
-    then refused only for a rule it breaks whatever its text counts to (its shape, a media
-    cap, media alone over the context), never for a count that could not be made."""
-    return 0
 
 
 def _failed(job: Job, reason: str) -> JobStatus:
