@@ -27,11 +27,10 @@ from console.actors import Actor
 from console.models import Organization
 from inference.catalog import model_get
 from inference.rows.core import InputRejected, JobOptions
-from inference.tokens import token_counter, uncounted
 from jobs import dispatch
 from jobs.constants import CHECK_ERRORS_MAX, CheckStatus
 from jobs.models import PreflightCheck
-from jobs.services.estimation import CANNOT_PRICE, input_validate
+from jobs.services.estimation import CANNOT_PRICE, input_check
 from jobs.services.inputs import INPUT_CHANGED
 from jobs.services.submission import JobRequest, job_request_admit
 from jobs.storage import StorageChanged
@@ -93,16 +92,14 @@ def check_run(*, check_id: uuid.UUID | str) -> CheckStatus | None:
         if model is None:
             errors.add(RowError(CANNOT_PRICE), row=False)
         else:
-            count_tokens = token_counter(model.id)
             options = JobOptions(model=model, **{name: check.options.get(name)
                                                  for name in CHECKED_FIELDS})
-            report = input_validate(item=check.input, options=options,
-                                    count_tokens=count_tokens or uncounted, errors=errors)
-            rows = report.rows + errors.failed_rows
-            if count_tokens is None:
+            checked = input_check(item=check.input, options=options, errors=errors)
+            rows = checked.report.rows + errors.failed_rows
+            if not checked.counted:
                 errors.add(RowError(CANNOT_PRICE), row=False)
             else:
-                usage = report.usage
+                usage = checked.report.usage
                 tokens = usage.input_tokens + usage.media_tokens + usage.media_row_tokens
     except InputRejected as rejected:  # a fault of the whole file: no rows, not parquet
         errors.add(RowError(rejected.message), row=False)
