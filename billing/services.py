@@ -96,10 +96,6 @@ def credits_summary(*, organization: Organization) -> Credits:
     return Credits(balance=totals["balance"], held=totals["held"])
 
 
-def credits_available(*, organization: Organization) -> int:
-    return credits_summary(organization=organization).available
-
-
 def credits_require_positive(*, organization: Organization) -> None:
     """The batch API's coarse check before uploads, ingests, submits and re-runs: any
     balance at all (402 otherwise), "a coarser check than approval's" (the reference).
