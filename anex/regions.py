@@ -14,7 +14,7 @@ from django.db import models
 from django.http import HttpRequest
 from django.http.request import split_domain_port
 
-from anex.api.errors import ApiError
+from anex.errors import Forbidden, WrongRegion
 
 
 class Region(models.TextChoices):
@@ -46,16 +46,28 @@ def request_region(request: HttpRequest) -> Region:
     return Region.WORLD
 
 
+def organization_region(organization: Residing) -> Region:
+    """Where an organization's data lives unless a request asks otherwise."""
+    return Region.EU if organization.eu_data_routing else Region.WORLD
+
+
+def eu_routing_require(organization: Residing) -> None:
+    """The reference's 403: the EU region, asked for by a batch request's data_residency or
+    by reaching the EU realtime host, is only for an organization with EU data routing."""
+    if not organization.eu_data_routing:
+        raise Forbidden(EU_ROUTING_DISABLED_DETAIL)
+
+
 def residency_resolve(*, organization: Residing, requested: str | None) -> Region:
     """The region a new input or job lives in: the request's choice, else the org default.
 
     Asking for "eu" without EU data routing is the reference's 403.
     """
     if requested is None:
-        return Region.EU if organization.eu_data_routing else Region.WORLD
+        return organization_region(organization)
     region = Region(requested)
-    if region == Region.EU and not organization.eu_data_routing:
-        raise ApiError(403, EU_ROUTING_DISABLED_DETAIL)
+    if region == Region.EU:
+        eu_routing_require(organization)
     return region
 
 
@@ -70,7 +82,5 @@ def region_check(*, host_region: Region, residency: Region | str, noun: str) -> 
     region = Region(residency)
     origin = region_origin(region)
     where = "the EU region" if region == Region.EU else "the world region"
-    raise ApiError(
-        421, f"this {noun} is stored in {where}; use {origin}",
-        extra={"residency": region.value, "api": origin},
-    )
+    raise WrongRegion(f"this {noun} is stored in {where}; use {origin}",
+                      residency=region.value, api=origin)

@@ -12,13 +12,13 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from django.db import IntegrityError, transaction
 from django.db.models import F, Sum
 from django.db.models.functions import Coalesce
 
-from anex.api.errors import ApiError
+from anex.errors import PaymentRequired
 from billing.constants import EntryKind
 from billing.models import LedgerEntry
 from console.actors import Actor
@@ -28,24 +28,24 @@ from console.models import ApiKey, Organization
 
 logger = logging.getLogger(__name__)
 
+NO_CREDITS_DETAIL = (
+    "The organization's credit balance is zero or below: add credits (a top-up on the "
+    "console's Billing page) before uploading or submitting."
+)
+
 
 class HeldJob(Protocol):
-    """What the ledger reads of a job whose estimate it holds and settles (jobs.models.Job;
-    the ledger sits below the jobs app and names it only by its row)."""
+    """What the ledger reads of the job it holds credits for (jobs.models.Job: billing sits
+    below the jobs app and never imports it)."""
 
     @property
-    def pk(self) -> uuid.UUID: ...
+    def pk(self) -> Any: ...
     @property
     def organization_id(self) -> uuid.UUID: ...
     @property
     def est_cost_cents(self) -> int | None: ...
     @property
     def approved_by_key(self) -> ApiKey | None: ...
-
-NO_CREDITS_DETAIL = (
-    "The organization's credit balance is zero or below: add credits (a top-up on the "
-    "console's Billing page) before uploading or submitting."
-)
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,29 @@ class Credits:
     @property
     def available(self) -> int:
         return self.balance - self.held
+
+    def covers(self, cents: int) -> bool:
+        """Whether `cents` may be spent now: the available balance (what approved jobs hold
+        is not spendable) covers it. Approval asks it of the estimate; a realtime request,
+        which has no approval, of the next credit it spends."""
+        return cents <= self.available
+
+
+@dataclass(frozen=True)
+class KeyBudget:
+    """A key's spend budget and what its approvals and realtime usage consumed of it."""
+
+    budget: int
+    spent: int
+
+    @property
+    def left(self) -> int:
+        return self.budget - self.spent
+
+    def covers(self, cents: int) -> bool:
+        """Whether the key may spend `cents` more (approval: the estimate; a realtime
+        request: the next credit)."""
+        return cents <= self.left
 
 
 def organization_lock(organization_id: uuid.UUID) -> Organization:
@@ -73,14 +96,17 @@ def credits_summary(*, organization: Organization) -> Credits:
     return Credits(balance=totals["balance"], held=totals["held"])
 
 
-def credits_available(*, organization: Organization) -> int:
-    return credits_summary(organization=organization).available
-
-
 def credits_require_positive(*, organization: Organization) -> None:
-    """The coarse check before uploads and submits: any balance at all (402 otherwise)."""
+    """The batch API's coarse check before uploads, ingests, submits and re-runs: any
+    balance at all (402 otherwise), "a coarser check than approval's" (the reference).
+
+    It differs from Credits.covers on purpose: nothing is spent until the job is approved,
+    and approval asks the available balance (less what approved jobs hold) to cover the
+    estimate, so holds are not counted here. A realtime request spends at once, with no
+    approval after it, so realtime asks Credits.covers (docs/decisions.md, "Credits and
+    billing")."""
     if credits_summary(organization=organization).balance <= 0:
-        raise ApiError(402, NO_CREDITS_DETAIL)
+        raise PaymentRequired(NO_CREDITS_DETAIL)
 
 
 def _entry_write(**values: object) -> tuple[LedgerEntry, bool]:
@@ -250,6 +276,13 @@ def key_spend_cents(*, api_key: ApiKey) -> int:
     return int(spent)
 
 
+def key_budget(*, api_key: ApiKey) -> KeyBudget | None:
+    """The key's spend budget and its spend so far; None for a key without a budget."""
+    if api_key.spend_budget_cents is None:
+        return None
+    return KeyBudget(budget=api_key.spend_budget_cents, spent=key_spend_cents(api_key=api_key))
+
+
 def hold_place(*, job: HeldJob) -> LedgerEntry | None:
     """Hold the job's estimate, inside the caller's transaction (job_approve's, which
     moves the job to in_progress in the same commit). 402 when it is not covered."""
@@ -260,23 +293,21 @@ def hold_place(*, job: HeldJob) -> LedgerEntry | None:
     estimate = job.est_cost_cents
     if estimate is None:
         raise ValueError("a job is approved on its estimate; this one has none")
-    available = credits_available(organization=organization)
-    if estimate > available:
-        raise ApiError(
-            402,
+    credits = credits_summary(organization=organization)
+    if not credits.covers(estimate):
+        raise PaymentRequired(
             f"The balance does not cover the estimate: approving this job holds {estimate} "
-            f"credits and {max(available, 0)} are available. Top up and approve again.",
+            f"credits and {max(credits.available, 0)} are available. Top up and approve "
+            "again.",
         )
     key = job.approved_by_key
-    if key is not None and key.spend_budget_cents is not None:
-        left = key.spend_budget_cents - key_spend_cents(api_key=key)
-        if estimate > left:
-            raise ApiError(
-                402,
-                f"This API key's spend budget does not cover the estimate: approving this "
-                f"job holds {estimate} credits and {max(left, 0)} are left of its "
-                f"{key.spend_budget_cents}-credit budget.",
-            )
+    budget = key_budget(api_key=key) if key is not None else None
+    if budget is not None and not budget.covers(estimate):
+        raise PaymentRequired(
+            f"This API key's spend budget does not cover the estimate: approving this "
+            f"job holds {estimate} credits and {max(budget.left, 0)} are left of its "
+            f"{budget.budget}-credit budget.",
+        )
     if estimate == 0:
         return None
     entry, _ = _entry_write(

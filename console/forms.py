@@ -10,7 +10,8 @@ from django.utils import timezone
 from billing.constants import TOPUP_MAX_CENTS, TOPUP_MIN_CENTS
 from console.constants import Role
 from console.selectors import console_models
-from jobs.services.submission import MAX_OUTPUT_TOKENS, JobRequest
+from inference.constants import MAX_OUTPUT_TOKENS
+from jobs.services.submission import JobRequest
 
 
 class TopupForm(forms.Form):

@@ -5,6 +5,7 @@ import uuid
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
+from django.utils import timezone
 
 from console.constants import Role
 from console.keys import key_display
@@ -99,6 +100,18 @@ class ApiKey(models.Model):
     @property
     def display(self) -> str:
         return key_display(self.prefix)
+
+    @property
+    def is_active(self) -> bool:
+        """Neither revoked nor expired: a key that is not answers 401 when it is presented,
+        and no longer approves for the jobs it submitted (auto-approve)."""
+        return self.revoked_at is None and (self.expires_at is None
+                                            or self.expires_at > timezone.now())
+
+    def allows(self, model_id: str) -> bool:
+        """Whether this key may use the model: list it, submit and approve jobs on it, send
+        it realtime requests. No scopes means every model."""
+        return not self.model_scopes or model_id in self.model_scopes
 
 
 class AuditEvent(models.Model):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from datetime import date, timedelta
 
 from django.conf import settings
@@ -12,37 +11,12 @@ from django.db.models import QuerySet, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
-from anex.api.errors import ApiError
 from anex.crypto import secret_decrypt
 from billing.constants import EntryKind
 from billing.models import LedgerEntry
-from console.keys import key_parse, secret_matches
 from console.models import ApiKey, AuditEvent, Invitation, Membership, Organization
 from console.tenancy import scoped_get
 from inference.catalog import CatalogModel, catalog, local_models
-from jobs.constants import JobStatus
-from jobs.models import Job, WebhookDelivery
-from jobs.selectors import job_progress
-
-
-def api_key_for_plaintext(raw: str) -> ApiKey | None:
-    """The active key this plaintext is, or None (unknown, wrong secret, revoked, expired)."""
-    parts = key_parse(raw)
-    if parts is None:
-        return None
-    try:
-        # get(), not first(): the prefix is unique, and every API request runs this query,
-        # so it carries no ORDER BY to compile or plan.
-        key = ApiKey.objects.select_related("organization").get(prefix=parts.prefix)
-    except ApiKey.DoesNotExist:
-        return None
-    if not secret_matches(parts.secret, key.secret_hash):
-        return None
-    if key.revoked_at is not None:
-        return None
-    if key.expires_at is not None and key.expires_at <= timezone.now():
-        return None
-    return key
 
 
 def api_key_get(*, organization: Organization, id: uuid.UUID | str) -> ApiKey:
@@ -90,62 +64,6 @@ def invitation_open_list(*, organization: Organization) -> QuerySet[Invitation]:
 
 def audit_event_list(*, organization: Organization) -> QuerySet[AuditEvent]:
     return AuditEvent.objects.for_org(organization)
-
-
-def webhook_delivery_list(*, organization: Organization) -> QuerySet[WebhookDelivery]:
-    """The organization's job and test events (ingest callbacks go elsewhere)."""
-    return WebhookDelivery.objects.for_org(organization).filter(input__isnull=True)
-
-
-def webhook_delivery_get(*, organization: Organization, id: uuid.UUID | str) -> WebhookDelivery:
-    delivery = scoped_get(WebhookDelivery.objects.all(), organization=organization, id=id,
-                          noun="Delivery")
-    if delivery.input_id is not None:
-        raise ApiError.not_found("Delivery")
-    return delivery
-
-
-def job_list(*, organization: Organization, status: str = "",
-             model: str = "") -> QuerySet[Job]:
-    """Every job of the organization, newest first, optionally one status or model."""
-    jobs = Job.objects.for_org(organization)
-    if status:
-        jobs = jobs.filter(status=status)
-    if model:
-        jobs = jobs.filter(model=model)
-    return jobs.order_by("-created_at", "-id")
-
-
-def job_models_used(*, organization: Organization) -> list[str]:
-    return sorted(set(Job.objects.for_org(organization).values_list("model", flat=True)))
-
-
-@dataclass(frozen=True)
-class JobProgress:
-    """A job's progress as the console shows it (the API's GET /jobs/{id}/progress)."""
-
-    rows_done: int
-    rows_total: int | None
-    eta_seconds: int | None
-
-    @property
-    def percent(self) -> int:
-        if not self.rows_total:
-            return 0
-        return min(100, round(100 * self.rows_done / self.rows_total))
-
-
-def job_progress_shown(*, organization: Organization, job: Job) -> JobProgress:
-    """The API's progress (jobs.selectors.job_progress); before the first chunk has landed
-    a running job's ETA is what is left of its est_processing_seconds."""
-    progress = job_progress(organization=organization, id=job.pk)
-    eta = progress.eta_seconds
-    if eta is None and job.status == JobStatus.IN_PROGRESS and job.approved_at is not None \
-            and job.est_processing_seconds is not None and not progress.done_rows:
-        elapsed = (timezone.now() - job.approved_at).total_seconds()
-        eta = max(round(job.est_processing_seconds - elapsed), 0)
-    return JobProgress(rows_done=progress.done_rows, rows_total=progress.total_rows,
-                       eta_seconds=eta)
 
 
 def spend_per_day(*, organization: Organization, days: int = 30) -> list[tuple[date, int]]:

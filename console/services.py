@@ -14,7 +14,6 @@ from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.mail import send_mail
 from django.db import transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from billing.services import credits_grant
@@ -24,8 +23,6 @@ from console.constants import AuditAction, Role
 from console.keys import key_generate, secret_hash
 from console.models import ApiKey, Invitation, Membership, Organization
 
-# last_used_at is advisory: writing it on every request would turn each read into a write.
-LAST_USED_RESOLUTION = timedelta(minutes=1)
 INVITATION_VALIDITY = timedelta(days=7)
 
 
@@ -229,17 +226,3 @@ def api_key_revoke(*, key: ApiKey, actor: Actor) -> ApiKey:
             target=key, data={"prefix": key.prefix},
         )
     return key
-
-
-def api_key_mark_used(*, key: ApiKey) -> None:
-    """Record that the key was used, to LAST_USED_RESOLUTION. `key` was loaded for this
-    request: when its last_used_at is already that fresh there is nothing to write, and a
-    busy key's requests skip the UPDATE (a round trip and a row lock each) altogether."""
-    now = timezone.now()
-    stale = now - LAST_USED_RESOLUTION
-    if key.last_used_at is not None and key.last_used_at >= stale:
-        return
-    # Conditional, so that concurrent first requests write it once between them.
-    ApiKey.objects.filter(pk=key.pk).filter(
-        Q(last_used_at__isnull=True) | Q(last_used_at__lt=stale)
-    ).update(last_used_at=now)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import models
 
-from anex.api.errors import ApiError
+from anex.errors import NotFound
 
 if TYPE_CHECKING:
     from console.models import Organization
@@ -30,8 +30,8 @@ def scoped_get(queryset: OrgScopedQuerySet[M], *, organization: Organization, id
     try:
         pk = id if isinstance(id, uuid.UUID) else uuid.UUID(str(id))
     except ValueError:
-        raise ApiError.not_found(noun) from None
+        raise NotFound.of(noun) from None
     obj = queryset.for_org(organization).filter(pk=pk).first()
     if obj is None:
-        raise ApiError.not_found(noun)
+        raise NotFound.of(noun)
     return obj

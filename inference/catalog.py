@@ -43,6 +43,13 @@ class ModelPrice:
         return self.input_per_mtok if self.media_row_per_mtok is None \
             else self.media_row_per_mtok
 
+    def realtime_rates(self, model_id: str) -> ModelPrice:
+        """The rates a realtime request is priced at: input tokens at the realtime rate
+        (realtime requests are text only), nothing else, no minimum."""
+        if self.realtime_input_per_mtok is None:
+            raise ValueError(f"{model_id} has no realtime rate")
+        return ModelPrice(input_per_mtok=self.realtime_input_per_mtok)
+
 
 @dataclass(frozen=True)
 class ModelMedia:

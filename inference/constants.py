@@ -2,6 +2,11 @@
 
 from django.db import models
 
+# The reference's output ceiling: max_output_tokens is 1-32,768 and reasoning_budget
+# 0-32,768 (the API's serializer and the console's form), and a sample generates under it
+# when neither the job nor the model sets a lower cap (jobs.services.sampling).
+MAX_OUTPUT_TOKENS = 32_768
+
 
 class InputFormat(models.TextChoices):
     JSONL = "jsonl"

@@ -1,10 +1,11 @@
 """Pricing: one function turns a model and its usage into a charge.
 
 The estimate (est_cost_cents) and the final charge both come from `price`, so they can
-never disagree about a rate. The rules (docs/decisions.md, "Credits and billing"): 1 credit is
-1 US cent; a job's charge is its exact cost rounded up to a whole credit, at least 1 credit
-when it did any work, and at least the model's minimum job price; a job that did no work
-is not charged.
+never disagree about a rate; a realtime request's exact cost comes from the same
+`usage_cost_usd`, at the model's realtime rates. The rules (docs/decisions.md, "Credits
+and billing"): 1 credit is 1 US cent; a job's charge is its exact cost rounded up to a
+whole credit, at least 1 credit when it did any work, and at least the model's minimum job
+price; a job that did no work is not charged.
 """
 
 from __future__ import annotations
@@ -59,9 +60,11 @@ class Price:
     cents: int
 
 
-def usage_cost_usd(model: CatalogModel, usage: Usage) -> Decimal:
-    """The exact cost in dollars, before any rounding, floor or minimum."""
-    rates = model.price
+def usage_cost_usd(model: CatalogModel, usage: Usage, *, realtime: bool = False) -> Decimal:
+    """The exact cost in dollars, before any rounding, floor or minimum; `realtime` at the
+    model's realtime rates (ModelPrice.realtime_rates), which the realtime API meters
+    unrounded and settles into the ledger in whole credits."""
+    rates = model.price.realtime_rates(model.id) if realtime else model.price
     per_token = (
         usage.input_tokens * rates.input_per_mtok
         + usage.media_tokens * rates.media_input_rate

@@ -90,6 +90,15 @@ def checkpoint_tokens(checkpoint: Path) -> ModelTokens | None:
     return ModelTokens(tokenizer, ChatTemplate.of_checkpoint(checkpoint))
 
 
+def uncounted(text: str) -> int:
+    """The count of a text that is not tokenized here: none, a lower bound. Where a model
+    has no tokenizer (an estimate, a preflight check) a row is then refused only for a rule
+    it breaks whatever its text counts to (its shape, a media cap, media alone over the
+    context), never for a count that could not be made; where the engine's own count is
+    billed (a served row's media, a realtime request) the text is not counted twice."""
+    return 0
+
+
 def token_counter(model_id: str) -> ModelTokens | None:
     checkpoint = settings.ANEX_CHECKPOINTS.get(model_id)
     if checkpoint is None:

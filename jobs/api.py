@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from urllib.parse import urlsplit
 
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -13,9 +12,7 @@ from rest_framework.views import APIView
 
 from anex.api.authentication import request_actor, request_organization
 from anex.api.errors import ApiError
-from anex.regions import region_require, request_region, residency_resolve
-from billing.services import credits_require_positive
-from inference.constants import InputFormat
+from anex.regions import region_require, request_region
 from jobs.idempotency import IDEMPOTENCY_PARAMETER, IN_FLIGHT_DESCRIPTION, idempotent
 from jobs.models import Job
 from jobs.selectors import check_get, input_get, job_get, job_progress
@@ -37,7 +34,7 @@ from jobs.serializers import (
 )
 from jobs.services.checks import check_create
 from jobs.services.data import STOPPING, job_data_delete, job_result_link
-from jobs.services.inputs import input_ingest_create, input_refresh, input_upload_create
+from jobs.services.inputs import input_create, input_refresh
 from jobs.services.lifecycle import job_approve, job_cancel
 from jobs.services.rerun import DEFAULT_INCLUDE, job_rerun, job_result_merged_link
 from jobs.services.submission import JobRequest, job_submit
@@ -48,13 +45,6 @@ ERRORS = {status: OpenApiResponse(description=text) for status, text in {
     404: "Unknown id", 413: "Request body or ingest source over its cap",
     421: "Data kept in the other region", 422: "Malformed request", 429: "Rate limited",
     503: "A dependency could not be checked"}.items()}
-
-
-def _https(name: str, url: str) -> str:
-    parts = urlsplit(url)
-    if parts.scheme != "https" or not parts.hostname:
-        raise ApiError(400, f"{name} must be an https:// URL.")
-    return url
 
 
 class InputsView(APIView):
@@ -70,43 +60,20 @@ class InputsView(APIView):
         body = InputCreateIn(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
-        source_url, callback_url = data.get("source_url"), data.get("callback_url")
-        raw_format = data.get("format")
-        if raw_format is not None and raw_format not in InputFormat.values:
-            raise ApiError(400, "format must be jsonl or parquet.")
-        fmt = InputFormat(raw_format) if raw_format else None
-        if source_url is None:
-            if fmt is None:
-                raise ApiError(400, "format is required for a direct upload (jsonl or "
-                                    "parquet); to ingest from a URL, give source_url.")
-            if callback_url is not None:
-                raise ApiError(400, "callback_url is not available for a direct upload: "
-                                    "there is no server-side copy to report on.")
-        else:
-            _https("source_url", source_url)
-            if callback_url is not None:
-                _https("callback_url", callback_url)
-        organization = request_organization(request)
-        residency = residency_resolve(organization=organization,
-                                      requested=data.get("data_residency"))
-        region_require(request, residency=residency, noun="input")
-        # Before an upload target is minted or a source URL is contacted.
-        credits_require_positive(organization=organization)
-        actor = request_actor(request)
-        if source_url is None:
-            assert fmt is not None
-            item, target = input_upload_create(organization=organization, actor=actor,
-                                               fmt=fmt, residency=residency)
+        created = input_create(
+            organization=request_organization(request), actor=request_actor(request),
+            host_region=request_region(request), input_format=data.get("format"),
+            source_url=data.get("source_url"), callback_url=data.get("callback_url"),
+            data_residency=data.get("data_residency"))
+        item = created.input
+        if created.target is not None:
             return Response({
-                "id": str(item.pk), "status": item.status, **target,
+                "id": str(item.pk), "status": item.status, **created.target,
                 "expires_at": utc_iso(item.upload_expires_at), "input_s3_uri": item.input_s3_uri,
             })
-        item, secret = input_ingest_create(organization=organization, actor=actor,
-                                           source_url=source_url, fmt=fmt,
-                                           callback_url=callback_url, residency=residency)
         out = {"id": str(item.pk), "status": item.status, "input_s3_uri": item.input_s3_uri}
-        if secret is not None:
-            out["callback_secret"] = secret
+        if created.callback_secret is not None:
+            out["callback_secret"] = created.callback_secret
         return Response(out)
 
 

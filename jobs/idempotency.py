@@ -40,6 +40,7 @@ from rest_framework.response import Response
 
 from anex.api.errors import ApiError, error_response
 from anex.crypto import DecryptionFailed, secret_decrypt, secret_encrypt
+from anex.errors import Conflict, Malformed
 from console.models import ApiKey, Organization
 from jobs.models import IdempotencyRecord
 
@@ -148,7 +149,7 @@ def idempotency_claim(*, organization: Organization, key: str,
             IdempotencyRecord.objects.filter(pk=record.pk).delete()
             continue
         if record.fingerprint != fingerprint:
-            raise ApiError(422, MISMATCH_DETAIL)
+            raise Malformed(MISMATCH_DETAIL)
         return record
     # Three takes each lost to an expiry or a purge racing it: as if still in flight.
     raise _InFlight()
@@ -176,7 +177,7 @@ def _replay(record: IdempotencyRecord) -> Response:
     try:
         body = json.loads(secret_decrypt(record.body_encrypted))
     except DecryptionFailed:
-        raise ApiError(409, UNREADABLE_DETAIL) from None
+        raise Conflict(UNREADABLE_DETAIL) from None
     return Response(body, status=record.status_code, headers={REPLAYED_HEADER: "true"})
 
 
@@ -189,7 +190,7 @@ def idempotent(handler: Handler) -> Handler:
         if key is None:
             return handler(view, request, *args, **kwargs)
         if not _key_valid(key):
-            raise ApiError(422, BAD_KEY_DETAIL)
+            raise Malformed(BAD_KEY_DETAIL)
         # The decorated views authenticate by API key first (anex.api.authentication).
         assert isinstance(request.auth, ApiKey), "an Idempotency-Key view without an API key"
         organization = request.auth.organization

@@ -6,13 +6,14 @@ import math
 import uuid
 from dataclasses import dataclass
 
-from django.db.models import Q, Sum
+from django.db.models import Q, QuerySet, Sum
 from django.utils import timezone
 
+from anex.errors import NotFound
 from console.models import Organization
 from console.tenancy import scoped_get
 from jobs.constants import ChunkStatus, JobStatus
-from jobs.models import Chunk, Input, Job, PreflightCheck
+from jobs.models import Chunk, Input, Job, PreflightCheck, WebhookDelivery
 
 
 def input_get(*, organization: Organization, id: uuid.UUID | str) -> Input:
@@ -38,9 +39,22 @@ class Progress:
     eta_seconds: int | None
     rows_per_second: float | None
 
+    @property
+    def percent(self) -> int:
+        """The rows done as a whole percentage (the console's progress bar)."""
+        if not self.total_rows:
+            return 0
+        return min(100, round(100 * self.done_rows / self.total_rows))
+
 
 def job_progress(*, organization: Organization, id: uuid.UUID | str) -> Progress:
+    """GET /jobs/{id}/progress: another organization's job is 404."""
+    return job_progress_of(job=job_get(organization=organization, id=id))
+
+
+def job_progress_of(*, job: Job) -> Progress:
     """How far a job's run has come, from its chunks: one aggregate query, no row read.
+    The API's progress and the console's pages both read it, so they tell one ETA.
 
     done_rows counts the rows of finished chunks (a chunk's rows finish together); the rate
     is those rows over the seconds since approval (until the job ended, for a finished
@@ -48,7 +62,6 @@ def job_progress(*, organization: Organization, id: uuid.UUID | str) -> Progress
     left, and null when it cannot be told: no chunk finished yet, not approved yet, or
     stopped with rows that will never run (cancelling, failed, cancelled).
     """
-    job = job_get(organization=organization, id=id)
     chunks = Chunk.objects.filter(job_id=job.pk).aggregate(
         planned=Sum("row_count"),
         done=Sum("row_count", filter=Q(status=ChunkStatus.DONE)))
@@ -65,3 +78,31 @@ def job_progress(*, organization: Organization, id: uuid.UUID | str) -> Progress
     elif left and rate and job.status == JobStatus.IN_PROGRESS:
         eta = math.ceil(left / rate)
     return Progress(done_rows=done, total_rows=total, eta_seconds=eta, rows_per_second=rate)
+
+
+def webhook_delivery_list(*, organization: Organization) -> QuerySet[WebhookDelivery]:
+    """The organization's job and test events (ingest callbacks go elsewhere)."""
+    return WebhookDelivery.objects.for_org(organization).filter(input__isnull=True)
+
+
+def webhook_delivery_get(*, organization: Organization, id: uuid.UUID | str) -> WebhookDelivery:
+    delivery = scoped_get(WebhookDelivery.objects.all(), organization=organization, id=id,
+                          noun="Delivery")
+    if delivery.input_id is not None:
+        raise NotFound.of("Delivery")
+    return delivery
+
+
+def job_list(*, organization: Organization, status: str = "",
+             model: str = "") -> QuerySet[Job]:
+    """Every job of the organization, newest first, optionally one status or model."""
+    jobs = Job.objects.for_org(organization)
+    if status:
+        jobs = jobs.filter(status=status)
+    if model:
+        jobs = jobs.filter(model=model)
+    return jobs.order_by("-created_at", "-id")
+
+
+def job_models_used(*, organization: Organization) -> list[str]:
+    return sorted(set(Job.objects.for_org(organization).values_list("model", flat=True)))

@@ -10,7 +10,7 @@ from rest_framework import serializers
 
 from anex.regions import Region
 from inference.catalog import model_get
-from inference.constants import RowOutcome
+from inference.constants import MAX_OUTPUT_TOKENS, RowOutcome
 from jobs.constants import RERUN_OUTCOMES, CheckStatus, InputStatus, JobStatus
 from jobs.models import Input, Job, PreflightCheck
 
@@ -111,13 +111,13 @@ class JobCreateIn(serializers.Serializer):
     input_s3_uri = serializers.CharField(required=False, allow_null=True, max_length=600)
     model = serializers.CharField(max_length=100)
     max_output_tokens = StrictIntegerField(required=False, allow_null=True, min_value=1,
-                                           max_value=32_768)
+                                           max_value=MAX_OUTPUT_TOKENS)
     max_tokens = StrictIntegerField(required=False, allow_null=True, min_value=1,
-                                    max_value=32_768,
+                                    max_value=MAX_OUTPUT_TOKENS,
                                     help_text="The former name of max_output_tokens.")
     reasoning = StrictBooleanField(required=False, allow_null=True)
     reasoning_budget = StrictIntegerField(required=False, allow_null=True, min_value=0,
-                                          max_value=32_768)
+                                          max_value=MAX_OUTPUT_TOKENS)
     reasoning_effort = serializers.CharField(required=False, allow_null=True, max_length=32)
     video_fps = StrictNumberField(required=False, allow_null=True)
     response_format = serializers.JSONField(required=False, allow_null=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from anex.api.errors import ApiError
+from anex.errors import Invalid, NotServed
 from console.models import ApiKey
 from inference.catalog import CatalogModel
 from inference.kinds import AnyKind, kind_for, kinds_all
@@ -36,23 +36,23 @@ def realtime_model_require(*, model_id: str, key: ApiKey, kind: type[KindT]
     its = kind_for(model)
     if not its.realtime:
         served = " and ".join(realtime_path(k) for k in kinds_all() if k.realtime)
-        raise ApiError(501, f"model '{model.id}' is {its.noun}, not served in realtime: send "
-                            f"its requests as a batch job. The realtime API answers {served}.")
+        raise NotServed(f"model '{model.id}' is {its.noun}, not served in realtime: send its "
+                        f"requests as a batch job. The realtime API answers {served}.")
     if not isinstance(its, kind):
-        raise ApiError(400, f"model '{model.id}' is {its.noun}, which this endpoint does not "
-                            f"serve: send it to {realtime_path(its)}.")
+        raise Invalid(f"model '{model.id}' is {its.noun}, which this endpoint does not "
+                      f"serve: send it to {realtime_path(its)}.")
     url = realtime_engine_url(model)
     if url is None:
         where = ("it is batch-only" if model.price.realtime_input_per_mtok is None
                  else "this deployment has no realtime engine for it")
-        raise ApiError(501, f"model '{model.id}' is not served in realtime ({where}): use "
-                            "the batch API, or a model GET /realtime/v1/models lists with "
-                            "\"realtime\": true.")
+        raise NotServed(f"model '{model.id}' is not served in realtime ({where}): use "
+                        "the batch API, or a model GET /realtime/v1/models lists with "
+                        "\"realtime\": true.")
     return model, its, url
 
 
 def encoding_format_check(encoding_format: str | None) -> None:
     """The one wire option of an embeddings request that is not its rows' (400)."""
     if encoding_format is not None and encoding_format not in ENCODING_FORMATS:
-        raise ApiError(400, f"encoding_format must be \"float\", not {encoding_format!r}: "
-                            "vectors are returned as floats.")
+        raise Invalid(f"encoding_format must be \"float\", not {encoding_format!r}: "
+                      "vectors are returned as floats.")

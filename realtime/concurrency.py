@@ -26,10 +26,10 @@ from typing import Any
 
 import redis
 from django.conf import settings
-from rest_framework.exceptions import Throttled
 
-from anex.api.errors import ApiError
+from anex.api.errors import rate_limited
 from anex.api.throttling import RATE_LIMITER, key_rate_limit
+from anex.errors import RateLimited
 from anex.redis import WINDOW_SECONDS, redis_client, window_counter
 from console.models import ApiKey
 
@@ -110,11 +110,10 @@ def concurrency_slot(*, key: ApiKey) -> Iterator[None]:
         yield
         return
     if hits > rate_limit:
-        raise Throttled(wait=seconds_left)  # answered as the batch API's throttle is
+        raise rate_limited(seconds_left)  # answered as the batch API's throttle is
     if not taken:
-        raise ApiError(429, limit_detail(limit), retry_after=RETRY_AFTER_SECONDS,
-                       extra={"error": {"code": "concurrency_limit_exceeded",
-                                        "message": limit_detail(limit)}})
+        raise RateLimited(limit_detail(limit), retry_after=RETRY_AFTER_SECONDS,
+                          code="concurrency_limit_exceeded")
     try:
         yield
     finally:

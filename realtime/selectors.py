@@ -77,4 +77,4 @@ def realtime_models(*, key: ApiKey) -> list[ListedModel]:
     return [ListedModel(model=model, realtime=realtime_engine_url(model) is not None,
                         local=local_stand_in(model))
             for model_id, model in catalog_all().items()
-            if model_id in served and (not key.model_scopes or model_id in key.model_scopes)]
+            if model_id in served and key.allows(model_id)]

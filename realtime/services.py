@@ -29,22 +29,21 @@ from django.db import DatabaseError, transaction
 from django.db.models import Max, Sum
 from django.utils import timezone
 
-from anex.api.errors import ApiError
-from anex.regions import EU_ROUTING_DISABLED_DETAIL, Region, region_check
+from anex.errors import EngineFailed, Invalid, Malformed, PaymentRequired, Unavailable
+from anex.regions import Region, eu_routing_require, organization_region, region_check
 from anex.requestid import current_request_id
 from billing.services import (
-    credits_available,
-    key_spend_cents,
+    credits_summary,
+    key_budget,
     organization_lock,
     realtime_charge_write,
 )
 from console.models import ApiKey
 from inference.catalog import CatalogModel
 from inference.engines import DecisionOutcome
-from inference.kinds import RequestRefused
 from inference.kinds.decide import DecideKind, answer_body
 from inference.kinds.embed import EmbedKind, embeddings_body
-from inference.pricing import CENTS_PER_USD, MILLION
+from inference.pricing import CENTS_PER_USD, Usage, usage_cost_usd
 from realtime.checks import encoding_format_check, realtime_model_require
 from realtime.concurrency import concurrency_slot
 from realtime.constants import SWITCH_ID, Endpoint
@@ -65,6 +64,10 @@ UNBILLED_DETAIL = ("The answer could not be billed, so it is withheld and nothin
 ENGINE_FAILED_DETAIL = ("The {what} service failed to answer, so nothing was billed. Retry; "
                         "if it persists, contact support with the X-Anex-Request-ID header "
                         "of this response.")
+# A request spends a fraction of a credit and the ledger charges whole ones, so the credits
+# and the key's budget must cover the next whole credit (billing.services Credits.covers,
+# KeyBudget.covers: approval's rules, asked of the smallest spend).
+NEXT_CREDIT = 1
 # The credit check's answer for a key is kept this long per process (_credits_require).
 CREDITS_READ_EVERY_SECONDS = 1.0
 CREDITS_READ_KEYS = 10_000
@@ -91,7 +94,7 @@ def realtime_switch_set(*, frozen: bool, reason: str = "", user: User | None) ->
 
 def realtime_open_require() -> None:
     if realtime_frozen():
-        raise ApiError.unavailable(FROZEN_DETAIL)
+        raise Unavailable(FROZEN_DETAIL)
 
 
 # -- admission -----------------------------------------------------------------------------
@@ -101,28 +104,27 @@ def _region_require(*, key: ApiKey, host_region: Region) -> None:
     for an organization with EU data routing (403), and such an organization's texts only on
     the EU host (421, naming it), so they are processed in the region its data lives in."""
     organization = key.organization
-    if host_region == Region.EU and not organization.eu_data_routing:
-        raise ApiError(403, EU_ROUTING_DISABLED_DETAIL)
-    residency = Region.EU if organization.eu_data_routing else Region.WORLD
-    region_check(host_region=host_region, residency=residency, noun="organization's data")
+    if host_region == Region.EU:
+        eu_routing_require(organization)
+    region_check(host_region=host_region, residency=organization_region(organization),
+                 noun="organization's data")
 
 
 def _credits_refusal(*, key: ApiKey) -> str | None:
     """Why the organization or the key may not spend (402), or None; 503 when the ledger
     cannot be read."""
     try:
-        available = credits_available(organization=key.organization)
-        budget = key.spend_budget_cents
-        spent = key_spend_cents(api_key=key) if budget is not None else 0
+        credits = credits_summary(organization=key.organization)
+        budget = key_budget(api_key=key)
     except DatabaseError as exc:
         logger.warning("realtime: the balance could not be read: %s", exc.__class__.__name__)
-        raise ApiError.unavailable(BILLING_UNAVAILABLE_DETAIL) from None
-    if available <= 0:
+        raise Unavailable(BILLING_UNAVAILABLE_DETAIL) from None
+    if not credits.covers(NEXT_CREDIT):
         return NO_CREDITS_DETAIL
-    if budget is not None and spent >= budget:
-        return (f"This API key's spend budget is used up: it has spent {spent} of its "
-                f"{budget}-credit budget. Raise the budget on the console's Keys page, or "
-                "use another key.")
+    if budget is not None and not budget.covers(NEXT_CREDIT):
+        return (f"This API key's spend budget is used up: it has spent {budget.spent} of its "
+                f"{budget.budget}-credit budget. Raise the budget on the console's Keys page, "
+                "or use another key.")
     return None
 
 
@@ -139,7 +141,7 @@ def _credits_require(*, key: ApiKey) -> None:
             _credits_read.clear()
         read = _credits_read[key.pk] = (now, _credits_refusal(key=key))
     if read[1] is not None:
-        raise ApiError(402, read[1])
+        raise PaymentRequired(read[1])
 
 
 @contextmanager
@@ -154,17 +156,10 @@ def _forward(*, url: str, path: str, body: dict[str, Any], what: str) -> dict[st
         return engine_call(url=url, path=path, body=body)
     except (EngineUnavailable, EngineRefused) as exc:
         logger.error("realtime %s engine failed: %s", what, exc)
-        raise ApiError(502, ENGINE_FAILED_DETAIL.format(what=what)) from None
+        raise EngineFailed(ENGINE_FAILED_DETAIL.format(what=what)) from None
 
 
 # -- billing -------------------------------------------------------------------------------
-
-def realtime_cost_usd(model: CatalogModel, input_tokens: int) -> Decimal:
-    rate = model.price.realtime_input_per_mtok
-    if rate is None:
-        raise ValueError(f"{model.id} has no realtime rate")
-    return input_tokens * rate / MILLION
-
 
 def realtime_usage_record(*, key: ApiKey, endpoint: Endpoint, model: CatalogModel,
                           input_tokens: int) -> RealtimeUsage:
@@ -174,7 +169,8 @@ def realtime_usage_record(*, key: ApiKey, endpoint: Endpoint, model: CatalogMode
     request_id = current_request_id.get()
     return RealtimeUsage.objects.create(
         organization_id=key.organization_id, api_key=key, endpoint=endpoint, model=model.id,
-        input_tokens=input_tokens, cost_usd=realtime_cost_usd(model, input_tokens),
+        input_tokens=input_tokens,
+        cost_usd=usage_cost_usd(model, Usage(input_tokens=input_tokens), realtime=True),
         request_id="" if request_id == "-" else request_id)
 
 
@@ -234,7 +230,7 @@ def _bill(*, key: ApiKey, endpoint: Endpoint, model: CatalogModel, input_tokens:
     except DatabaseError as exc:
         logger.error("realtime: an answered request could not be metered: %s",
                      exc.__class__.__name__)
-        raise ApiError.unavailable(UNBILLED_DETAIL) from None
+        raise Unavailable(UNBILLED_DETAIL) from None
 
 
 # -- the requests --------------------------------------------------------------------------
@@ -247,15 +243,6 @@ class EmbeddingsRequest:
     encoding_format: str | None = None
 
 
-@contextmanager
-def _refusal_answered() -> Iterator[None]:
-    """A request its kind refuses, answered with the kind's status and words."""
-    try:
-        yield
-    except RequestRefused as refused:
-        raise ApiError(refused.status, refused.message) from None
-
-
 def realtime_embeddings_create(*, key: ApiKey, host_region: Region,
                                request: EmbeddingsRequest) -> dict[str, Any]:
     """POST /realtime/v1/embeddings: OpenAI's response shape, unit-length vectors."""
@@ -263,21 +250,21 @@ def realtime_embeddings_create(*, key: ApiKey, host_region: Region,
     model, kind, url = realtime_model_require(model_id=request.model, key=key, kind=EmbedKind)
     _region_require(key=key, host_region=host_region)
     encoding_format_check(request.encoding_format)
-    with _refusal_answered():
-        # Not counted here: what is billed is the engine's own count of what it read.
-        checked = kind.realtime_request(model, request.input, dimensions=request.dimensions,
-                                        counted=False)
+    # Not counted here: what is billed is the engine's own count of what it read. A body
+    # its kind refuses is answered with the kind's refusal (inference.kinds RequestRefused).
+    checked = kind.realtime_request(model, request.input, dimensions=request.dimensions,
+                                    counted=False)
     with _admitted(key=key):
         answer = _forward(url=url, path=kind.endpoint, what="embedding",
                           body=checked.forward(model.id))
         items = answer.get("data")
         if not isinstance(items, list) or len(items) != len(checked.rows):
-            raise ApiError(502, ENGINE_FAILED_DETAIL.format(what="embedding"))
+            raise EngineFailed(ENGINE_FAILED_DETAIL.format(what="embedding"))
         for index, item in enumerate(items):
             if "error" in item:
                 # The model's own refusal of one input (longer than its context): nothing
                 # is billed, the request is refused naming the input.
-                raise ApiError(400, f"input[{index}]: {item['error'].get('message')}")
+                raise Invalid(f"input[{index}]: {item['error'].get('message')}")
         tokens = sum(int(item["prompt_tokens"]) for item in items)
         _bill(key=key, endpoint=Endpoint.EMBEDDINGS, model=model, input_tokens=tokens)
     return embeddings_body(model.id, [item["embedding"] for item in items], tokens)
@@ -289,20 +276,19 @@ def realtime_decision_create(*, key: ApiKey, host_region: Region,
     realtime_open_require()
     model_id = body.get("model")
     if not isinstance(model_id, str) or not model_id:
-        raise ApiError(422, "model: This field is required: the decision model's id (laya).")
+        raise Malformed("model: This field is required: the decision model's id (laya).")
     model, kind, url = realtime_model_require(model_id=model_id, key=key, kind=DecideKind)
     _region_require(key=key, host_region=host_region)
-    with _refusal_answered():
-        checked = kind.realtime_request(model, body, counted=False)
+    checked = kind.realtime_request(model, body, counted=False)
     with _admitted(key=key):
         answer = _forward(url=url, path=kind.endpoint, what="decision",
                           body=checked.forward(model.id))
         error = answer.get("error")
         if isinstance(error, dict):
             # A question the model refuses: 422 with the model's own message, naming it.
-            raise ApiError(422, str(error.get("message")))
+            raise Malformed(str(error.get("message")))
         if not isinstance(answer.get("answers"), dict):
-            raise ApiError(502, ENGINE_FAILED_DETAIL.format(what="decision"))
+            raise EngineFailed(ENGINE_FAILED_DETAIL.format(what="decision"))
         outcome = DecisionOutcome(answers=answer["answers"],
                                   input_tokens=int(answer["input_tokens"]),
                                   routing=answer["routing"])

@@ -18,8 +18,8 @@ from rest_framework.test import APIClient
 import anex.redis
 from anex.api import throttling
 from anex.redis import redis_client
+from console.apikeys import api_key_for_plaintext
 from console.models import ApiKey
-from console.selectors import api_key_for_plaintext
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.urls")]
 LIMIT = 5

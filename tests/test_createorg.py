@@ -12,8 +12,9 @@ from rest_framework.test import APIClient
 
 from billing.models import LedgerEntry
 from billing.services import credits_summary
+from console.apikeys import api_key_for_plaintext
 from console.models import AuditEvent, Organization
-from console.selectors import api_key_for_plaintext, organization_webhook_secret
+from console.selectors import organization_webhook_secret
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.urls")]
 

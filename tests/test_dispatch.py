@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dramatiq
 import pytest
+from dramatiq.brokers.redis import RedisBroker
 
 import jobs.tasks  # noqa: F401 - declares the actors
 from jobs import dispatch
@@ -29,6 +30,7 @@ def test_a_message_goes_to_its_actors_queue_or_the_one_given(
 
 def test_the_broker_receives_the_message_by_name() -> None:
     broker = dramatiq.get_broker()
+    assert isinstance(broker, RedisBroker)
     broker.flush("jobs")
     dispatch.send("job_start_task", "7b0e4a1c-0000-4000-8000-000000000000")
     # A Redis broker keeps the message's id on the queue and its body in the hash.

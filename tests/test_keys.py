@@ -8,10 +8,10 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from console.apikeys import api_key_for_plaintext, api_key_mark_used
 from console.keys import key_generate, key_parse, secret_hash
 from console.models import ApiKey, AuditEvent
-from console.selectors import api_key_for_plaintext
-from console.services import api_key_mark_used, api_key_revoke
+from console.services import api_key_revoke
 from tests.factories import SYSTEM, api_key_make
 
 pytestmark = pytest.mark.django_db

@@ -6,7 +6,7 @@ import pytest
 from django.db import IntegrityError, InternalError, transaction
 from pytest_django.fixtures import Settings as SettingsWrapper
 
-from anex.api.errors import ApiError
+from anex.errors import DomainError
 from billing.constants import EntryKind
 from billing.models import LedgerEntry
 from billing.services import (
@@ -77,7 +77,7 @@ def test_a_grant_must_be_positive() -> None:
 
 @pytest.mark.parametrize("cents", [0])
 def test_zero_or_below_is_402_for_uploads_and_submits(cents: int) -> None:
-    with pytest.raises(ApiError) as error:
+    with pytest.raises(DomainError) as error:
         credits_require_positive(organization=funded(cents))
     assert error.value.status == 402
     assert "balance is zero or below" in error.value.detail
@@ -99,7 +99,7 @@ def test_approval_holds_the_estimate_and_moves_the_job() -> None:
 def test_approval_not_covered_is_402_and_changes_nothing() -> None:
     organization = funded(50)
     job = job_make(organization, est_cost_cents=60)
-    with pytest.raises(ApiError) as error:
+    with pytest.raises(DomainError) as error:
         job_approve(job=job, actor=SYSTEM)
     assert error.value.status == 402
     assert error.value.detail == (
@@ -113,7 +113,7 @@ def test_approval_not_covered_is_402_and_changes_nothing() -> None:
 def test_other_jobs_holds_count_against_approval() -> None:
     organization = funded(100)
     job_approve(job=job_make(organization, est_cost_cents=70), actor=SYSTEM)
-    with pytest.raises(ApiError) as error:
+    with pytest.raises(DomainError) as error:
         job_approve(job=job_make(organization, est_cost_cents=40), actor=SYSTEM)
     assert error.value.status == 402
 
@@ -122,7 +122,7 @@ def test_other_jobs_holds_count_against_approval() -> None:
 def test_approval_outside_cost_ready_is_409(status: JobStatus) -> None:
     organization = funded(100)
     job = job_make(organization, status=status)
-    with pytest.raises(ApiError) as error:
+    with pytest.raises(DomainError) as error:
         job_approve(job=job, actor=SYSTEM)
     assert error.value.status == 409
     assert error.value.detail == (
@@ -134,7 +134,7 @@ def test_a_retried_approval_holds_nothing_twice() -> None:
     organization = funded(100)
     job = job_make(organization, est_cost_cents=30)
     job_approve(job=job, actor=SYSTEM)
-    with pytest.raises(ApiError):
+    with pytest.raises(DomainError):
         job_approve(job=job, actor=SYSTEM)
     assert LedgerEntry.objects.filter(job=job, kind=EntryKind.HOLD).count() == 1
     assert credits_summary(organization=organization).held == 30
@@ -144,7 +144,7 @@ def test_a_key_spend_budget_caps_what_its_approvals_hold() -> None:
     organization = funded(1000)
     key, _ = api_key_make(organization, spend_budget_cents=100)
     job_approve(job=job_make(organization, est_cost_cents=70), actor=Actor(key=key))
-    with pytest.raises(ApiError) as error:
+    with pytest.raises(DomainError) as error:
         job_approve(job=job_make(organization, est_cost_cents=40), actor=Actor(key=key))
     assert error.value.status == 402
     assert "spend budget" in error.value.detail and "30 are left" in error.value.detail

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pytest_django.fixtures import Settings as SettingsWrapper
 
-from anex.api.errors import ApiError
+from anex.errors import DomainError
 from billing.models import LedgerEntry
 from billing.services import credits_grant, credits_summary, hold_open_cents
 from jobs.constants import JOB_TRANSITIONS, TERMINAL_STATUSES, JobStatus
@@ -58,7 +58,7 @@ def run(ops: list[tuple]) -> None:  # type: ignore[type-arg]
             available = balance - sum(holds.values())
             try:
                 job_approve(job=job, actor=SYSTEM)
-            except ApiError as error:
+            except DomainError as error:
                 expected = 409 if job.status != JobStatus.COST_READY else 402
                 assert error.status == expected
                 assert expected == 409 or (job.est_cost_cents or 0) > available

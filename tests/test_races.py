@@ -13,7 +13,7 @@ from django.db import connection
 from django.test import Client
 from pytest_django.fixtures import Settings as SettingsWrapper
 
-from anex.api.errors import ApiError
+from anex.errors import DomainError
 from billing.constants import EntryKind
 from billing.models import LedgerEntry
 from billing.services import credits_grant, credits_summary
@@ -61,7 +61,7 @@ def test_twenty_concurrent_approvals_place_exactly_one_hold(settings: SettingsWr
     results = race(lambda: job_approve(job=job, actor=SYSTEM))
 
     approved = [r for r in results if not isinstance(r, Exception)]
-    refused = [r for r in results if isinstance(r, ApiError)]
+    refused = [r for r in results if isinstance(r, DomainError)]
     assert len(approved) == 1 and len(refused) == THREADS - 1, results
     assert {r.status for r in refused} == {409}
     assert LedgerEntry.objects.filter(job=job, kind=EntryKind.HOLD).count() == 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.test import RequestFactory
 
-from anex.api.errors import ApiError
+from anex.errors import DomainError
 from anex.regions import Region, region_origin, request_region, residency_resolve
 from tests.factories import organization_make
 
@@ -20,7 +20,7 @@ def test_an_omitted_residency_follows_the_organization() -> None:
 
 
 def test_eu_without_eu_routing_is_403_with_the_reference_message() -> None:
-    with pytest.raises(ApiError) as error:
+    with pytest.raises(DomainError) as error:
         residency_resolve(organization=organization_make(), requested="eu")
     assert error.value.status == 403
     assert error.value.body() == {

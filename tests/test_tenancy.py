@@ -7,7 +7,7 @@ import uuid
 import pytest
 from rest_framework.test import APIClient
 
-from anex.api.errors import ApiError
+from anex.errors import DomainError
 from console.models import ApiKey, Organization
 from console.selectors import api_key_get
 from tests.factories import api_key_make, organization_make
@@ -28,7 +28,7 @@ def test_the_selector_finds_its_own_organizations_object(organization: Organizat
 ])
 def test_the_selector_raises_the_same_404_for_every_foreign_id(organization: Organization,
                                                                 make_id) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(ApiError) as error:
+    with pytest.raises(DomainError) as error:
         api_key_get(organization=organization, id=make_id())
     assert (error.value.status, error.value.body()) == (404, {"detail": "API key not found"})
 

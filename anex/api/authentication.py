@@ -9,12 +9,11 @@ from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication
 from rest_framework.request import Request
 
-from anex.api.errors import ApiError
 from anex.api.throttling import invalid_key_count
+from anex.errors import Unavailable
 from console.actors import Actor
+from console.apikeys import api_key_for_plaintext, api_key_mark_used
 from console.models import ApiKey, Organization
-from console.selectors import api_key_for_plaintext
-from console.services import api_key_mark_used
 
 KEY_UNVERIFIABLE_DETAIL = (
     "The API key could not be validated right now, so nothing was done. Retry."
@@ -45,7 +44,7 @@ class ApiKeyAuthentication(BaseAuthentication):
             if key is not None:
                 api_key_mark_used(key=key)
         except (OperationalError, InterfaceError):
-            raise ApiError.unavailable(KEY_UNVERIFIABLE_DETAIL) from None
+            raise Unavailable(KEY_UNVERIFIABLE_DETAIL) from None
         if key is None:
             _refuse_invalid(request)
         return (None, key)

@@ -1,13 +1,17 @@
-"""One error type and one handler: every API error body is {"detail": …} (STYLE.md rule 7).
+"""One handler: every API error body is {"detail": …} (STYLE.md rule 7).
 
-Services raise ApiError with the reference's status and message; the handler below also
-maps Django's and DRF's own exceptions onto the same envelope, so a client never sees an
-HTML page or a differently shaped body from /batch/v1 or /realtime/v1.
+Services raise the status-less refusals of anex/errors.py; the handler below answers each
+with the status its class has in anex.errors.ANSWERED_WITH, and also maps Django's and
+DRF's own exceptions onto the same envelope, so a client never sees an HTML page or a
+differently shaped body from /batch/v1 or /realtime/v1. The console's pages go through the
+same mapping (console.views.base). ApiError is the handler's own form of an answer, which
+a view (never a service) may also raise.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from django.conf import settings
@@ -17,6 +21,8 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views import defaults
 from rest_framework import exceptions
 from rest_framework.response import Response
+
+from anex.errors import DomainError, RateLimited
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +41,8 @@ UNAVAILABLE_DETAIL = "A check this request depends on could not run. Retry short
 
 
 class ApiError(Exception):
-    """An error with the reference's status code and message.
+    """An answer with the reference's status code and message (what the handler makes of
+    a DomainError; a view may raise one itself).
 
     `extra` adds the fields the reference shows beside detail (421's residency and api,
     429's error.code); `retry_after` becomes the Retry-After header.
@@ -50,12 +57,10 @@ class ApiError(Exception):
         self.retry_after = retry_after
 
     @classmethod
-    def not_found(cls, noun: str) -> ApiError:
-        return cls(404, f"{noun} not found")
-
-    @classmethod
-    def unavailable(cls, detail: str = UNAVAILABLE_DETAIL) -> ApiError:
-        return cls(503, detail, retry_after=settings.ANEX_RETRY_AFTER_SECONDS)
+    def of(cls, error: DomainError) -> ApiError:
+        """A service's refusal as the API answers it (anex.errors.ANSWERED_WITH)."""
+        return cls(error.status, error.detail, extra=error.extra,
+                   retry_after=error.retry_after)
 
     def body(self) -> dict[str, Any]:
         return {"detail": self.detail, **self.extra}
@@ -74,9 +79,17 @@ def _flatten(detail: Any, path: str = "") -> list[str]:
     return [f"{path}: {detail}" if path else str(detail)]
 
 
+def rate_limited(wait: float | None) -> RateLimited:
+    """A key past its request rate (DRF's throttle, and the realtime API's own count)."""
+    seconds = max(1, math.ceil(wait or 1))
+    return RateLimited(RATE_LIMITED_DETAIL, retry_after=seconds, code="rate_limit_exceeded")
+
+
 def _as_api_error(exc: Exception) -> ApiError | None:
     if isinstance(exc, ApiError):
         return exc
+    if isinstance(exc, DomainError):
+        return ApiError.of(exc)
     if isinstance(exc, Http404 | exceptions.NotFound):
         return ApiError(404, "Not found.")
     if isinstance(exc, PermissionDenied):
@@ -88,11 +101,7 @@ def _as_api_error(exc: Exception) -> ApiError | None:
     if isinstance(exc, exceptions.AuthenticationFailed):
         return ApiError(401, INVALID_KEY_DETAIL)
     if isinstance(exc, exceptions.Throttled):
-        wait = max(1, int(getattr(exc, "wait", None) or 1))
-        return ApiError(
-            429, RATE_LIMITED_DETAIL, retry_after=wait,
-            extra={"error": {"code": "rate_limit_exceeded", "message": RATE_LIMITED_DETAIL}},
-        )
+        return ApiError.of(rate_limited(getattr(exc, "wait", None)))
     if isinstance(exc, exceptions.ParseError):
         return ApiError(400, f"The request body is not valid JSON: {exc.detail}")
     if isinstance(exc, exceptions.UnsupportedMediaType):
@@ -106,16 +115,30 @@ def _as_api_error(exc: Exception) -> ApiError | None:
     if isinstance(exc, OperationalError | InterfaceError):
         # The database is unreachable: a retryable 503, never a 500.
         logger.warning("database unavailable: %s", exc.__class__.__name__)
-        return ApiError.unavailable()
+        return ApiError(503, UNAVAILABLE_DETAIL)
     return None
 
 
-def error_response(error: ApiError) -> Response:
+def _headers(error: ApiError) -> dict[str, str]:
     headers = {}
     if error.status in (429, 503):
         retry_after = error.retry_after or settings.ANEX_RETRY_AFTER_SECONDS
         headers["Retry-After"] = str(retry_after)
-    return Response(error.body(), status=error.status, headers=headers)
+    return headers
+
+
+def error_response(error: ApiError) -> Response:
+    return Response(error.body(), status=error.status, headers=_headers(error))
+
+
+def error_json_response(error: DomainError) -> JsonResponse:
+    """A refusal answered by a plain Django view (the console's JSON endpoint for an upload
+    target) exactly as the API's handler answers it."""
+    answer = ApiError.of(error)
+    response = JsonResponse(answer.body(), status=answer.status)
+    for name, value in _headers(answer).items():
+        response[name] = value
+    return response
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:

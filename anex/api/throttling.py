@@ -21,7 +21,7 @@ from django.conf import settings
 from django.http import HttpRequest
 from rest_framework.throttling import BaseThrottle
 
-from anex.api.errors import ApiError
+from anex.errors import RateLimited
 from anex.redis import window_hit
 from console.models import ApiKey
 
@@ -82,6 +82,5 @@ def invalid_key_count(request: HttpRequest | Request) -> None:
     once the client has sent INVALID_KEYS_PER_MINUTE of them this window."""
     hit = window_hit("invalid-keys", client_address(request))
     if hit is not None and hit.count > INVALID_KEYS_PER_MINUTE:
-        raise ApiError(
-            429, INVALID_KEYS_DETAIL, retry_after=max(1, math.ceil(hit.seconds_left)),
-            extra={"error": {"code": "rate_limit_exceeded", "message": INVALID_KEYS_DETAIL}})
+        raise RateLimited(INVALID_KEYS_DETAIL, retry_after=max(1, math.ceil(hit.seconds_left)),
+                          code="rate_limit_exceeded")

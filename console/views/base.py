@@ -16,7 +16,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
 
-from anex.api.errors import ApiError
+from anex.errors import DomainError
 from console.actors import Actor
 from console.constants import Role
 from console.models import Membership, Organization
@@ -58,9 +58,9 @@ def console_page(*, owner: bool = False) -> Callable[[ConsoleView[P]],
                                                    Callable[Concatenate[HttpRequest, P],
                                                             HttpResponse]]:
     """A signed-in page acting for the user's current organization. owner=True refuses a
-    member with 403. A service's ApiError reads as the API would say it: 404 is the page's
-    404 (another organization's id included), anything else a message on the page the
-    user came from."""
+    member with 403. A service's refusal (anex.errors) reads as the API would say it: one
+    the API answers 404 is the page's 404 (another organization's id included), anything
+    else a message on the page the user came from."""
 
     def decorate(view: ConsoleView[P]) -> Callable[Concatenate[HttpRequest, P], HttpResponse]:
         @login_required
@@ -77,10 +77,10 @@ def console_page(*, owner: bool = False) -> Callable[[ConsoleView[P]],
                                        "open this page.")
             try:
                 return view(request, console, *args, **kwargs)
-            except ApiError as error:
+            except DomainError as error:
                 if error.status == 404:
-                    raise Http404(str(error.detail)) from None
-                messages.error(request, str(error.detail))
+                    raise Http404(error.detail) from None
+                messages.error(request, error.detail)
             except ValidationError as error:
                 messages.error(request, " ".join(error.messages))
             return redirect(back(request))

@@ -14,19 +14,19 @@ from django.shortcuts import redirect
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from anex.api.errors import ApiError
-from anex.regions import residency_resolve
-from billing.services import credits_require_positive
+from anex.api.errors import error_json_response
+from anex.errors import DomainError
+from anex.regions import organization_region
 from console.forms import JobSubmitForm
-from console.selectors import console_models, job_list, job_models_used, job_progress_shown
+from console.selectors import console_models
 from console.views.base import Console, console_page, fragment, page
 from inference.constants import InputFormat
 from jobs.constants import TERMINAL_STATUSES, FailureCode, JobStatus
 from jobs.models import Job
-from jobs.selectors import job_get
+from jobs.selectors import job_get, job_list, job_models_used, job_progress_of
 from jobs.serializers import JobOut
 from jobs.services.data import job_data_delete, job_result_link
-from jobs.services.inputs import input_upload_create
+from jobs.services.inputs import input_create
 from jobs.services.lifecycle import job_approve, job_cancel, job_cancellable
 from jobs.services.submission import job_submit
 
@@ -64,7 +64,7 @@ def job_list_page(request: HttpRequest, console: Console) -> HttpResponse:
         status = ""
     jobs = job_list(organization=console.organization, status=status, model=model)
     current = Paginator(jobs, PAGE_SIZE).get_page(request.GET.get("page"))
-    rows = [(job, job_progress_shown(organization=console.organization, job=job))
+    rows = [(job, job_progress_of(job=job))
             for job in current.object_list]
     context: dict[str, Any] = {
         "rows": rows, "page_obj": current, "status": status, "model": model,
@@ -85,7 +85,7 @@ def _job_context(console: Console, job: Job) -> dict[str, Any]:
     fields = JobOut(job).data
     return {
         "job": job, "fields": fields,
-        "progress": job_progress_shown(organization=console.organization, job=job),
+        "progress": job_progress_of(job=job),
         "status_words": STATUS_WORDS.get(JobStatus(job.status), job.status),
         "failure_words": FAILURES.get(FailureCode(job.failure_code)) if job.failure_code else "",
         "can_approve": job.status == JobStatus.COST_READY,
@@ -156,18 +156,17 @@ def job_result_download(request: HttpRequest, console: Console, job_id: UUID) ->
 def job_upload_target(request: HttpRequest, console: Console) -> HttpResponse:
     """A presigned upload target for the browser (the API's POST /inputs, upload mode):
     the file goes from the browser straight to storage."""
-    raw_format = request.POST.get("format", InputFormat.JSONL)
-    if raw_format not in InputFormat.values:
-        return JsonResponse({"detail": "format must be jsonl or parquet."}, status=400)
     organization = console.organization
     try:
-        credits_require_positive(organization=organization)
-        item, target = input_upload_create(
-            organization=organization, actor=console.actor, fmt=InputFormat(raw_format),
-            residency=residency_resolve(organization=organization, requested=None))
-    except ApiError as error:
-        return JsonResponse(error.body(), status=error.status)
-    return JsonResponse({"id": str(item.pk), **target})
+        created = input_create(
+            organization=organization, actor=console.actor,
+            # The console is not a regional API host: it places the upload in the
+            # organization's own region (docs/decisions.md, "The console").
+            host_region=organization_region(organization),
+            input_format=request.POST.get("format", InputFormat.JSONL))
+    except DomainError as error:
+        return error_json_response(error)
+    return JsonResponse({"id": str(created.input.pk), **(created.target or {})})
 
 
 @require_http_methods(["GET", "POST"])
@@ -181,13 +180,13 @@ def job_new_page(request: HttpRequest, console: Console) -> HttpResponse:
                 organization=organization, actor=console.actor, request=form.job_request(),
                 # The console is not a regional API host: it acts in the organization's
                 # own region, where its upload was just placed (docs/decisions.md).
-                host_region=residency_resolve(organization=organization, requested=None))
-        except ApiError as error:
+                host_region=organization_region(organization))
+        except DomainError as error:
             if error.status == 404:
                 form.add_error(None, "That upload is not one of this organization's. "
                                      "Pick the file again.")
             else:
-                form.add_error(None, str(error.detail))
+                form.add_error(None, error.detail)
         except ValidationError as error:
             form.add_error(None, error)
         else:

@@ -15,7 +15,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from anex.api.errors import ApiError
+from anex.errors import NotFound
 from console.constants import Role
 from console.forms import InviteForm, OrganizationNameForm, WebhookForm
 from console.selectors import (
@@ -24,8 +24,6 @@ from console.selectors import (
     membership_current,
     organization_member_list,
     organization_webhook_secret,
-    webhook_delivery_get,
-    webhook_delivery_list,
 )
 from console.services import (
     invitation_accept,
@@ -35,6 +33,7 @@ from console.services import (
 )
 from console.views.base import SESSION_ORGANIZATION, Console, console_page, fragment, page
 from jobs.constants import DeliveryStatus
+from jobs.selectors import webhook_delivery_get, webhook_delivery_list
 from jobs.services.webhook_endpoint import (
     organization_webhook_secret_rotate,
     organization_webhook_set,
@@ -100,7 +99,7 @@ def settings_page(request: HttpRequest, console: Console) -> HttpResponse:
         try:
             tested = webhook_delivery_get(organization=organization,
                                           id=request.GET["delivery"])
-        except ApiError:  # a stale or another organization's id just shows nothing
+        except NotFound:  # a stale or another organization's id just shows nothing
             tested = None
     context = {
         "webhook_form": webhook_form, "name_form": name_form,

@@ -19,6 +19,7 @@ from inference.engines.registry import Engine, EngineNotConfigured
 from inference.kinds.base import (
     GENERATION_FIELDS,
     ParquetReading,
+    RequestMalformed,
     RequestRefused,
     ServedRow,
     SubmitFields,
@@ -72,6 +73,7 @@ __all__ = [
     "GENERATION_FIELDS",
     "AnyKind",
     "ParquetReading",
+    "RequestMalformed",
     "RequestRefused",
     "ServedRow",
     "SubmitFields",

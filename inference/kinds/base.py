@@ -38,7 +38,8 @@ engines (engine_build, engine) and these, documented where they are defined:
     decide.answer_body(model_id, outcome) -> dict
         the reference's decision response: answers, routing and usage
 
-Both raise RequestRefused (its `status` 400 or 422, its `message` the detail). A checked
+Both raise RequestRefused (past a limit, answered 400) or RequestMalformed (a body of the
+wrong shape, 422), status-less refusals of anex.errors; `message` is the detail. A checked
 request's `forward(model_id)` is the body the web tier sends the realtime engine server
 (realtime/serving.py), where the kind reads it back (realtime_rows), runs a warm engine on
 the rows of every request waiting (realtime_run) and answers each (realtime_reply).
@@ -52,6 +53,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, cast
 
+from anex.errors import Invalid, Malformed
 from inference.constants import InputFormat, RowOutcome
 from inference.engines.registry import EngineNotConfigured
 from inference.kinds import engines
@@ -134,15 +136,18 @@ def fields_refused(fields: SubmitFields, names: Sequence[str], why: str) -> str 
     return f"{', '.join(shown)} {verb} not accepted on {why}."
 
 
-class RequestRefused(ValueError):
+class RequestRefused(Invalid):
     """A realtime request that breaks the reference's rules, refused before anything is
-    served or billed: `status` 400 for a value past a limit or media in a text-only request,
-    422 for a body of the wrong shape (as everywhere in the API); `message` is the detail."""
+    served or billed: a value past a limit or media in a text-only request (the API's 400);
+    `message` is the detail."""
 
-    def __init__(self, message: str, *, status: int = 400) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
+    @property
+    def message(self) -> str:
+        return self.detail
+
+
+class RequestMalformed(Malformed, RequestRefused):
+    """A realtime request body of the wrong shape (the API's 422, as everywhere in it)."""
 
 
 def row_error_json(error: RowError) -> dict[str, Any]:

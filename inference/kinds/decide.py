@@ -18,6 +18,7 @@ from inference.engines import DecisionOutcome, DecisionRow
 from inference.engines.decisions import DecisionEngine
 from inference.kinds.base import (
     GENERATION_FIELDS,
+    RequestMalformed,
     RequestRefused,
     ServedJob,
     ServedRow,
@@ -29,7 +30,7 @@ from inference.kinds.base import (
 from inference.pricing import Usage, usd
 from inference.rows.core import DECISIONS, JobContext, JobOptions, RowCost, RowRef, RowRejected
 from inference.rows.decisions import decision_row
-from inference.tokens import token_counter
+from inference.tokens import token_counter, uncounted
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -73,10 +74,6 @@ def answer_body(model_id: str, outcome: DecisionOutcome) -> dict[str, Any]:
     batch row's response body, and the realtime API's)."""
     return {"model": model_id, "answers": outcome.answers, "routing": outcome.routing,
             "usage": {"input_tokens": outcome.input_tokens, "output_tokens": 0}}
-
-
-def _uncounted(text: str) -> int:
-    return 0
 
 
 class DecideKind(TaskKind[DecisionRow, DecisionOutcome, DecisionRunner]):
@@ -138,20 +135,20 @@ class DecideKind(TaskKind[DecisionRow, DecisionOutcome, DecisionRunner]):
         """One realtime decision body (state, questions, lang and model) checked by the
         batch row's rules, the reference's realtime limits among them (at most
         max_questions questions, a state of at most max_state_chars characters), then
-        counted and turned into its engine row. RequestRefused at the first violation,
-        worded as the row check words it ("This request: ..."): 400 past a limit, 422 for
-        the body's shape.
+        counted and turned into its engine row. RequestRefused (400) at the first
+        violation past a limit, RequestMalformed (422) for the body's shape, worded as the
+        row check words it ("This request: ...").
 
         What is wrong inside one question is the model's to refuse: the outcome then
         carries the model's own message (the reference answers it 422). `counted=False`
         skips the count (the web tier bills the engine's own; input_tokens is then None)."""
         count = token_counter(model.id) if counted else None
-        context = JobContext(JobOptions(model=model), count or _uncounted, None, self)
+        context = JobContext(JobOptions(model=model), count or uncounted, None, self)
         try:
             cost = decision_row(body, job=context, row=_REQUEST)
         except RowRejected as rejected:
-            raise RequestRefused(rejected.message,
-                                 status=400 if rejected.limit else 422) from None
+            refusal = RequestRefused if rejected.limit else RequestMalformed
+            raise refusal(rejected.message) from None
         state, questions, lang = body["state"], body["questions"], body.get("lang")
         # decision_row passed them: a string or an object, a non-empty object, a string.
         assert isinstance(state, str | dict) and isinstance(questions, dict)

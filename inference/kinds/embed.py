@@ -17,6 +17,7 @@ from inference.engines.embeddings import EmbeddingEngine
 from inference.kinds.base import (
     GENERATION_FIELDS,
     ParquetReading,
+    RequestMalformed,
     RequestRefused,
     ServedJob,
     ServedRow,
@@ -165,19 +166,19 @@ class EmbedKind(TaskKind[EmbedRow, EmbedOutcome, EmbedRunner]):
                          dimensions: int | None = None, counted: bool = True) -> EmbedRequest:
         """One realtime request's `input` (a string or a list of strings) checked against
         the reference's realtime rules, then turned into engine rows at `dimensions` (None:
-        native) and counted. RequestRefused at the first violation: 400 past a limit or for
-        media, 422 for a value of the wrong type. `counted=False` skips the count (the web
-        tier bills the engine's own; input_tokens is then None).
+        native) and counted. RequestRefused at the first violation past a limit or for
+        media (400), RequestMalformed for a value of the wrong type (422). `counted=False`
+        skips the count (the web tier bills the engine's own; input_tokens is then None).
 
         Text only: content parts (images, video) stay on the batch API. Each string reaches
         the model verbatim, exactly as a batch text row does."""
         if dimensions is not None:
             problem = self.dimensions_problem(model, dimensions)
             if problem:
-                raise RequestRefused(problem, status=422)
+                raise RequestMalformed(problem)
         texts = [value] if isinstance(value, str) else value
         if not isinstance(texts, list):
-            raise RequestRefused("input must be a string or a list of strings.", status=422)
+            raise RequestMalformed("input must be a string or a list of strings.")
         if not texts:
             raise RequestRefused("input is an empty list: send at least one string.")
         strings: list[str] = []
@@ -189,7 +190,7 @@ class EmbedKind(TaskKind[EmbedRow, EmbedOutcome, EmbedRunner]):
                     "images and video on the batch API (embedding jobs); their vectors share "
                     "the space of a realtime text query on the same model and width.")
             if not isinstance(text, str):
-                raise RequestRefused(f"input[{index}] must be a string.", status=422)
+                raise RequestMalformed(f"input[{index}] must be a string.")
             if not text:
                 raise RequestRefused(f"input[{index}] is an empty string: every input needs "
                                      "text.")

@@ -21,15 +21,11 @@ from inference.pricing import Usage
 from inference.rows.chat import chat_cost
 from inference.rows.core import InputRejected, JobContext, JobOptions, RowCost, RowRef
 from inference.rows.embeddings import embedding_input
+from inference.tokens import uncounted
 
 logger = logging.getLogger(__name__)
 
 _ROW = RowRef("Row")
-
-
-def _text_uncounted(text: str) -> int:
-    # Only the media are counted here: the text's tokens are the engine's own count.
-    return 0
 
 
 class RowMeter:
@@ -41,7 +37,7 @@ class RowMeter:
             # No output cap and no text tokens: the row passed every check while
             # estimating; here its media are only counted, never refused again.
             self.context = JobContext(JobOptions(model=model, video_fps=job.video_fps),
-                                      _text_uncounted, None, kind_for(model))
+                                      uncounted, None, kind_for(model))
 
     def _media(self, count: Any) -> RowCost | None:
         try:

@@ -20,18 +20,17 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from anex.api.errors import ApiError
+from anex.errors import RateLimited
 from anex.redis import window_hit
 from anex.regions import Region
 from console.actors import Actor
 from console.models import Organization
 from inference.catalog import model_get
 from inference.rows.core import InputRejected, JobOptions
-from inference.tokens import token_counter
 from jobs import dispatch
 from jobs.constants import CHECK_ERRORS_MAX, CheckStatus
 from jobs.models import PreflightCheck
-from jobs.services.estimation import CANNOT_PRICE, input_validate
+from jobs.services.estimation import CANNOT_PRICE, input_check
 from jobs.services.inputs import INPUT_CHANGED
 from jobs.services.submission import JobRequest, job_request_admit
 from jobs.storage import StorageChanged
@@ -59,8 +58,8 @@ def _rate_limit(organization: Organization) -> None:
     if hit is None or hit.count <= limit:
         return
     detail = RATE_LIMITED.format(limit=limit)
-    raise ApiError(429, detail, retry_after=max(1, math.ceil(hit.seconds_left)),
-                   extra={"error": {"code": "rate_limit_exceeded", "message": detail}})
+    raise RateLimited(detail, retry_after=max(1, math.ceil(hit.seconds_left)),
+                      code="rate_limit_exceeded")
 
 
 def check_create(*, organization: Organization, actor: Actor, request: JobRequest,
@@ -79,12 +78,6 @@ def check_create(*, organization: Organization, actor: Actor, request: JobReques
     return check
 
 
-def _uncounted(text: str) -> int:
-    # No tokenizer here for the model: the rows are still checked for every rule their
-    # text's count cannot change (as the estimate does), and the check says it cannot price.
-    return 0
-
-
 def check_run(*, check_id: uuid.UUID | str) -> CheckStatus | None:
     """The check_run_task actor's work: read every row once and record the outcome. A
     check already settled is left alone (a redelivered message)."""
@@ -99,16 +92,14 @@ def check_run(*, check_id: uuid.UUID | str) -> CheckStatus | None:
         if model is None:
             errors.add(RowError(CANNOT_PRICE), row=False)
         else:
-            count_tokens = token_counter(model.id)
             options = JobOptions(model=model, **{name: check.options.get(name)
                                                  for name in CHECKED_FIELDS})
-            report = input_validate(item=check.input, options=options,
-                                    count_tokens=count_tokens or _uncounted, errors=errors)
-            rows = report.rows + errors.failed_rows
-            if count_tokens is None:
+            checked = input_check(item=check.input, options=options, errors=errors)
+            rows = checked.report.rows + errors.failed_rows
+            if not checked.counted:
                 errors.add(RowError(CANNOT_PRICE), row=False)
             else:
-                usage = report.usage
+                usage = checked.report.usage
                 tokens = usage.input_tokens + usage.media_tokens + usage.media_row_tokens
     except InputRejected as rejected:  # a fault of the whole file: no rows, not parquet
         errors.add(RowError(rejected.message), row=False)

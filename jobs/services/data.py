@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from anex.api.errors import ApiError
+from anex.errors import Conflict, Gone
 from console.actors import Actor
 from jobs.constants import TERMINAL_STATUSES
 from jobs.models import Job
@@ -20,12 +20,12 @@ STOPPING = "the job is being cancelled; its input and any result will be deleted
 def job_result_link(*, job: Job) -> dict[str, object]:
     """GET /jobs/{id}/result: a fresh presigned link, or why there is none."""
     if job.data_deleted_at is not None:
-        raise ApiError(410, DELETED)
+        raise Gone(DELETED)
     if job.status not in TERMINAL_STATUSES:
-        raise ApiError(409, f"This job is {job.status}: its result does not exist yet.")
+        raise Conflict(f"This job is {job.status}: its result does not exist yet.")
     if not job.result_key:
-        raise ApiError(409, f"This job is {job.status} and delivered no rows: there is "
-                            "nothing to download.")
+        raise Conflict(f"This job is {job.status} and delivered no rows: there is "
+                       "nothing to download.")
     url = result_download_url(job)
     rows = (job.success_rows or 0) + (job.error_rows or 0) + (job.truncated_rows or 0) \
         + (job.format_error_rows or 0)

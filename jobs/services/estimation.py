@@ -13,6 +13,7 @@ import logging
 import shutil
 import tempfile
 import uuid
+from dataclasses import dataclass
 
 from anex.net import FetchError, fetch
 from inference.catalog import CatalogModel, model_get
@@ -20,7 +21,7 @@ from inference.constants import InputFormat
 from inference.kinds import kind_for
 from inference.pricing import price
 from inference.rows.core import CountTokens, FileReport, InputRejected, JobOptions
-from inference.tokens import token_counter
+from inference.tokens import token_counter, uncounted
 from inference.warmth import startup_seconds
 from jobs.constants import FailureCode, JobStatus
 from jobs.failures import claimed_work
@@ -70,16 +71,34 @@ def _claim(job: Job) -> bool:
         job_lease_claim(job_id=job.pk, status=JobStatus.ESTIMATING, row_count__isnull=True)
 
 
-def _validate(job: Job, model: CatalogModel, count_tokens: object) -> FileReport:
-    assert job.input is not None
-    options = JobOptions(
+def _options(job: Job, model: CatalogModel) -> JobOptions:
+    return JobOptions(
         model=model, max_output_tokens=job.max_output_tokens_requested,
         reasoning=job.reasoning, reasoning_budget=job.reasoning_budget_requested,
         reasoning_effort=job.reasoning_effort or None, response_format=job.response_format,
         dimensions=job.dimensions, video_fps=job.video_fps,
     )
-    return input_validate(item=job.input, options=options,
-                          count_tokens=count_tokens)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class InputChecked:
+    """An input's rows checked against a job's options, and counted."""
+
+    report: FileReport
+    # The model's tokenizer counted the text. Without one here the text counted as none
+    # (inference.tokens.uncounted), so the rows were checked but cannot be priced.
+    counted: bool
+
+
+def input_check(*, item: Input, options: JobOptions,
+                errors: RowErrors | None = None) -> InputChecked:
+    """The one driver of a job's estimate and of a preflight check: every row check runs,
+    tokenizer or not, so a row that breaks a rule is refused with its own reason and only
+    a file whose rows pass can fail for want of a price (CANNOT_PRICE)."""
+    count_tokens = token_counter(options.model.id)
+    report = input_validate(item=item, options=options,
+                            count_tokens=count_tokens or uncounted, errors=errors)
+    return InputChecked(report=report, counted=count_tokens is not None)
 
 
 def input_validate(*, item: Input, options: JobOptions, count_tokens: CountTokens,
@@ -134,13 +153,12 @@ def _estimate(job: Job) -> JobStatus | None:
     model = model_get(job.model)
     if model is None:
         return _failed(job, CANNOT_PRICE)
-    count_tokens = token_counter(job.model)
+    assert job.input is not None
     try:
-        # Every row check runs first, tokenizer or not: a row that breaks a rule fails the
-        # job with its own reason; only a file that passes can fail for want of a price.
-        report = _validate(job, model, count_tokens or _uncounted)
-        if count_tokens is None:
+        checked = input_check(item=job.input, options=_options(job, model))
+        if not checked.counted:
             return _failed(job, CANNOT_PRICE)
+        report = checked.report
         fields = {} if needs_sample(job, model) else _estimate_fields(job, model, report)
     except InputRejected as rejected:
         return _failed(job, rejected.message)
@@ -152,13 +170,6 @@ def _estimate(job: Job) -> JobStatus | None:
         # allowance of sampled tokens.
         return sample_enqueue(job=job, model=model, rows=report.rows, usage=report.usage)
     return job_cost_ready(job=job, estimate={"row_count": report.rows, **fields})
-
-
-def _uncounted(text: str) -> int:
-    """The token count on a model with no tokenizer here: none, a lower bound. A row is
-    then refused only for a rule it breaks whatever its text counts to (its shape, a media
-    cap, media alone over the context), never for a count that could not be made."""
-    return 0
 
 
 def _failed(job: Job, reason: str) -> JobStatus:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import PurePosixPath
 from urllib.parse import urlsplit
@@ -19,11 +20,12 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from anex.api.errors import ApiError
 from anex.crypto import secret_encrypt
+from anex.errors import Invalid, RateLimited
+from anex.errors import TooLarge as SourceTooLarge
 from anex.net import DeadlineExceeded, FetchError, TooLarge, UnsafeURL, fetch
-from anex.regions import Region
-from billing.services import organization_lock
+from anex.regions import Region, region_check, residency_resolve
+from billing.services import credits_require_positive, organization_lock
 from console.actors import Actor
 from console.audit import audit_record
 from console.constants import AuditAction
@@ -77,6 +79,63 @@ def format_problem(head: bytes, fmt: str) -> str | None:
     if not text.startswith(b"{"):
         return "The file is not JSONL: its first line is not a JSON object."
     return None
+
+
+@dataclass(frozen=True)
+class InputCreated:
+    """A new input, and what its creator is shown once: an upload's target (upload_url and
+    fields), or an ingest's callback secret."""
+
+    input: Input
+    target: dict[str, object] | None = None
+    callback_secret: str | None = None
+
+
+def _https(name: str, url: str) -> None:
+    parts = urlsplit(url)
+    if parts.scheme != "https" or not parts.hostname:
+        raise Invalid(f"{name} must be an https:// URL.")
+
+
+def input_create(*, organization: Organization, actor: Actor, host_region: Region,
+                 input_format: str | None, source_url: str | None = None,
+                 callback_url: str | None = None,
+                 data_residency: str | None = None) -> InputCreated:
+    """POST /inputs, and the console's upload: every check the reference makes before an
+    upload target is minted or a source URL is contacted, in its order - the format and
+    the mode's fields (400), the data residency asked for (403) and the host it reached
+    (421), the balance (402) - then the upload target (no source_url) or the ingest.
+
+    host_region is the region of the API host the request reached; the console, which is
+    no regional host, passes the organization's own (anex.regions.organization_region).
+    """
+    if input_format is not None and input_format not in InputFormat.values:
+        raise Invalid("format must be jsonl or parquet.")
+    fmt = InputFormat(input_format) if input_format else None
+    if source_url is None:
+        if fmt is None:
+            raise Invalid("format is required for a direct upload (jsonl or parquet); to "
+                          "ingest from a URL, give source_url.")
+        if callback_url is not None:
+            raise Invalid("callback_url is not available for a direct upload: there is no "
+                          "server-side copy to report on.")
+    else:
+        _https("source_url", source_url)
+        if callback_url is not None:
+            _https("callback_url", callback_url)
+    residency = residency_resolve(organization=organization, requested=data_residency)
+    region_check(host_region=host_region, residency=residency, noun="input")
+    # Before an upload target is minted or a source URL is contacted.
+    credits_require_positive(organization=organization)
+    if source_url is None:
+        assert fmt is not None
+        item, target = input_upload_create(organization=organization, actor=actor, fmt=fmt,
+                                           residency=residency)
+        return InputCreated(input=item, target=target)
+    item, secret = input_ingest_create(organization=organization, actor=actor,
+                                       source_url=source_url, fmt=fmt,
+                                       callback_url=callback_url, residency=residency)
+    return InputCreated(input=item, callback_secret=secret)
 
 
 def input_upload_create(*, organization: Organization, actor: Actor, fmt: InputFormat,
@@ -144,11 +203,11 @@ def input_ingest_create(*, organization: Organization, actor: Actor, source_url:
     try:
         size = _advertised_size(source_url)
     except UnsafeURL as exc:
-        raise ApiError(400, f"source_url cannot be fetched: {exc}") from None
+        raise Invalid(f"source_url cannot be fetched: {exc}") from None
     cap = settings.ANEX_INPUT_MAX_BYTES
     if size is not None and size > cap:
-        raise ApiError(413, f"The source advertises {size:,} bytes, over the input cap of "
-                            f"{cap:,} bytes.")
+        raise SourceTooLarge(f"The source advertises {size:,} bytes, over the input cap "
+                             f"of {cap:,} bytes.")
     if fmt is None:
         suffix = PurePosixPath(urlsplit(source_url).path).suffix.lower()
         fmt = InputFormat.PARQUET if suffix == ".parquet" else InputFormat.JSONL
@@ -181,10 +240,10 @@ def _ingest_capacity_check(organization: Organization) -> None:
         organization=organization,
         status__in=[InputStatus.PENDING, InputStatus.COPYING]).count()
     if active >= INGEST_CONCURRENCY_LIMIT:
-        raise ApiError(
-            429, f"Too many ingests in progress: this organization already has {active} "
-                 f"pending or copying (the limit is {INGEST_CONCURRENCY_LIMIT}). Wait for "
-                 "some to become ready or fail, then retry.",
+        raise RateLimited(
+            f"Too many ingests in progress: this organization already has {active} "
+            f"pending or copying (the limit is {INGEST_CONCURRENCY_LIMIT}). Wait for "
+            "some to become ready or fail, then retry.",
             retry_after=INGEST_RETRY_AFTER)
 
 

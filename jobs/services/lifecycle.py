@@ -17,7 +17,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from anex.api.errors import ApiError
+from anex.errors import Conflict, DomainError, Forbidden
 from billing.services import hold_place, hold_settle, organization_lock
 from console.actors import Actor
 from console.audit import audit_record
@@ -151,15 +151,13 @@ def _approving_key_check(job: Job, key: ApiKey) -> None:
     """403 when `key` may not spend on this job: its model is outside the key's scopes (a
     key may approve only what it could have submitted), or, for the key an auto-approval
     acts for, the key was revoked or has expired since it submitted."""
-    if key.model_scopes and job.model not in key.model_scopes:
-        raise ApiError(403, f"This API key may not use model '{job.model}' (its model "
-                            f"scopes are {', '.join(key.model_scopes)}), so it cannot approve "
-                            "this job: approve it with a key scoped to that model.")
-    if key.revoked_at is not None or (key.expires_at is not None
-                                      and key.expires_at <= timezone.now()):
-        raise ApiError(403, "The API key that submitted this job is no longer active, so "
-                            "the job is not approved on its behalf: approve it with an "
-                            "active key.")
+    if not key.allows(job.model):
+        raise Forbidden(f"This API key may not use model '{job.model}' (its model scopes "
+                        f"are {', '.join(key.model_scopes)}), so it cannot approve this "
+                        "job: approve it with a key scoped to that model.")
+    if not key.is_active:
+        raise Forbidden("The API key that submitted this job is no longer active, so the "
+                        "job is not approved on its behalf: approve it with an active key.")
 
 
 @transaction.atomic
@@ -179,7 +177,7 @@ def job_approve(*, job: Job, actor: Actor, spend_key: ApiKey | None = None) -> J
                               approved_by_key=key, approved_by_user=actor.user)
     if approved is None:
         status = Job.objects.values_list("status", flat=True).get(pk=job.pk)
-        raise ApiError(409, f"This job is {status}: only a job in cost_ready can be approved.")
+        raise Conflict(f"This job is {status}: only a job in cost_ready can be approved.")
     audit_record(organization=approved.organization, actor=actor,
                  action=AuditAction.JOB_APPROVED, target=approved,
                  data={"est_cost_cents": approved.est_cost_cents,
@@ -194,8 +192,8 @@ def job_auto_approve(*, job: Job) -> None:
     no longer make, leaves the job in cost_ready for a person to approve."""
     try:
         job_approve(job=job, actor=AUTO_APPROVE, spend_key=job.created_by_key)
-    except ApiError as error:
-        logger.info("auto-approve of job %s refused: %s", job.pk, error.status)
+    except DomainError as error:
+        logger.info("auto-approve of job %s refused: %s", job.pk, type(error).__name__)
 
 
 def job_cancellable(job: Job) -> bool:
@@ -217,10 +215,10 @@ def job_cancel(*, job: Job, actor: Actor) -> Job:
         return locked
     if not job_cancellable(locked):
         if status in (JobStatus.SUBMITTED, JobStatus.ESTIMATING):
-            raise ApiError(409, f"This job is {status.value}: wait for cost_ready and simply "
-                                "never approve it - estimates are free, and an unapproved "
-                                "job cancels itself after 24 hours.")
-        raise ApiError(409, f"This job is {status.value}: it is too late to cancel it.")
+            raise Conflict(f"This job is {status.value}: wait for cost_ready and simply never "
+                           "approve it - estimates are free, and an unapproved job cancels "
+                           "itself after 24 hours.")
+        raise Conflict(f"This job is {status.value}: it is too late to cancel it.")
     chunk_states = set(locked.chunks.select_for_update().values_list("status", flat=True))
     if status == JobStatus.IN_PROGRESS and chunk_states & {ChunkStatus.RUNNING,
                                                            ChunkStatus.DONE}:

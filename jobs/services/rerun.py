@@ -22,7 +22,7 @@ from typing import Any
 
 from django.db import transaction
 
-from anex.api.errors import ApiError
+from anex.errors import Conflict, Gone
 from anex.regions import Region, region_check
 from billing.services import credits_require_positive
 from console.actors import Actor
@@ -107,17 +107,17 @@ def _parquet_bytes(job: Job, include: list[str]) -> Iterator[bytes]:
 def _rerunnable(job: Job, include: list[str]) -> int:
     """How many rows the re-run takes; 409/410 when there is nothing it can run."""
     if job.status not in TERMINAL_STATUSES:
-        raise ApiError(409, f"This job is {job.status}: only a finished job (done, failed or "
-                            "cancelled) can have its rows run again.")
+        raise Conflict(f"This job is {job.status}: only a finished job (done, failed or "
+                       "cancelled) can have its rows run again.")
     if job.data_deleted_at is not None:
-        raise ApiError(410, DELETED)
+        raise Gone(DELETED)
     count = sum(getattr(job, _COUNTS[RowOutcome(outcome)]) or 0 for outcome in include)
     if not job.result_key or not count:
-        raise ApiError(409, f"This job has no rows whose outcome is {' or '.join(include)}: "
-                            "there is nothing to run again.")
+        raise Conflict(f"This job has no rows whose outcome is {' or '.join(include)}: "
+                       "there is nothing to run again.")
     item = input_refresh(item=job.input) if job.input is not None else None
     if item is None or item.status != InputStatus.READY or item.deleted_at is not None:
-        raise ApiError(410, INPUT_GONE)
+        raise Gone(INPUT_GONE)
     return count
 
 
@@ -149,7 +149,7 @@ def job_rerun(*, job: Job, actor: Actor, include: list[str],
                     response_format=job.response_format, dimensions=job.dimensions,
                     data_residency=job.data_residency))
     except StorageChanged:
-        raise ApiError(409, INPUT_CHANGED) from None
+        raise Conflict(INPUT_CHANGED) from None
     except BaseException:
         if item is not None:  # its row rolled back: the object it names goes too
             storage_for(job.data_residency).delete(item.object_key)

@@ -31,9 +31,10 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from anex.api.errors import ApiError
+from anex.errors import RateLimited
 from billing.services import organization_lock
 from inference.catalog import CatalogModel, model_get
+from inference.constants import MAX_OUTPUT_TOKENS
 from inference.engines import ChatSettings
 from inference.kinds import kind_for
 from inference.kinds.base import InputRow
@@ -55,8 +56,6 @@ QUANTILE = 0.95
 CONFIDENCE = 0.95
 # Room for the thinking trace to be closed by the budget notice before the answer.
 BUDGET_NOTICE_TOKENS = 64
-# The output cap a sample generates under when the job sets none and the model states none.
-DEFAULT_CEILING = 32_768
 # The allowance of sampled tokens is counted over this sliding window.
 SAMPLE_WINDOW = timedelta(hours=1)
 
@@ -110,11 +109,12 @@ def sample_allowance_require(*, organization_id: uuid.UUID) -> None:
     organization's hourly allowance is spent (the job is not created)."""
     allowance = sample_allowance(organization_id=organization_id)
     if allowance.spent:
-        raise ApiError(429, allowance.message(), retry_after=allowance.retry_after)
+        raise RateLimited(allowance.message(), retry_after=allowance.retry_after)
 
 
 def _ceiling(job: Job, model: CatalogModel) -> int:
-    return job.max_output_tokens_requested or model.max_output_tokens or DEFAULT_CEILING
+    # The job's cap, else the model's, else the reference's ceiling.
+    return job.max_output_tokens_requested or model.max_output_tokens or MAX_OUTPUT_TOKENS
 
 
 def sample_reservation(*, job: Job, model: CatalogModel, rows: int, input_tokens: int) -> int:

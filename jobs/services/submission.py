@@ -12,7 +12,7 @@ from typing import Any
 
 from django.db import transaction
 
-from anex.api.errors import ApiError
+from anex.errors import Conflict, Gone, Invalid, Malformed, NotFound, RateLimited
 from anex.regions import Region, region_check, residency_resolve
 from billing.services import credits_require_positive, organization_lock
 from console.actors import Actor
@@ -31,7 +31,6 @@ from jobs.services.inputs import input_refresh
 from jobs.services.lifecycle import job_created
 from jobs.services.sampling import sample_allowance_require
 
-MAX_OUTPUT_TOKENS = 32_768
 APPROVAL_QUEUE_LIMIT = 10
 APPROVAL_QUEUE_RETRY_AFTER = 60
 
@@ -57,17 +56,15 @@ class JobRequest:
         return getattr(self, name) is not None
 
 
-def _unprocessable(detail: str) -> ApiError:
-    return ApiError(422, detail)
-
-
 def model_for_key(model_id: str, key: ApiKey | None) -> CatalogModel:
-    """The catalog model, if this key may use it: a model outside a key's scopes is
-    neither listed nor accepted, so it reads exactly like an unknown id."""
+    """The catalog model, if this key may use it (ApiKey.allows; the console acts without
+    a key): a model outside a key's scopes is neither listed nor accepted, so it reads
+    exactly like an unknown id. The batch submit, a preflight check and the realtime API
+    all admit a model here."""
     model = model_get(model_id)
-    if model is None or (key is not None and key.model_scopes and model_id not in key.model_scopes):
-        raise _unprocessable(f"Unknown model '{model_id}': pass a model id from the models "
-                             "table, verbatim.")
+    if model is None or (key is not None and not key.allows(model_id)):
+        raise Malformed(f"Unknown model '{model_id}': pass a model id from the models "
+                        "table, verbatim.")
     return model
 
 
@@ -76,7 +73,7 @@ def _input_for(request: JobRequest, organization: Organization) -> Input:
         return input_get(organization=organization, id=request.input_id)
     item = Input.objects.for_org(organization).filter(input_s3_uri=request.input_s3_uri).first()
     if item is None:
-        raise ApiError.not_found("Input")
+        raise NotFound.of("Input")
     return item
 
 
@@ -91,14 +88,13 @@ def _require_ready(item: Input) -> None:
         return
     if item.status == InputStatus.FAILED:
         why = item.error.rstrip(".") or "it could not be stored"
-        raise ApiError(400, f"The input failed - {why[:1].lower()}{why[1:]}. Create a new "
-                            "input.")
+        raise Invalid(f"The input failed - {why[:1].lower()}{why[1:]}. Create a new input.")
     if item.status in (InputStatus.AWAITING_UPLOAD, InputStatus.PENDING,
                        InputStatus.COPYING):
-        raise ApiError(409, f"The input is {item.status}, not ready: wait for it to be "
-                            "ready, then submit.")
-    raise ApiError(410, "The input has expired and its file is deleted (an upload is kept 7 "
-                        "days, an upload window open about an hour): create a new input.")
+        raise Conflict(f"The input is {item.status}, not ready: wait for it to be ready, "
+                       "then submit.")
+    raise Gone("The input has expired and its file is deleted (an upload is kept 7 days, an "
+               "upload window open about an hour): create a new input.")
 
 
 @dataclass(frozen=True)
@@ -122,11 +118,11 @@ def job_request_admit(*, organization: Organization, actor: Actor, request: JobR
     # The reference's per-model-type acceptance rules for the job-level fields.
     problem = kind.fields_problem(model, request)
     if problem:
-        raise _unprocessable(problem)
+        raise Malformed(problem)
     if request.response_format is not None:
         problem = response_format_problem(request.response_format)
         if problem:
-            raise ApiError(400, problem)
+            raise Invalid(problem)
     residency = residency_resolve(organization=organization, requested=request.data_residency)
     region_check(host_region=host_region, residency=residency, noun="job")
     # The reference: "A credit balance of zero or below answers 402, before any of your
@@ -135,12 +131,12 @@ def job_request_admit(*, organization: Organization, actor: Actor, request: JobR
     credits_require_positive(organization=organization)
     item = _input_for(request, organization)
     if item.data_residency != residency:
-        raise _unprocessable(
+        raise Malformed(
             f"The input is stored in the {item.data_residency} region and the job asks for "
             f"{residency.value}: a job's data_residency must match its input's.")
     if item.format not in kind.input_formats:
-        raise _unprocessable(f"'{model.id}' takes JSONL input only; this input is "
-                             f"{item.format}.")
+        raise Malformed(f"'{model.id}' takes JSONL input only; this input is "
+                        f"{item.format}.")
     # Submission settles an upload's readiness itself (no separate poll needed).
     item = input_refresh(item=item)
     _require_ready(item)
@@ -165,10 +161,10 @@ def job_submit(*, organization: Organization, actor: Actor, request: JobRequest,
         waiting = Job.objects.for_org(organization).filter(
             status__in=AWAITING_APPROVAL_STATUSES).count()
         if waiting >= APPROVAL_QUEUE_LIMIT:
-            raise ApiError(
-                429, f"Too many jobs awaiting approval: this organization already has "
-                     f"{waiting} in its approval queue (the limit is {APPROVAL_QUEUE_LIMIT}). "
-                     "Approve or cancel some, or let them expire, then resubmit.",
+            raise RateLimited(
+                f"Too many jobs awaiting approval: this organization already has {waiting} in "
+                f"its approval queue (the limit is {APPROVAL_QUEUE_LIMIT}). Approve or cancel "
+                "some, or let them expire, then resubmit.",
                 retry_after=APPROVAL_QUEUE_RETRY_AFTER)
         job = Job.objects.create(
             organization=organization, input=item, model=model.id,

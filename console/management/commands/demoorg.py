@@ -15,7 +15,7 @@ from typing import Any
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 
-from console.selectors import api_key_for_plaintext
+from console.apikeys import api_key_for_plaintext
 
 DEMO_NAME = "demo"
 
