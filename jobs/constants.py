@@ -97,6 +97,22 @@ class ChunkStatus(models.TextChoices):
 
 CHUNK_SETTLED = frozenset({ChunkStatus.DONE, ChunkStatus.FAILED, ChunkStatus.SKIPPED})
 
+# Every move a chunk's status can make, from -> to. The one writer of Chunk.status
+# (jobs.services.chunks) refuses any other; a settled chunk never moves again.
+CHUNK_TRANSITIONS: dict[ChunkStatus, frozenset[ChunkStatus]] = {
+    # claimed by a worker; or skipped, never started, when its job is cancelled first
+    ChunkStatus.PENDING: frozenset({ChunkStatus.RUNNING, ChunkStatus.SKIPPED}),
+    # its rows ran; or they kept failing, or the hold was reached; or it was claimed after
+    # its job stopped; or back to pending, to be run again (its engine call failed, or its
+    # worker died and the recovery pass took it back)
+    ChunkStatus.RUNNING: frozenset({ChunkStatus.DONE, ChunkStatus.FAILED, ChunkStatus.SKIPPED,
+                                    ChunkStatus.PENDING}),
+    ChunkStatus.DONE: frozenset(),
+    ChunkStatus.FAILED: frozenset(),
+    ChunkStatus.SKIPPED: frozenset(),
+}
+
+
 
 class CheckStatus(models.TextChoices):
     """A preflight check's life (POST /checks): checking until every row was read."""

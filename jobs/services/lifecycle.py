@@ -34,6 +34,7 @@ from jobs.constants import (
 )
 from jobs.models import Job, JobEvent
 from jobs.services import webhooks
+from jobs.services.chunks import chunks_skip_pending
 from jobs.services.purge import job_data_purge
 
 logger = logging.getLogger(__name__)
@@ -229,8 +230,7 @@ def job_cancel(*, job: Job, actor: Actor) -> Job:
         moved = job_transition(job=locked, to=JobStatus.CANCELLING, actor=actor)
     else:
         # No work in flight: it stops now, and any hold is released in full.
-        locked.chunks.filter(status=ChunkStatus.PENDING).update(
-            status=ChunkStatus.SKIPPED, finished_at=timezone.now())
+        chunks_skip_pending(job_id=locked.pk)
         moved = job_transition(job=locked, to=JobStatus.CANCELLED, actor=actor)
     assert moved is not None, "the job row is locked; its status cannot have moved"
     audit_record(organization=moved.organization, actor=actor,

@@ -30,6 +30,7 @@ from jobs.constants import (
     JobStatus,
 )
 from jobs.models import Chunk, Input, Job
+from jobs.services.chunks import chunk_fail, chunk_requeue, chunk_send
 from jobs.services.inputs import (
     COPY_TIME_LIMIT,
     INGEST_ATTEMPTS,
@@ -39,12 +40,7 @@ from jobs.services.inputs import (
 )
 from jobs.services.lifecycle import RECOVERY, job_fail, job_finish
 from jobs.services.purge import job_data_purge
-from jobs.services.running import (
-    CHUNK_ATTEMPTS,
-    chunks_send,
-    heartbeat_stale,
-    job_finalize,
-)
+from jobs.services.running import CHUNK_ATTEMPTS, heartbeat_stale, job_finalize
 from jobs.services.sampling import sample_send
 from jobs.services.webhooks import deliveries_sweep
 
@@ -130,22 +126,17 @@ def _purge(job: Job) -> None:
 
 
 def _chunk_revive(chunk: Chunk) -> None:
-    if Chunk.objects.filter(pk=chunk.pk, status=ChunkStatus.RUNNING,
-                            heartbeat_at=chunk.heartbeat_at).update(
-            status=ChunkStatus.PENDING) == 1:
-        chunks_send(Chunk.objects.filter(pk=chunk.pk))
+    chunk_requeue(chunk=chunk, reaped=True)
 
 
 def _chunk_give_up(chunk: Chunk) -> None:
     # The job then ends with the rows that finished (running.job_finalize).
-    if Chunk.objects.filter(pk=chunk.pk, status=ChunkStatus.RUNNING,
-                            heartbeat_at=chunk.heartbeat_at).update(
-            status=ChunkStatus.FAILED, finished_at=timezone.now()) == 1:
+    if chunk_fail(chunk=chunk, reaped=True):
         job_finalize(job_id=chunk.job_id)
 
 
 def _chunk_resend(chunk: Chunk) -> None:
-    chunks_send(Chunk.objects.filter(pk=chunk.pk))
+    chunk_send(chunk=chunk)
 
 
 def _chunks_all_settled() -> QuerySet[Job]:
