@@ -4,17 +4,21 @@ few lines each around it, called alike by the API, the console and the workers.
 
 The moves it allows and where a cancel stops a job are data (jobs.constants
 JOB_TRANSITIONS, CANCELLABLE); what happens on entering a state is written once, here.
+So is the job's lease on the work its state waits for (leased_at, claimed, attempts):
+fresh with every move, claimed by a worker, renewed by the recovery pass, each through one
+helper below.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from anex.api.errors import ApiError
@@ -52,6 +56,11 @@ def _sources(to: JobStatus) -> frozenset[JobStatus]:
     return frozenset(src for src, targets in JOB_TRANSITIONS.items() if to in targets)
 
 
+def _lease_fresh(to: JobStatus, now: datetime) -> dict[str, Any]:
+    """The lease every move starts on the new state's work (jobs.services.recovery)."""
+    return {"leased_at": now, "claimed": to in CLAIMED_ON_ENTRY, "attempts": 0}
+
+
 @transaction.atomic
 def job_transition(*, job: Job, to: JobStatus, actor: Actor,
                    sources: frozenset[JobStatus] | None = None, cost_cents: int = 0,
@@ -81,8 +90,7 @@ def job_transition(*, job: Job, to: JobStatus, actor: Actor,
     if current not in allowed:
         return None
     now = timezone.now()
-    values: dict[str, Any] = {"leased_at": now, "claimed": to in CLAIMED_ON_ENTRY,
-                              "attempts": 0}
+    values = _lease_fresh(to, now)
     if to == JobStatus.COST_READY:
         values["cost_ready_at"] = now
     elif to == JobStatus.IN_PROGRESS:
@@ -124,6 +132,14 @@ def job_lease_claim(*, job_id: uuid.UUID | str, status: JobStatus, **conditions:
     message finds it taken. The recovery pass hands it out again when its lease runs out."""
     return Job.objects.filter(pk=job_id, status=status, claimed=False, **conditions).update(
         claimed=True, leased_at=timezone.now()) == 1
+
+
+def job_lease_renew(*, job: Job) -> bool:
+    """The recovery pass hands the job's work out again: one more attempt and a new lease,
+    unclaimed. Only while the job is in the state and on the lease it was read with, so
+    however many passes run it is renewed once, and a job that moved on is left alone."""
+    return Job.objects.filter(pk=job.pk, status=job.status, leased_at=job.leased_at).update(
+        leased_at=timezone.now(), claimed=False, attempts=F("attempts") + 1) == 1
 
 
 @transaction.atomic

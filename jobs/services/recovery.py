@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Exists, F, OuterRef, Q, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from jobs import dispatch
@@ -38,7 +38,7 @@ from jobs.services.inputs import (
     input_copy_resend,
     input_copy_revive,
 )
-from jobs.services.lifecycle import RECOVERY, job_fail, job_finish
+from jobs.services.lifecycle import RECOVERY, job_fail, job_finish, job_lease_renew
 from jobs.services.purge import job_data_purge
 from jobs.services.running import CHUNK_ATTEMPTS, heartbeat_stale, job_finalize
 from jobs.services.sampling import sample_send
@@ -76,15 +76,9 @@ def _minutes(n: int) -> Callable[[], timedelta]:
 # --- what is done: jobs --------------------------------------------------------------------
 
 
-def _job_renew(job: Job) -> bool:
-    """Count one more hand-out and start a new lease, once however many passes run."""
-    return Job.objects.filter(pk=job.pk, status=job.status, leased_at=job.leased_at).update(
-        leased_at=timezone.now(), claimed=False, attempts=F("attempts") + 1) == 1
-
-
 def _job_resend(send: Callable[[Job], object]) -> Callable[[Job], None]:
     def retry(job: Job) -> None:
-        if _job_renew(job):
+        if job_lease_renew(job=job):
             send(job)
     return retry
 
