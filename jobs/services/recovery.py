@@ -28,6 +28,8 @@ from jobs.constants import (
     FailureCode,
     InputStatus,
     JobStatus,
+    JobSubstate,
+    job_state_fields,
 )
 from jobs.models import Chunk, Input, Job
 from jobs.services.chunks import chunk_fail, chunk_requeue, chunk_send
@@ -147,14 +149,12 @@ SUBMITTED = Lease(
     give_up=_job_give_up("No worker took this job's input check within an hour. "
                          + NOTHING_BILLED))
 ESTIMATE = Lease(
-    "estimate", lambda: Job.objects.filter(status=JobStatus.ESTIMATING,
-                                           row_count__isnull=True),
+    "estimate", lambda: Job.objects.filter(**job_state_fields(JobStatus.ESTIMATING)),
     # The job_estimate_task actor's time limit (jobs.tasks), so a live worker is never doubled.
     "leased_at", _minutes(30), _job_resend(_send_estimate), attempts=3,
     give_up=_job_give_up("We could not check this job's input. " + NOTHING_BILLED))
 SAMPLE = Lease(
-    "sampled estimate", lambda: Job.objects.filter(status=JobStatus.ESTIMATING,
-                                                   row_count__isnull=False),
+    "sampled estimate", lambda: Job.objects.filter(**job_state_fields(JobSubstate.SAMPLING)),
     # The run actors' time limit and a margin: an EU job may also wait for a machine.
     "leased_at", _minutes(65), _job_resend(_send_sample), attempts=3,
     give_up=_job_give_up(

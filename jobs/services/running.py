@@ -267,7 +267,7 @@ def job_finalize(*, job_id: uuid.UUID | str) -> JobStatus | None:
         return None
     job = Job.objects.select_related("input", "organization").get(pk=job_id)
     claimed = job_transition(job=job, to=JobStatus.FINALIZING, actor=WORKER) is not None \
-        or job_lease_claim(job_id=job_id, status=JobStatus.FINALIZING)
+        or job_lease_claim(job_id=job_id, state=JobStatus.FINALIZING)
     if not claimed:
         return None
     job.refresh_from_db()
