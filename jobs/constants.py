@@ -1,3 +1,5 @@
+from typing import TypeAlias
+
 from django.db import models
 
 from inference.constants import RowOutcome
@@ -17,6 +19,39 @@ class JobStatus(models.TextChoices):
     CANCELLED = "cancelled"
 
 
+class JobSubstate(models.TextChoices):
+    """The job state machine's internal states: each a step inside one of the product's
+    statuses (SUBSTATE_OF), entered and left through job_transition with its JobEvent like
+    any move. Job.status keeps the status it belongs to, so the API, webhooks, the console
+    and every filter by status show that status, and nothing there changes; Job.substate
+    names the step (blank for a status itself). Only the machine, its events and the
+    recovery pass tell the two apart."""
+
+    # Checked and counted, waiting for (or running) its sampled estimate on a worker that
+    # serves the model: the customer sees estimating.
+    SAMPLING = "sampling"
+
+
+SUBSTATE_OF: dict[JobSubstate, JobStatus] = {JobSubstate.SAMPLING: JobStatus.ESTIMATING}
+
+# A state of the machine: one of the product's statuses, or a substate of one.
+JobState: TypeAlias = JobStatus | JobSubstate
+
+
+def job_state(status: str, substate: str = "") -> JobState:
+    """The state a job's (status, substate) columns hold."""
+    return JobSubstate(substate) if substate else JobStatus(status)
+
+
+def job_state_fields(state: JobState | str) -> dict[str, str]:
+    """The Job columns that hold `state`, as filter or update keywords: a substate is
+    stored as the status it belongs to plus its own name."""
+    if state in JobSubstate.values:
+        substate = JobSubstate(state)
+        return {"status": SUBSTATE_OF[substate], "substate": substate}
+    return {"status": JobStatus(state), "substate": ""}
+
+
 TERMINAL_STATUSES = frozenset({JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCELLED})
 
 # Every move a job's status can make, from -> to (docs/decisions.md, "Job lifecycle"). The
@@ -34,6 +69,17 @@ JOB_TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
     JobStatus.DONE: frozenset(),
     JobStatus.FAILED: frozenset(),
     JobStatus.CANCELLED: frozenset(),
+}
+
+# Every move the machine makes, the one table job_transition enforces: the statuses' moves
+# above, and each substate's - entered from the status it belongs to, left only as that
+# status may be left - so what a customer sees of any move is a move of JOB_TRANSITIONS
+# (or none at all, on entering a substate).
+JOB_STATE_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    **{status: frozenset[JobState](targets) for status, targets in JOB_TRANSITIONS.items()},
+    JobStatus.ESTIMATING: JOB_TRANSITIONS[JobStatus.ESTIMATING] | {JobSubstate.SAMPLING},
+    JobSubstate.SAMPLING: frozenset({JobStatus.COST_READY, JobStatus.FAILED,
+                                     JobStatus.CANCELLED}),
 }
 
 # Where a cancel stops a job at once (an in_progress job with rows running goes to
@@ -96,6 +142,21 @@ class ChunkStatus(models.TextChoices):
 
 
 CHUNK_SETTLED = frozenset({ChunkStatus.DONE, ChunkStatus.FAILED, ChunkStatus.SKIPPED})
+
+# Every move a chunk's status can make, from -> to. The one writer of Chunk.status
+# (jobs.services.chunks) refuses any other; a settled chunk never moves again.
+CHUNK_TRANSITIONS: dict[ChunkStatus, frozenset[ChunkStatus]] = {
+    # claimed by a worker; or skipped, never started, when its job is cancelled first
+    ChunkStatus.PENDING: frozenset({ChunkStatus.RUNNING, ChunkStatus.SKIPPED}),
+    # its rows ran; or they kept failing, or the hold was reached; or it was claimed after
+    # its job stopped; or back to pending, to be run again (its engine call failed, or its
+    # worker died and the recovery pass took it back)
+    ChunkStatus.RUNNING: frozenset({ChunkStatus.DONE, ChunkStatus.FAILED, ChunkStatus.SKIPPED,
+                                    ChunkStatus.PENDING}),
+    ChunkStatus.DONE: frozenset(),
+    ChunkStatus.FAILED: frozenset(),
+    ChunkStatus.SKIPPED: frozenset(),
+}
 
 
 class CheckStatus(models.TextChoices):

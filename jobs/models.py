@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import functools
+import operator
 import uuid
 
 from django.conf import settings
@@ -10,13 +12,17 @@ from anex.regions import Region
 from console.tenancy import OrgScopedQuerySet
 from inference.constants import InputFormat
 from jobs.constants import (
+    SUBSTATE_OF,
     CheckStatus,
     ChunkStatus,
     DeliveryStatus,
     FailureCode,
     InputStatus,
+    JobState,
     JobStatus,
+    JobSubstate,
     TaskType,
+    job_state,
 )
 
 
@@ -38,6 +44,11 @@ class Job(models.Model):
                                       default=Region.WORLD)
     status = models.CharField(max_length=16, choices=JobStatus.choices,
                               default=JobStatus.SUBMITTED, db_index=True)
+    # The internal step of its status the job is in (jobs.constants.JobSubstate: the
+    # sampling wait of estimating), blank for the status itself. Written with status, by
+    # job_transition alone; no customer sees it.
+    substate = models.CharField(max_length=16, choices=JobSubstate.choices, blank=True,
+                                default="")
     created_at = models.DateTimeField(auto_now_add=True)
     created_by_key = models.ForeignKey(
         "console.ApiKey", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
@@ -124,19 +135,37 @@ class Job(models.Model):
         indexes = [models.Index(fields=["organization", "status"]),
                    # The hourly sample allowance sums an organization's recent samples.
                    models.Index(fields=["organization", "sampled_at"])]
+        constraints = [
+            # A substate is only ever held beside the status it belongs to.
+            models.CheckConstraint(
+                condition=functools.reduce(operator.or_, (
+                    models.Q(substate=substate, status=status)
+                    for substate, status in SUBSTATE_OF.items()), models.Q(substate="")),
+                name="job_substate_of_its_status"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.model} job {self.pk} ({self.status})"
 
+    @property
+    def state(self) -> JobState:
+        """The state machine's state: the status, or the substate of it the job is in."""
+        return job_state(self.status, self.substate)
+
+
+JOB_STATE_CHOICES = JobStatus.choices + JobSubstate.choices
+
 
 class JobEvent(models.Model):
-    """One move of a job's status, written in the commit that makes it (append-only)."""
+    """One move of a job's state (a status, or a substate of one), written in the commit
+    that makes it (append-only)."""
 
     id = models.BigAutoField(primary_key=True)
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
-    # Blank for the job's creation.
-    from_status = models.CharField(max_length=16, choices=JobStatus.choices, blank=True)
-    to_status = models.CharField(max_length=16, choices=JobStatus.choices)
+    # States of the machine (jobs.constants.JobState): a status, or a substate of one, so
+    # entering and leaving the sampling wait are events too. Blank for the job's creation.
+    from_status = models.CharField(max_length=16, choices=JOB_STATE_CHOICES, blank=True)
+    to_status = models.CharField(max_length=16, choices=JOB_STATE_CHOICES)
     at = models.DateTimeField(default=timezone.now)
     # Who moved it, as console.actors.Actor.label reads: "key ...", "user ...", "system: ...".
     actor_label = models.CharField(max_length=255)

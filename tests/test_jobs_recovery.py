@@ -21,6 +21,7 @@ from jobs.constants import (
     ChunkStatus,
     InputStatus,
     JobStatus,
+    JobSubstate,
 )
 from jobs.models import Chunk, Input, Job, WebhookDelivery
 from jobs.services.estimation import job_estimate
@@ -75,7 +76,7 @@ def sampling_job(organization: Organization) -> Job:
     job = job_make(organization, status=JobStatus.ESTIMATING, est_cost_cents=None,
                    model="gemma4-12b")
     Job.objects.filter(pk=job.pk).update(input=item, row_count=1, est_input_tok=5,
-                                         task_type="chat")
+                                         task_type="chat", substate=JobSubstate.SAMPLING)
     return Job.objects.get(pk=job.pk)
 
 

@@ -3,8 +3,9 @@ is known) the job priced and moved to cost_ready.
 
 Runs in the job_estimate_task actor. Embedding and decision jobs, and chat jobs with an
 explicit max_output_tokens (and, on a reasoning model, a reasoning_budget or thinking off),
-are priced here from exact counts. Other chat jobs stay in estimating, rows checked and
-counted, for the sampled estimate (the inference issue's).
+are priced here from exact counts. Other chat jobs enter the sampling wait, rows checked
+and counted, for the sampled estimate (jobs.services.sampling; still estimating to the
+customer).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def _claim(job: Job) -> bool:
     """submitted -> estimating; or an estimate the recovery pass handed out again (its
     worker died before the rows were counted)."""
     return job_transition(job=job, to=JobStatus.ESTIMATING, actor=WORKER) is not None or \
-        job_lease_claim(job_id=job.pk, status=JobStatus.ESTIMATING, row_count__isnull=True)
+        job_lease_claim(job_id=job.pk, state=JobStatus.ESTIMATING)
 
 
 def _options(job: Job, model: CatalogModel) -> JobOptions:

@@ -1,20 +1,25 @@
 """The job state machine (STYLE.md rules 1 and 3). `job_transition` is the one writer of
-Job.status; the named services below (created, cost_ready, approve, cancel, finish) are a
-few lines each around it, called alike by the API, the console and the workers.
+Job.status (and of Job.substate, the internal step of a status: the sampling wait); the
+named services below (created, cost_ready, approve, cancel, finish) are a few lines each
+around it, called alike by the API, the console and the workers.
 
 The moves it allows and where a cancel stops a job are data (jobs.constants
-JOB_TRANSITIONS, CANCELLABLE); what happens on entering a state is written once, here.
+JOB_STATE_TRANSITIONS, CANCELLABLE); what happens on entering a state is written once,
+here. So is the job's lease on the work its state waits for (leased_at, claimed,
+attempts): fresh with every move, claimed by a worker, renewed by the recovery pass, each
+through one helper below.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from anex.errors import Conflict, DomainError, Forbidden
@@ -26,14 +31,19 @@ from console.models import ApiKey
 from jobs import dispatch
 from jobs.constants import (
     CANCELLABLE,
-    JOB_TRANSITIONS,
+    JOB_STATE_TRANSITIONS,
+    SUBSTATE_OF,
     TERMINAL_STATUSES,
     ChunkStatus,
     FailureCode,
+    JobState,
     JobStatus,
+    job_state,
+    job_state_fields,
 )
 from jobs.models import Job, JobEvent
 from jobs.services import webhooks
+from jobs.services.chunks import chunks_skip_pending
 from jobs.services.purge import job_data_purge
 
 logger = logging.getLogger(__name__)
@@ -47,19 +57,27 @@ AUTO_APPROVE = Actor(system="auto-approve")
 CLAIMED_ON_ENTRY = frozenset({JobStatus.ESTIMATING, JobStatus.FINALIZING})
 
 
-def _sources(to: JobStatus) -> frozenset[JobStatus]:
-    return frozenset(src for src, targets in JOB_TRANSITIONS.items() if to in targets)
+def _sources(to: JobState) -> frozenset[JobState]:
+    return frozenset(src for src, targets in JOB_STATE_TRANSITIONS.items() if to in targets)
+
+
+def _lease_fresh(to: JobState, now: datetime) -> dict[str, Any]:
+    """The lease every move starts on the new state's work (jobs.services.recovery)."""
+    return {"leased_at": now, "claimed": to in CLAIMED_ON_ENTRY, "attempts": 0}
 
 
 @transaction.atomic
-def job_transition(*, job: Job, to: JobStatus, actor: Actor,
-                   sources: frozenset[JobStatus] | None = None, cost_cents: int = 0,
+def job_transition(*, job: Job, to: JobState, actor: Actor,
+                   sources: frozenset[JobState] | None = None, cost_cents: int = 0,
                    **fields: Any) -> Job | None:
-    """Move the job to `to` when its status is one the table allows (narrowed to
-    `sources` when given); None, and nothing written, when it is not - a repeat is a no-op.
+    """Move the job to `to` (a status, or a substate of one) when the state it is in is
+    one the table allows (narrowed to `sources` when given); None, and nothing written,
+    when it is not - a repeat is a no-op.
 
     In the same commit: the other `fields`, a JobEvent, a fresh lease for the new state's
-    work (jobs.services.recovery), the state's own effects, and the webhook:
+    work (jobs.services.recovery), the state's own effects, and the webhook of the status
+    entered (a substate is no move of the status a customer sees: it sends none):
+    - sampling: nothing more (its caller records the counts and the reservation).
     - cost_ready: cost_ready_at. cancelling: cancel_requested.
     - in_progress: approved_at and the hold on est_cost_cents (402 when it is not covered,
       and then nothing of the move is kept); the run is sent on commit.
@@ -76,12 +94,13 @@ def job_transition(*, job: Job, to: JobStatus, actor: Actor,
     if to == JobStatus.IN_PROGRESS or terminal:
         # It moves credits: the organization row first, then the job (billing.services).
         organization_lock(job.organization_id)
-    current = Job.objects.select_for_update().values_list("status", flat=True).get(pk=job.pk)
+    status, substate = Job.objects.select_for_update().values_list(
+        "status", "substate").get(pk=job.pk)
+    current = job_state(status, substate)
     if current not in allowed:
         return None
     now = timezone.now()
-    values: dict[str, Any] = {"leased_at": now, "claimed": to in CLAIMED_ON_ENTRY,
-                              "attempts": 0}
+    values = _lease_fresh(to, now)
     if to == JobStatus.COST_READY:
         values["cost_ready_at"] = now
     elif to == JobStatus.IN_PROGRESS:
@@ -91,8 +110,9 @@ def job_transition(*, job: Job, to: JobStatus, actor: Actor,
     elif terminal:
         values["finished_at"] = now
         values["data_expires_at"] = now + timedelta(days=settings.ANEX_RESULT_RETENTION_DAYS)
-    moved = Job.objects.filter(pk=job.pk, status=current).update(status=to, **values,
-                                                                  **fields)
+    entering = job_state_fields(to)
+    moved = Job.objects.filter(pk=job.pk, status=status, substate=substate).update(
+        status=entering["status"], substate=entering["substate"], **values, **fields)
     assert moved == 1, "the job row is locked; its status cannot have moved"
     JobEvent.objects.create(job_id=job.pk, from_status=current, to_status=to, at=now,
                             actor_label=actor.label)
@@ -105,7 +125,8 @@ def job_transition(*, job: Job, to: JobStatus, actor: Actor,
         Job.objects.filter(pk=job.pk).update(cost_cents=entered.cost_cents)
         if entered.data_delete_requested:
             _purge_after_commit(entered.pk)
-    webhooks.job_webhook_enqueue(job=entered, status=to)
+    if to not in SUBSTATE_OF:
+        webhooks.job_webhook_enqueue(job=entered, status=to)
     return entered
 
 
@@ -118,11 +139,20 @@ def _purge_after_commit(job_id: uuid.UUID) -> None:
     transaction.on_commit(purge)
 
 
-def job_lease_claim(*, job_id: uuid.UUID | str, status: JobStatus, **conditions: Any) -> bool:
-    """A worker takes the work the job's status waits for, once: a duplicate or redelivered
+def job_lease_claim(*, job_id: uuid.UUID | str, state: JobState) -> bool:
+    """A worker takes the work the job's state waits for, once: a duplicate or redelivered
     message finds it taken. The recovery pass hands it out again when its lease runs out."""
-    return Job.objects.filter(pk=job_id, status=status, claimed=False, **conditions).update(
+    return Job.objects.filter(pk=job_id, claimed=False, **job_state_fields(state)).update(
         claimed=True, leased_at=timezone.now()) == 1
+
+
+def job_lease_renew(*, job: Job) -> bool:
+    """The recovery pass hands the job's work out again: one more attempt and a new lease,
+    unclaimed. Only while the job is in the state and on the lease it was read with, so
+    however many passes run it is renewed once, and a job that moved on is left alone."""
+    return Job.objects.filter(pk=job.pk, leased_at=job.leased_at,
+                              **job_state_fields(job.state)).update(
+        leased_at=timezone.now(), claimed=False, attempts=F("attempts") + 1) == 1
 
 
 @transaction.atomic
@@ -227,8 +257,7 @@ def job_cancel(*, job: Job, actor: Actor) -> Job:
         moved = job_transition(job=locked, to=JobStatus.CANCELLING, actor=actor)
     else:
         # No work in flight: it stops now, and any hold is released in full.
-        locked.chunks.filter(status=ChunkStatus.PENDING).update(
-            status=ChunkStatus.SKIPPED, finished_at=timezone.now())
+        chunks_skip_pending(job_id=locked.pk)
         moved = job_transition(job=locked, to=JobStatus.CANCELLED, actor=actor)
     assert moved is not None, "the job row is locked; its status cannot have moved"
     audit_record(organization=moved.organization, actor=actor,

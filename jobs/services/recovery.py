@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Exists, F, OuterRef, Q, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from jobs import dispatch
@@ -28,8 +28,11 @@ from jobs.constants import (
     FailureCode,
     InputStatus,
     JobStatus,
+    JobSubstate,
+    job_state_fields,
 )
 from jobs.models import Chunk, Input, Job
+from jobs.services.chunks import chunk_fail, chunk_requeue, chunk_send
 from jobs.services.inputs import (
     COPY_TIME_LIMIT,
     INGEST_ATTEMPTS,
@@ -37,14 +40,9 @@ from jobs.services.inputs import (
     input_copy_resend,
     input_copy_revive,
 )
-from jobs.services.lifecycle import RECOVERY, job_fail, job_finish
+from jobs.services.lifecycle import RECOVERY, job_fail, job_finish, job_lease_renew
 from jobs.services.purge import job_data_purge
-from jobs.services.running import (
-    CHUNK_ATTEMPTS,
-    chunks_send,
-    heartbeat_stale,
-    job_finalize,
-)
+from jobs.services.running import CHUNK_ATTEMPTS, heartbeat_stale, job_finalize
 from jobs.services.sampling import sample_send
 from jobs.services.webhooks import deliveries_sweep
 
@@ -80,15 +78,9 @@ def _minutes(n: int) -> Callable[[], timedelta]:
 # --- what is done: jobs --------------------------------------------------------------------
 
 
-def _job_renew(job: Job) -> bool:
-    """Count one more hand-out and start a new lease, once however many passes run."""
-    return Job.objects.filter(pk=job.pk, status=job.status, leased_at=job.leased_at).update(
-        leased_at=timezone.now(), claimed=False, attempts=F("attempts") + 1) == 1
-
-
 def _job_resend(send: Callable[[Job], object]) -> Callable[[Job], None]:
     def retry(job: Job) -> None:
-        if _job_renew(job):
+        if job_lease_renew(job=job):
             send(job)
     return retry
 
@@ -130,22 +122,17 @@ def _purge(job: Job) -> None:
 
 
 def _chunk_revive(chunk: Chunk) -> None:
-    if Chunk.objects.filter(pk=chunk.pk, status=ChunkStatus.RUNNING,
-                            heartbeat_at=chunk.heartbeat_at).update(
-            status=ChunkStatus.PENDING) == 1:
-        chunks_send(Chunk.objects.filter(pk=chunk.pk))
+    chunk_requeue(chunk=chunk, reaped=True)
 
 
 def _chunk_give_up(chunk: Chunk) -> None:
     # The job then ends with the rows that finished (running.job_finalize).
-    if Chunk.objects.filter(pk=chunk.pk, status=ChunkStatus.RUNNING,
-                            heartbeat_at=chunk.heartbeat_at).update(
-            status=ChunkStatus.FAILED, finished_at=timezone.now()) == 1:
+    if chunk_fail(chunk=chunk, reaped=True):
         job_finalize(job_id=chunk.job_id)
 
 
 def _chunk_resend(chunk: Chunk) -> None:
-    chunks_send(Chunk.objects.filter(pk=chunk.pk))
+    chunk_send(chunk=chunk)
 
 
 def _chunks_all_settled() -> QuerySet[Job]:
@@ -162,14 +149,12 @@ SUBMITTED = Lease(
     give_up=_job_give_up("No worker took this job's input check within an hour. "
                          + NOTHING_BILLED))
 ESTIMATE = Lease(
-    "estimate", lambda: Job.objects.filter(status=JobStatus.ESTIMATING,
-                                           row_count__isnull=True),
+    "estimate", lambda: Job.objects.filter(**job_state_fields(JobStatus.ESTIMATING)),
     # The job_estimate_task actor's time limit (jobs.tasks), so a live worker is never doubled.
     "leased_at", _minutes(30), _job_resend(_send_estimate), attempts=3,
     give_up=_job_give_up("We could not check this job's input. " + NOTHING_BILLED))
 SAMPLE = Lease(
-    "sampled estimate", lambda: Job.objects.filter(status=JobStatus.ESTIMATING,
-                                                   row_count__isnull=False),
+    "sampled estimate", lambda: Job.objects.filter(**job_state_fields(JobSubstate.SAMPLING)),
     # The run actors' time limit and a margin: an EU job may also wait for a machine.
     "leased_at", _minutes(65), _job_resend(_send_sample), attempts=3,
     give_up=_job_give_up(

@@ -2,11 +2,11 @@
 region, each chunk's rows fed to the engine's running batch beside the worker's other
 chunks (inference/engines/feed.py), results kept per chunk, then one result file.
 
-Safe to run twice everywhere (STYLE.md rule 6): a chunk is claimed by a guarded update and
-its counts are recorded by the guarded move to done; its results object is keyed by the
-chunk, so a re-run overwrites. A heartbeat on running chunks lets the recovery pass
-(jobs.services.recovery) re-queue the work of a worker that died; finalizing is claimed
-once and settles the money once.
+Safe to run twice everywhere (STYLE.md rule 6): a chunk is claimed by a guarded move and
+its counts are recorded by the guarded move to done (every chunk move is
+jobs.services.chunks'); its results object is keyed by the chunk, so a re-run overwrites.
+A heartbeat on running chunks lets the recovery pass (jobs.services.recovery) re-queue the
+work of a worker that died; finalizing is claimed once and settles the money once.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, Sum
-from django.utils import timezone
+from django.db.models import Sum
 
 from billing.services import hold_open_cents
 from inference.catalog import model_get
@@ -29,11 +28,19 @@ from inference.kinds import kind_named
 from inference.kinds.base import InputRow
 from inference.kinds.metering import RowMeter
 from inference.pricing import Usage, price, usage_cost_usd, usage_json
-from jobs import dispatch
 from jobs.constants import CHUNK_SETTLED, ChunkStatus, FailureCode, JobStatus
 from jobs.jsonl import line_dumps
 from jobs.models import Chunk, Job
 from jobs.results import chunk_key, result_write
+from jobs.services.chunks import (
+    chunk_claim,
+    chunk_complete,
+    chunk_fail,
+    chunk_heartbeat,
+    chunk_requeue,
+    chunk_skip,
+    chunks_send,
+)
 from jobs.services.inputs import INPUT_CHANGED
 from jobs.services.lifecycle import (
     WORKER,
@@ -133,17 +140,6 @@ def job_start(*, job_id: uuid.UUID | str) -> int:
     return len(chunks_send(job.chunks.filter(status=ChunkStatus.PENDING)))
 
 
-def chunks_send(chunks: Any) -> list[uuid.UUID]:
-    """Send these chunks to their model's run queue, noting when."""
-    sent = []
-    for chunk in chunks.select_related("job"):
-        Chunk.objects.filter(pk=chunk.pk).update(queued_at=timezone.now())
-        dispatch.chunk_send(chunk_id=chunk.pk, region=chunk.job.data_residency,
-                            model=chunk.job.model)
-        sent.append(chunk.pk)
-    return sent
-
-
 def job_usage(job: Job) -> Usage:
     """What the job's finished chunks consumed."""
     return usage_sum(Chunk.objects.filter(job_id=job.pk, status=ChunkStatus.DONE))
@@ -177,8 +173,7 @@ class _Heartbeat:
     def _beat(self) -> None:
         try:
             while not self.stopped.wait(heartbeat_every().total_seconds()):
-                Chunk.objects.filter(pk=self.chunk_id, status=ChunkStatus.RUNNING).update(
-                    heartbeat_at=timezone.now())
+                chunk_heartbeat(chunk_id=self.chunk_id)
         finally:
             connection.close()
 
@@ -191,29 +186,21 @@ class _Heartbeat:
         self.thread.join(timeout=5)
 
 
-def _claim(chunk_id: uuid.UUID | str) -> bool:
-    return Chunk.objects.filter(pk=chunk_id, status=ChunkStatus.PENDING).update(
-        status=ChunkStatus.RUNNING, attempts=F("attempts") + 1,
-        heartbeat_at=timezone.now()) == 1
-
-
 def chunk_run(*, chunk_id: uuid.UUID | str) -> ChunkStatus | None:
-    if not _claim(chunk_id):
+    if not chunk_claim(chunk_id=chunk_id):
         return None
     chunk = Chunk.objects.select_related("job", "job__input").get(pk=chunk_id)
     job = chunk.job
     if job.status != JobStatus.IN_PROGRESS:
         # Cancelled (or already settled): no new work starts.
-        Chunk.objects.filter(pk=chunk.pk, status=ChunkStatus.RUNNING).update(
-            status=ChunkStatus.SKIPPED, finished_at=timezone.now())
+        chunk_skip(chunk_id=chunk.pk)
         job_finalize(job_id=job.pk)
         return ChunkStatus.SKIPPED
     if hold_reached(job):
         # Running further would be work past what approval held: the chunk is not run,
         # and the job ends failed with the rows that finished (charged at most the hold).
         logger.warning("job %s reached its hold; chunk %s not run", job.pk, chunk.index)
-        Chunk.objects.filter(pk=chunk.pk, status=ChunkStatus.RUNNING).update(
-            status=ChunkStatus.FAILED, finished_at=timezone.now())
+        chunk_fail(chunk=chunk)
         job_finalize(job_id=job.pk)
         return ChunkStatus.FAILED
     try:
@@ -230,11 +217,7 @@ def chunk_run(*, chunk_id: uuid.UUID | str) -> ChunkStatus | None:
     counts = {outcome: 0 for outcome in RowOutcome}
     for item in results:
         counts[RowOutcome(item["outcome"])] += 1
-    Chunk.objects.filter(pk=chunk.pk, status=ChunkStatus.RUNNING).update(
-        status=ChunkStatus.DONE, finished_at=timezone.now(),
-        success_rows=counts[RowOutcome.SUCCESS], error_rows=counts[RowOutcome.ERROR],
-        truncated_rows=counts[RowOutcome.TRUNCATED],
-        format_error_rows=counts[RowOutcome.FORMAT_ERROR], usage=usage_json(usage))
+    chunk_complete(chunk_id=chunk.pk, counts=counts, usage=usage)
     job_progress_notify(job_id=job.pk)  # before finalize: its events come first
     job_finalize(job_id=job.pk)
     return ChunkStatus.DONE
@@ -242,13 +225,9 @@ def chunk_run(*, chunk_id: uuid.UUID | str) -> ChunkStatus | None:
 
 def _chunk_retry_or_fail(chunk: Chunk) -> ChunkStatus:
     if chunk.attempts < CHUNK_ATTEMPTS:
-        Chunk.objects.filter(pk=chunk.pk, status=ChunkStatus.RUNNING).update(
-            status=ChunkStatus.PENDING, queued_at=timezone.now())
-        dispatch.chunk_send(chunk_id=chunk.pk, region=chunk.job.data_residency,
-                            model=chunk.job.model, delay_ms=5_000 * chunk.attempts)
+        chunk_requeue(chunk=chunk, delay_ms=5_000 * chunk.attempts)
         return ChunkStatus.PENDING
-    Chunk.objects.filter(pk=chunk.pk, status=ChunkStatus.RUNNING).update(
-        status=ChunkStatus.FAILED, finished_at=timezone.now())
+    chunk_fail(chunk=chunk)
     job_finalize(job_id=chunk.job_id)
     return ChunkStatus.FAILED
 
@@ -288,7 +267,7 @@ def job_finalize(*, job_id: uuid.UUID | str) -> JobStatus | None:
         return None
     job = Job.objects.select_related("input", "organization").get(pk=job_id)
     claimed = job_transition(job=job, to=JobStatus.FINALIZING, actor=WORKER) is not None \
-        or job_lease_claim(job_id=job_id, status=JobStatus.FINALIZING)
+        or job_lease_claim(job_id=job_id, state=JobStatus.FINALIZING)
     if not claimed:
         return None
     job.refresh_from_db()

@@ -42,10 +42,16 @@ from inference.kinds.chat import ChatKind
 from inference.pricing import Usage, price, usage_from_json, usage_json
 from inference.warmth import startup_seconds
 from jobs import dispatch
-from jobs.constants import FailureCode, JobStatus
+from jobs.constants import FailureCode, JobStatus, JobSubstate
 from jobs.failures import ClaimedWorkFailed
 from jobs.models import Job
-from jobs.services.lifecycle import job_cost_ready, job_fail, job_lease_claim
+from jobs.services.lifecycle import (
+    WORKER,
+    job_cost_ready,
+    job_fail,
+    job_lease_claim,
+    job_transition,
+)
 from jobs.services.rows import rows_read
 from jobs.services.running import chunks_plan
 
@@ -127,22 +133,24 @@ def sample_reservation(*, job: Job, model: CatalogModel, rows: int, input_tokens
 
 def sample_enqueue(*, job: Job, model: CatalogModel, rows: int,
                    usage: Usage) -> JobStatus:
-    """A job whose rows are checked and counted, waiting for its sample: the counts kept
-    (the sample prices media from est_usage), the sample's worst case reserved against the
-    hourly allowance and the sample queued. With the allowance spent, it fails unbilled
-    instead, saying how to skip the sample: nothing reaches a worker."""
+    """A job whose rows are checked and counted enters the sampling wait (estimating, as
+    the customer sees it): the counts kept (the sample prices media from est_usage), the
+    sample's worst case reserved against the hourly allowance, and the sample queued.
+    With the allowance spent, it fails unbilled instead, saying how to skip the sample:
+    nothing reaches a worker."""
     reserved = sample_reservation(job=job, model=model, rows=rows,
                                   input_tokens=usage.input_tokens + usage.media_tokens)
     with transaction.atomic():
-        # Counted and reserved under the organization lock: concurrent estimates of one
-        # organization cannot all see the same room.
+        # Counted and reserved under the organization lock (then the job's, in
+        # job_transition): concurrent estimates of one organization cannot all see the
+        # same room.
         organization_lock(job.organization_id)
         allowance = sample_allowance(organization_id=job.organization_id)
-        queued = not allowance.spent and Job.objects.filter(
-            pk=job.pk, status=JobStatus.ESTIMATING).update(
-            row_count=rows, est_input_tok=usage.input_tokens + usage.media_tokens,
-            est_usage=usage_json(usage), sample_tokens=reserved, sampled_at=timezone.now(),
-            leased_at=timezone.now(), claimed=False, attempts=0) == 1
+        queued = not allowance.spent and job_transition(
+            job=job, to=JobSubstate.SAMPLING, actor=WORKER, row_count=rows,
+            est_input_tok=usage.input_tokens + usage.media_tokens,
+            est_usage=usage_json(usage), sample_tokens=reserved,
+            sampled_at=timezone.now()) is not None
     if allowance.spent:
         job_fail(job=job, code=FailureCode.INVALID_INPUT, reason=allowance.message())
         return JobStatus.FAILED
@@ -258,8 +266,7 @@ def job_sample(*, job_id: uuid.UUID | str) -> JobStatus | None:
     once; a failure other than the output not fitting (the engine not starting, storage)
     raises ClaimedWorkFailed: its actor hands it out again, and the job fails past the cap
     (jobs.services.recovery)."""
-    if not job_lease_claim(job_id=job_id, status=JobStatus.ESTIMATING,
-                           row_count__isnull=False):
+    if not job_lease_claim(job_id=job_id, state=JobSubstate.SAMPLING):
         return None
     job = Job.objects.select_related("input", "organization").get(pk=job_id)
     model = model_get(job.model)

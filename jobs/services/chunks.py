@@ -1,0 +1,160 @@
+"""The chunk state machine (STYLE.md rule 3): every write of Chunk.status and of a chunk's
+lease is here, and nowhere else.
+
+The moves a chunk can make are data (jobs.constants CHUNK_TRANSITIONS). Each is one
+conditional UPDATE on the chunk's status, so a repeat, a duplicate message or the loser of
+a race writes nothing and is told so (False); what belongs to the state entered is written
+in that same UPDATE, whoever the caller:
+- running: one more attempt, and the heartbeat started (a claim);
+- pending: queued_at, as its message is sent again;
+- done, failed, skipped: finished_at (done with its row counts and usage, recorded once).
+
+The lease the recovery pass reads (jobs.services.recovery): queued_at dates a pending
+chunk's message, heartbeat_at a running chunk's worker, attempts counts its claims. A move
+the recovery pass makes is also conditional on the heartbeat it read, so a worker that beat
+meanwhile keeps its chunk, and two passes at once act once.
+
+Messages go through jobs.dispatch, after the move that makes them due; the chunk's job
+(its region and model) names the queue. Which move to make, and what the job does next,
+is jobs.services.running's.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.db.models import F, Q, QuerySet
+from django.utils import timezone
+
+from inference.constants import RowOutcome
+from inference.pricing import Usage, usage_json
+from jobs import dispatch
+from jobs.constants import CHUNK_SETTLED, CHUNK_TRANSITIONS, ChunkStatus
+from jobs.models import Chunk
+
+
+def _sources(to: ChunkStatus) -> frozenset[ChunkStatus]:
+    return frozenset(src for src, targets in CHUNK_TRANSITIONS.items() if to in targets)
+
+
+def _entering(to: ChunkStatus) -> dict[str, Any]:
+    """What the state entered writes beside the status."""
+    now = timezone.now()
+    if to == ChunkStatus.RUNNING:
+        return {"attempts": F("attempts") + 1, "heartbeat_at": now}
+    if to == ChunkStatus.PENDING:
+        return {"queued_at": now}
+    assert to in CHUNK_SETTLED
+    return {"finished_at": now}
+
+
+def chunks_transition(where: Q, *, to: ChunkStatus,
+                      sources: frozenset[ChunkStatus] | None = None, **fields: Any) -> int:
+    """Move the chunks `where` picks whose status is one the table allows to `to`
+    (narrowed to `sources` when given), with the state's own fields and the other
+    `fields`, in one UPDATE. Returns how many moved; the rest are left as they are."""
+    allowed = _sources(to)
+    if sources is not None:
+        if not sources <= allowed:
+            raise ValueError(f"{sorted(sources - allowed)} -> {to} is not a chunk transition")
+        allowed = sources
+    return Chunk.objects.filter(where, status__in=allowed).update(
+        status=to, **_entering(to), **fields)
+
+
+def chunk_transition(*, chunk_id: uuid.UUID | str, to: ChunkStatus,
+                     sources: frozenset[ChunkStatus] | None = None, **fields: Any) -> bool:
+    """One chunk's move; False, and nothing written, when the table does not allow it from
+    the status it has now (a repeat included)."""
+    return chunks_transition(Q(pk=chunk_id), to=to, sources=sources, **fields) == 1
+
+
+def _reaped(chunk: Chunk) -> Q:
+    # Still the beat the recovery pass read as stale (null: never beaten).
+    return Q(pk=chunk.pk, heartbeat_at=chunk.heartbeat_at)
+
+
+_RUNNING = frozenset({ChunkStatus.RUNNING})
+
+
+# --- a worker's moves -----------------------------------------------------------------
+
+
+def chunk_claim(*, chunk_id: uuid.UUID | str) -> bool:
+    """pending -> running: a worker takes the chunk, once (a duplicate or redelivered
+    message finds it taken); its attempts count this claim, its heartbeat starts."""
+    return chunk_transition(chunk_id=chunk_id, to=ChunkStatus.RUNNING)
+
+
+def chunk_heartbeat(*, chunk_id: uuid.UUID | str) -> bool:
+    """The running chunk's worker is alive (jobs.services.running, every heartbeat)."""
+    return Chunk.objects.filter(pk=chunk_id, status=ChunkStatus.RUNNING).update(
+        heartbeat_at=timezone.now()) == 1
+
+
+def chunk_complete(*, chunk_id: uuid.UUID | str, counts: dict[RowOutcome, int],
+                   usage: Usage) -> bool:
+    """running -> done, its rows' counts by outcome and their usage recorded with the
+    move: a redelivered chunk's results overwrite, its counts are never added twice."""
+    return chunk_transition(
+        chunk_id=chunk_id, to=ChunkStatus.DONE, sources=_RUNNING,
+        success_rows=counts.get(RowOutcome.SUCCESS, 0),
+        error_rows=counts.get(RowOutcome.ERROR, 0),
+        truncated_rows=counts.get(RowOutcome.TRUNCATED, 0),
+        format_error_rows=counts.get(RowOutcome.FORMAT_ERROR, 0), usage=usage_json(usage))
+
+
+def chunk_fail(*, chunk: Chunk, reaped: bool = False) -> bool:
+    """running -> failed: its attempts ran out, or running it would pass the job's hold.
+    `reaped`: the recovery pass, for a dead worker's chunk past its attempts."""
+    where = _reaped(chunk) if reaped else Q(pk=chunk.pk)
+    return chunks_transition(where, to=ChunkStatus.FAILED, sources=_RUNNING) == 1
+
+
+def chunk_skip(*, chunk_id: uuid.UUID | str) -> bool:
+    """running -> skipped: claimed after its job stopped (cancelled): nothing starts."""
+    return chunk_transition(chunk_id=chunk_id, to=ChunkStatus.SKIPPED, sources=_RUNNING)
+
+
+def chunks_skip_pending(*, job_id: uuid.UUID) -> int:
+    """pending -> skipped, every unstarted chunk of a job cancelled with no work in flight
+    (jobs.services.lifecycle.job_cancel, under the job's lock)."""
+    return chunks_transition(Q(job_id=job_id), to=ChunkStatus.SKIPPED,
+                             sources=frozenset({ChunkStatus.PENDING}))
+
+
+def chunk_requeue(*, chunk: Chunk, delay_ms: int | None = None, reaped: bool = False) -> bool:
+    """running -> pending, and its message sent again (after `delay_ms`): its engine call
+    failed and it has attempts left, or (`reaped`) its worker died and the recovery pass
+    takes it back. The claim that runs it next counts one more attempt."""
+    where = _reaped(chunk) if reaped else Q(pk=chunk.pk)
+    if chunks_transition(where, to=ChunkStatus.PENDING, sources=_RUNNING) != 1:
+        return False
+    _send(chunk, delay_ms=delay_ms)
+    return True
+
+
+# --- sending ------------------------------------------------------------------------------
+
+
+def _send(chunk: Chunk, *, delay_ms: int | None = None) -> None:
+    dispatch.chunk_send(chunk_id=chunk.pk, region=chunk.job.data_residency,
+                        model=chunk.job.model, delay_ms=delay_ms)
+
+
+def chunk_send(*, chunk: Chunk) -> bool:
+    """Send a pending chunk's message (again), noting when: its job started, or the message
+    went with a dead worker (the recovery pass). Only while it is pending and its last
+    send is the one read, so two passes at once send it once."""
+    if Chunk.objects.filter(pk=chunk.pk, status=ChunkStatus.PENDING,
+                            queued_at=chunk.queued_at).update(
+            queued_at=timezone.now()) != 1:
+        return False
+    _send(chunk)
+    return True
+
+
+def chunks_send(chunks: QuerySet[Chunk]) -> list[uuid.UUID]:
+    """Send these chunks to their model's run queue, noting when; the ids sent."""
+    return [chunk.pk for chunk in chunks.select_related("job") if chunk_send(chunk=chunk)]
