@@ -14,7 +14,6 @@ from pytest_django import Settings
 from rest_framework.test import APIClient
 
 from console.models import Organization
-from console.selectors import job_list
 from jobs.constants import (
     JOB_STATE_TRANSITIONS,
     JOB_TRANSITIONS,
@@ -24,6 +23,7 @@ from jobs.constants import (
     job_state_fields,
 )
 from jobs.models import Job, JobEvent
+from jobs.selectors import job_list
 from jobs.services.estimation import job_estimate
 from jobs.services.lifecycle import job_transition
 from jobs.services.recovery import ESTIMATE, SAMPLE
