@@ -59,8 +59,8 @@ def chunks_transition(where: Q, *, to: ChunkStatus,
         if not sources <= allowed:
             raise ValueError(f"{sorted(sources - allowed)} -> {to} is not a chunk transition")
         allowed = sources
-    return Chunk.objects.filter(where, status__in=allowed).update(
-        status=to, **_entering(to), **fields)
+    return Chunk.objects.filter(where, status__in=allowed).update(status=to, **_entering(to),
+                                                                  **fields)
 
 
 def chunk_transition(*, chunk_id: uuid.UUID | str, to: ChunkStatus,
