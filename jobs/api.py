@@ -51,8 +51,12 @@ ERRORS = {status: OpenApiResponse(description=text) for status, text in {
 
 
 def _https(name: str, url: str) -> str:
-    parts = urlsplit(url)
-    if parts.scheme != "https" or not parts.hostname:
+    try:
+        parts = urlsplit(url)
+        valid = parts.scheme == "https" and bool(parts.hostname)
+    except ValueError:  # urlsplit refuses an unbalanced or invalid [IPv6] host
+        valid = False
+    if not valid:
         raise ApiError(400, f"{name} must be an https:// URL.")
     return url
 
