@@ -11,6 +11,10 @@ class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):
     target_class = "anex.api.authentication.ApiKeyAuthentication"
     name = ["bearerAuth", "apiKeyHeader"]
 
+    def get_security_requirement(self, auto_schema: Any) -> list[dict[str, list[Any]]]:
+        # Either header carries the key: two alternatives (OR), never both at once (AND).
+        return [{"bearerAuth": []}, {"apiKeyHeader": []}]
+
     def get_security_definition(self, auto_schema: Any) -> list[dict[str, Any]]:
         return [
             {
