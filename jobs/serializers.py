@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from django.core.validators import ProhibitNullCharactersValidator
 from rest_framework import serializers
 
 from anex.regions import Region
@@ -125,6 +126,13 @@ class JobCreateIn(serializers.Serializer):
     data_residency = serializers.ChoiceField(choices=Region.values, required=False,
                                              allow_null=True)
 
+    def validate_response_format(self, value: Any) -> Any:
+        # Kept as given, in PostgreSQL's jsonb, which stores no NUL: refused as every
+        # string field of this body refuses one (DRF's CharField), rather than a 500.
+        if _holds_nul(value):
+            raise serializers.ValidationError(ProhibitNullCharactersValidator.message)
+        return value
+
     def validate_video_fps(self, value: float | None) -> float | None:
         if value is not None and value <= 0:
             raise serializers.ValidationError("video_fps must be a number above 0.")
@@ -200,6 +208,22 @@ class JobOut(serializers.ModelSerializer[Job]):
 
     def get_data_deleted_at(self, job: Job) -> str | None:
         return utc_offset_iso(job.data_deleted_at)
+
+
+def _holds_nul(value: Any) -> bool:
+    """Whether a NUL character is in any string or key of a JSON value, at any depth."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            if "\x00" in node:
+                return True
+        elif isinstance(node, dict):
+            stack.extend(node)
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
 
 
 JOB_STATE_SCHEMA = {

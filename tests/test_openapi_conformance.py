@@ -9,6 +9,9 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
+from console.models import Organization
+from tests.factories import chat_request_line, input_ready
+
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("body,name", [
@@ -34,3 +37,21 @@ def test_either_key_header_is_enough() -> None:
 
 def json_key(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("path", ["/batch/v1/jobs", "/batch/v1/checks"])
+@pytest.mark.parametrize("response_format", [
+    {"type": "json_schema", "json_schema": {"schema": {"title": "a\x00b"}}},
+    {"type": "json_object", "\x00": True},
+])
+def test_a_response_format_holding_a_nul_is_422_like_any_other_field(
+        api: APIClient, organization: Organization, path: str,
+        response_format: dict[str, Any]) -> None:
+    # PostgreSQL's jsonb stores no NUL: the submit (and the check) of a ready input
+    # answered 500 once the job's row was written.
+    item = input_ready(organization, chat_request_line("r1"))
+    response = api.post(path, {"input_id": str(item.pk), "model": "gemma4-12b",
+                               "response_format": response_format}, format="json")
+    assert (response.status_code, response.json()["errors"]) == (
+        422, {"response_format": ["Null characters are not allowed."]})
