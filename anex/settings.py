@@ -311,10 +311,12 @@ SPECTACULAR_SETTINGS = {
         "FormatEnum": "inference.constants.InputFormat",
         "FormatRequestEnum": "inference.constants.InputFormat.values",
     },
-    # anex/api/schema.py: the JsonValue component, a body that cannot be empty marked
-    # required, single-use answer shapes in place, each `required` in field order.
+    # anex/api/schema.py: links from each create to what takes its id, the JsonValue
+    # component, a body that cannot be empty marked required, single-use answer shapes in
+    # place, each `required` in field order.
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
+        "anex.api.schema.links_place",
         "anex.api.schema.json_value_add",
         "anex.api.schema.bodies_required",
         "anex.api.schema.answers_inline",

@@ -17,6 +17,7 @@ from rest_framework.views import APIView
 
 from anex.api.authentication import request_actor, request_organization
 from anex.api.errors import ApiError
+from anex.api.schema import links
 from anex.api.serializers import ErrorOut
 from anex.regions import region_require, request_region, residency_resolve
 from billing.services import credits_require_positive
@@ -65,6 +66,9 @@ def _id(name: str, noun: str) -> OpenApiParameter:
 
 INPUT_ID, JOB_ID, CHECK_ID = _id("input_id", "input"), _id("job_id", "job"), \
     _id("check_id", "preflight check")
+# The operations that take a job's id: what a submit or a re-run links to.
+JOB_OPERATIONS = ("getJob", "getJobProgress", "getJobResult", "approveJob", "cancelJob",
+                  "rerunJob", "deleteJobData")
 
 
 def _https(name: str, url: str) -> str:
@@ -87,6 +91,7 @@ class InputsView(APIView):
                        resource_type_field_name=None),
                    409: _error(f"Not answered yet: {IN_FLIGHT_DESCRIPTION}"),
                    **ERRORS},
+        extensions=links(200, "input_id", ("getInput",)),
         summary="Ingest an input from a URL, or get a presigned target to upload one",
     )
     @idempotent
@@ -148,6 +153,7 @@ class JobsView(APIView):
                        f"Input not ready yet, or {IN_FLIGHT_DESCRIPTION}"),
                        410: _error("Input expired: its file is deleted"),
                        **ERRORS},
+                   extensions=links(200, "job_id", JOB_OPERATIONS),
                    summary="Submit a job: an input plus a model")
     @idempotent
     def post(self, request: Request) -> Response:
@@ -254,6 +260,7 @@ class JobRerunView(APIView):
                        f"{IN_FLIGHT_DESCRIPTION}"),
                        410: _error("The job's data or input is gone"),
                        **ERRORS},
+                   extensions=links(200, "job_id", JOB_OPERATIONS),
                    summary="Run a finished job's failed rows again, as a new (child) job")
     @idempotent
     def post(self, request: Request, job_id: str) -> Response:
@@ -273,6 +280,7 @@ class ChecksView(APIView):
                        f"Input not ready yet, or {IN_FLIGHT_DESCRIPTION}"),
                        410: _error("Input expired: its file is deleted"),
                        **ERRORS},
+                   extensions=links(202, "check_id", ("getCheck",)),
                    summary="Check an input's rows for a model without running them (free)")
     @idempotent
     def post(self, request: Request) -> Response:

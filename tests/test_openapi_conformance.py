@@ -55,3 +55,22 @@ def test_a_response_format_holding_a_nul_is_422_like_any_other_field(
                                "response_format": response_format}, format="json")
     assert (response.status_code, response.json()["errors"]) == (
         422, {"response_format": ["Null characters are not allowed."]})
+
+
+@pytest.mark.django_db
+def test_each_create_links_to_the_operations_that_take_its_id() -> None:
+    document = APIClient().get("/openapi.json").json()
+    by_id = {op["operationId"]: op for item in document["paths"].values()
+             for op in item.values()}
+    found = {(operation_id, status, name, str(link["parameters"]))
+             for operation_id, op in by_id.items()
+             for status, answer in op["responses"].items()
+             for name, link in answer.get("links", {}).items()}
+    job = ("getJob", "getJobProgress", "getJobResult", "approveJob", "cancelJob", "rerunJob",
+           "deleteJobData")
+    assert found == {
+        ("createInput", "200", "getInput", "{'input_id': '$response.body#/id'}"),
+        ("createCheck", "202", "getCheck", "{'check_id': '$response.body#/id'}"),
+        *{(create, "200", read, "{'job_id': '$response.body#/id'}")
+          for create in ("submitJob", "rerunJob") for read in job}}
+    assert all(by_id[link[2]] for link in found)  # every link names a real operation

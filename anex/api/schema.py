@@ -1,8 +1,8 @@
 """OpenAPI for drf-spectacular: the API key schemes, the schema a field or a body adds to
 what its serializer says (anex/api/serializers.py), and the document's finishing touches
-(SPECTACULAR_SETTINGS' POSTPROCESSING_HOOKS): the JsonValue component, a body that cannot be
-empty marked required, single-use answer shapes inline, and each `required` in field
-order."""
+(SPECTACULAR_SETTINGS' POSTPROCESSING_HOOKS): links from a create to the operations that
+take its id, the JsonValue component, a body that cannot be empty marked required,
+single-use answer shapes inline, and each `required` in field order."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from drf_spectacular.extensions import (
 
 from anex.api.serializers import NO_NUL
 
+LINKS_EXTENSION = "x-anex-links"
 _SCHEMAS = "#/components/schemas/"
 # Any JSON value with no NUL character (U+0000) in a string or a key, at any depth: what
 # PostgreSQL's jsonb can store (a JSON body field kept as given, such as a response_format).
@@ -82,6 +83,23 @@ class ConstrainedSerializerExtension(OpenApiSerializerExtension):
         constraints = self.target.openapi_constraints()
         assert not set(constraints) & set(schema), "constraints beside the fields, not over"
         return {**schema, **constraints}
+
+
+def links(status: int, parameter: str, operation_ids: tuple[str, ...]) -> dict[str, Any]:
+    """extend_schema(extensions=…) for an operation whose `status` answer carries an id in
+    `id`: an OpenAPI link to each operation that takes that id as `parameter`."""
+    return {LINKS_EXTENSION: {str(status): {
+        operation_id: {"operationId": operation_id,
+                       "parameters": {parameter: "$response.body#/id"}}
+        for operation_id in operation_ids}}}
+
+
+def links_place(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """Move each operation's declared links into the answer they start from."""
+    for operation in _operations(result):
+        for status, found in operation.pop(LINKS_EXTENSION, {}).items():
+            operation["responses"][status].setdefault("links", {}).update(found)
+    return result
 
 
 def json_value_add(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
