@@ -75,6 +75,9 @@ class UtcOffsetTimestampField(serializers.DateTimeField):
 # -- inputs --------------------------------------------------------------------------------
 
 class InputCreateIn(Constrained, serializers.Serializer):  # type: ignore[type-arg]
+    """POST /inputs: a direct upload (a format; nothing to fetch or call back) or an
+    ingest (a source_url to copy from)."""
+
     source_url = DocumentedCharField(
         required=False, max_length=8192,
         openapi={"type": "string", "format": "uri", "pattern": SOURCE_URL_PATTERN,

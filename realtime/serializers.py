@@ -65,6 +65,8 @@ QUESTION_SCHEMA: dict[str, Any] = {"oneOf": [
 
 
 class EmbeddingsIn(Constrained, serializers.Serializer):  # type: ignore[type-arg]
+    """POST /realtime/v1/embeddings: OpenAI's embeddings request, text only."""
+
     model = serializers.CharField(max_length=100)
     input = DocumentedJSONField(
         openapi={"oneOf": [_TEXT, {"type": "array", "minItems": 1,
