@@ -299,12 +299,29 @@ SPECTACULAR_SETTINGS = {
         {"url": ANEX_EU_API_ORIGIN, "description": "EU region (EEA data routing)"},
     ],
     "COMPONENT_SPLIT_REQUEST": True,
-    # Named region enums: the models' choices carry labels and the request serializers'
-    # plain values, two enums that check --deploy otherwise warns collide on one name.
+    # Named enums: the models' choices carry labels and the request serializers' plain
+    # values, two enums that check --deploy otherwise warns collide on one name; the
+    # status sets of inputs, jobs and checks are named after what they are the status of.
     "ENUM_NAME_OVERRIDES": {
         "DataResidencyEnum": "anex.regions.Region",
         "DataResidencyRequestEnum": "anex.regions.Region.values",
+        "JobStatusEnum": "jobs.constants.JobStatus",
+        "InputStatusEnum": "jobs.constants.InputStatus",
+        "CheckStatusEnum": "jobs.constants.CheckStatus",
+        "FormatEnum": "inference.constants.InputFormat",
+        "FormatRequestEnum": "inference.constants.InputFormat.values",
     },
+    # anex/api/schema.py: links from each create to what takes its id, the JsonValue
+    # component, a body that cannot be empty marked required, single-use answer shapes in
+    # place, each `required` in field order.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "anex.api.schema.links_place",
+        "anex.api.schema.json_value_add",
+        "anex.api.schema.bodies_required",
+        "anex.api.schema.answers_inline",
+        "anex.api.schema.required_in_field_order",
+    ],
 }
 
 LOG_LEVEL = env.choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))

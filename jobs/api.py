@@ -2,35 +2,39 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    PolymorphicProxySerializer,
+    extend_schema,
+)
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from anex.api.authentication import request_actor, request_organization
 from anex.api.errors import ApiError
+from anex.api.schema import links
+from anex.api.serializers import ErrorOut
 from anex.regions import region_require, request_region
 from jobs.idempotency import IDEMPOTENCY_PARAMETER, IN_FLIGHT_DESCRIPTION, idempotent
-from jobs.models import Job
 from jobs.selectors import check_get, input_get, job_get, job_progress
 from jobs.serializers import (
-    CHECK_OUT_SCHEMA,
-    CHECK_STATE_SCHEMA,
-    INPUT_INGEST_SCHEMA,
-    INPUT_UPLOAD_SCHEMA,
-    JOB_STATE_SCHEMA,
-    RERUN_SCHEMA,
     CheckOut,
+    CheckStateOut,
     InputCreateIn,
+    InputIngestOut,
     InputOut,
+    InputUploadOut,
     JobCreateIn,
+    JobDataDeletedOut,
     JobOut,
+    JobResultOut,
+    JobStateOut,
+    ProgressOut,
     RerunIn,
-    utc_iso,
-    utc_offset_iso,
+    RerunOut,
 )
 from jobs.services.checks import check_create
 from jobs.services.data import STOPPING, job_data_delete, job_result_link
@@ -39,7 +43,7 @@ from jobs.services.lifecycle import job_approve, job_cancel
 from jobs.services.rerun import DEFAULT_INCLUDE, job_rerun, job_result_merged_link
 from jobs.services.submission import JobRequest, job_submit
 
-ERRORS = {status: OpenApiResponse(description=text) for status, text in {
+ERRORS = {status: OpenApiResponse(ErrorOut, description=text) for status, text in {
     400: "Validation failed", 401: "Invalid or inactive key", 402: "No credits",
     403: "EU data routing not enabled, or a key outside the model's scopes",
     404: "Unknown id", 413: "Request body or ingest source over its cap",
@@ -47,12 +51,32 @@ ERRORS = {status: OpenApiResponse(description=text) for status, text in {
     503: "A dependency could not be checked"}.items()}
 
 
+def _error(description: str) -> OpenApiResponse:
+    return OpenApiResponse(ErrorOut, description=description)
+
+
+def _id(name: str, noun: str) -> OpenApiParameter:
+    return OpenApiParameter(name, OpenApiTypes.UUID, OpenApiParameter.PATH,
+                            description=f"The {noun}'s id.")
+
+
+INPUT_ID, JOB_ID, CHECK_ID = _id("input_id", "input"), _id("job_id", "job"), \
+    _id("check_id", "preflight check")
+# The operations that take a job's id: what a submit or a re-run links to.
+JOB_OPERATIONS = ("getJob", "getJobProgress", "getJobResult", "approveJob", "cancelJob",
+                  "rerunJob", "deleteJobData")
+
+
 class InputsView(APIView):
     @extend_schema(
         operation_id="createInput", request=InputCreateIn, parameters=[IDEMPOTENCY_PARAMETER],
-        responses={200: {"oneOf": [INPUT_UPLOAD_SCHEMA, INPUT_INGEST_SCHEMA]},
-                   409: OpenApiResponse(description=f"Not answered yet: {IN_FLIGHT_DESCRIPTION}"),
+        responses={200: PolymorphicProxySerializer(
+                       component_name="InputCreated", serializers=[InputUploadOut,
+                                                                   InputIngestOut],
+                       resource_type_field_name=None),
+                   409: _error(f"Not answered yet: {IN_FLIGHT_DESCRIPTION}"),
                    **ERRORS},
+        extensions=links(200, "input_id", ("getInput",)),
         summary="Ingest an input from a URL, or get a presigned target to upload one",
     )
     @idempotent
@@ -65,20 +89,18 @@ class InputsView(APIView):
             host_region=request_region(request), input_format=data.get("format"),
             source_url=data.get("source_url"), callback_url=data.get("callback_url"),
             data_residency=data.get("data_residency"))
-        item = created.input
         if created.target is not None:
-            return Response({
-                "id": str(item.pk), "status": item.status, **created.target,
-                "expires_at": utc_iso(item.upload_expires_at), "input_s3_uri": item.input_s3_uri,
-            })
-        out = {"id": str(item.pk), "status": item.status, "input_s3_uri": item.input_s3_uri}
+            return Response(InputUploadOut({"input": created.input,
+                                            "target": created.target}).data)
+        out: dict[str, object] = {"input": created.input}
         if created.callback_secret is not None:
             out["callback_secret"] = created.callback_secret
-        return Response(out)
+        return Response(InputIngestOut(out).data)
 
 
 class InputView(APIView):
-    @extend_schema(operation_id="getInput", responses={200: InputOut, **ERRORS},
+    @extend_schema(operation_id="getInput", parameters=[INPUT_ID],
+                   responses={200: InputOut, **ERRORS},
                    summary="Check an input's status until it is ready")
     def get(self, request: Request, input_id: str) -> Response:
         item = input_get(organization=request_organization(request), id=input_id)
@@ -89,17 +111,18 @@ class InputView(APIView):
 class JobsView(APIView):
     @extend_schema(operation_id="submitJob", request=JobCreateIn,
                    parameters=[IDEMPOTENCY_PARAMETER],
-                   responses={200: JOB_STATE_SCHEMA, 409: OpenApiResponse(
-                       description=f"Input not ready yet, or {IN_FLIGHT_DESCRIPTION}"),
-                       410: OpenApiResponse(description="Input expired: its file is deleted"),
+                   responses={200: JobStateOut, 409: _error(
+                       f"Input not ready yet, or {IN_FLIGHT_DESCRIPTION}"),
+                       410: _error("Input expired: its file is deleted"),
                        **ERRORS},
+                   extensions=links(200, "job_id", JOB_OPERATIONS),
                    summary="Submit a job: an input plus a model")
     @idempotent
     def post(self, request: Request) -> Response:
         job = job_submit(
             organization=request_organization(request), actor=request_actor(request),
             host_region=request_region(request), request=_job_request(request))
-        return _state(job)
+        return Response(JobStateOut(job).data)
 
 
 def _job_request(request: Request) -> JobRequest:
@@ -120,13 +143,9 @@ def _job_request(request: Request) -> JobRequest:
     )
 
 
-def _state(job: Job) -> Response:
-    """The reference's answer to submit, approve and cancel: the id and the new status."""
-    return Response({"id": str(job.pk), "status": job.status})
-
-
 class JobView(APIView):
-    @extend_schema(operation_id="getJob", responses={200: JobOut, **ERRORS},
+    @extend_schema(operation_id="getJob", parameters=[JOB_ID],
+                   responses={200: JobOut, **ERRORS},
                    summary="Poll a job for its status, estimate, and row counts")
     def get(self, request: Request, job_id: str) -> Response:
         # Either region's API answers this poll (the reference).
@@ -136,75 +155,38 @@ class JobView(APIView):
 
 class JobApproveView(APIView):
     @extend_schema(operation_id="approveJob", request=None,
-                   parameters=[IDEMPOTENCY_PARAMETER],
-                   responses={200: JOB_STATE_SCHEMA, 409: OpenApiResponse(
-                       description=f"Not awaiting approval, or {IN_FLIGHT_DESCRIPTION}"),
+                   parameters=[JOB_ID, IDEMPOTENCY_PARAMETER],
+                   responses={200: JobStateOut, 409: _error(
+                       f"Not awaiting approval, or {IN_FLIGHT_DESCRIPTION}"),
                        **ERRORS},
                    summary="Approve the estimate: holds est_cost_cents and starts the job")
     @idempotent
     def post(self, request: Request, job_id: str) -> Response:
         job = job_get(organization=request_organization(request), id=job_id)
-        return _state(job_approve(job=job, actor=request_actor(request)))
+        return Response(JobStateOut(job_approve(job=job, actor=request_actor(request))).data)
 
 
 class JobCancelView(APIView):
     @extend_schema(operation_id="cancelJob", request=None,
-                   parameters=[IDEMPOTENCY_PARAMETER],
-                   responses={200: JOB_STATE_SCHEMA, 409: OpenApiResponse(
-                       description="Too late to cancel, or still estimating, or "
-                                   f"{IN_FLIGHT_DESCRIPTION}"), **ERRORS},
+                   parameters=[JOB_ID, IDEMPOTENCY_PARAMETER],
+                   responses={200: JobStateOut, 409: _error(
+                       "Too late to cancel, or still estimating, or "
+                       f"{IN_FLIGHT_DESCRIPTION}"), **ERRORS},
                    summary="Cancel a job")
     @idempotent
     def post(self, request: Request, job_id: str) -> Response:
         job = job_get(organization=request_organization(request), id=job_id)
-        return _state(job_cancel(job=job, actor=request_actor(request)))
-
-
-PROGRESS_SCHEMA = {
-    "type": "object",
-    "required": ["done_rows", "total_rows", "eta_seconds", "rows_per_second"],
-    "properties": {
-        "done_rows": {"type": "integer", "description": "Rows whose answer (or row error) "
-                      "is in; they arrive a chunk at a time."},
-        "total_rows": {"type": ["integer", "null"],
-                       "description": "The input's rows; null until the input is counted."},
-        "eta_seconds": {"type": ["integer", "null"],
-                        "description": "Seconds until the remaining rows are done at the "
-                                       "rate so far; 0 when none remain; null when unknown."},
-        "rows_per_second": {"type": ["number", "null"],
-                            "description": "Rows done per second since approval; null "
-                                           "before the first rows are done."},
-    },
-}
+        return Response(JobStateOut(job_cancel(job=job, actor=request_actor(request))).data)
 
 
 class JobProgressView(APIView):
-    @extend_schema(operation_id="getJobProgress", responses={200: PROGRESS_SCHEMA, **ERRORS},
+    @extend_schema(operation_id="getJobProgress", parameters=[JOB_ID],
+                   responses={200: ProgressOut, **ERRORS},
                    summary="How far a running job has come: rows done, rate and ETA")
     def get(self, request: Request, job_id: str) -> Response:
         # Like the job poll, either region's API answers it: it carries counts, no data.
         progress = job_progress(organization=request_organization(request), id=job_id)
-        return Response(dataclasses.asdict(progress))
-
-
-RESULT_SCHEMA = {
-    "type": "object",
-    "required": ["id", "status", "result_url", "expires_in", "partial", "row_count"],
-    "properties": {"id": {"type": "string", "format": "uuid"}, "status": {"type": "string"},
-                   "result_url": {"type": "string", "format": "uri"},
-                   "expires_in": {"type": "integer"}, "partial": {"type": "boolean"},
-                   "row_count": {"type": "integer"},
-                   "merged": {"type": "boolean",
-                              "description": "Only with ?merged=true: the file merges the "
-                                             "job's re-runs."}},
-}
-DATA_DELETED_SCHEMA = {
-    "type": "object",
-    "required": ["id", "status", "data_deleted_at"],
-    "properties": {"id": {"type": "string", "format": "uuid"}, "status": {"type": "string"},
-                   "data_deleted_at": {"type": ["string", "null"], "format": "date-time"},
-                   "message": {"type": "string"}},
-}
+        return Response(ProgressOut(progress).data)
 
 
 MERGED_PARAMETER = OpenApiParameter(
@@ -215,10 +197,10 @@ MERGED_PARAMETER = OpenApiParameter(
 
 
 class JobResultView(APIView):
-    @extend_schema(operation_id="getJobResult", parameters=[MERGED_PARAMETER],
-                   responses={200: RESULT_SCHEMA,
-                              409: OpenApiResponse(description="No result to deliver"),
-                              410: OpenApiResponse(description="Result data deleted"),
+    @extend_schema(operation_id="getJobResult", parameters=[JOB_ID, MERGED_PARAMETER],
+                   responses={200: JobResultOut,
+                              409: _error("No result to deliver"),
+                              410: _error("Result data deleted"),
                               **ERRORS},
                    summary="Download the result file: a presigned link")
     def get(self, request: Request, job_id: str) -> Response:
@@ -228,18 +210,19 @@ class JobResultView(APIView):
         if merged not in ("true", "false"):
             raise ApiError(422, "merged must be true or false.")
         if merged == "true":
-            return Response(job_result_merged_link(job=job))
-        return Response(job_result_link(job=job))
+            return Response(JobResultOut(job_result_merged_link(job=job)).data)
+        return Response(JobResultOut(job_result_link(job=job)).data)
 
 
 class JobRerunView(APIView):
     @extend_schema(operation_id="rerunJob", request=RerunIn,
-                   parameters=[IDEMPOTENCY_PARAMETER],
-                   responses={200: RERUN_SCHEMA, 409: OpenApiResponse(
-                       description="Not finished, no rows with those outcomes, or "
-                                   f"{IN_FLIGHT_DESCRIPTION}"),
-                       410: OpenApiResponse(description="The job's data or input is gone"),
+                   parameters=[JOB_ID, IDEMPOTENCY_PARAMETER],
+                   responses={200: RerunOut, 409: _error(
+                       "Not finished, no rows with those outcomes, or "
+                       f"{IN_FLIGHT_DESCRIPTION}"),
+                       410: _error("The job's data or input is gone"),
                        **ERRORS},
+                   extensions=links(200, "job_id", JOB_OPERATIONS),
                    summary="Run a finished job's failed rows again, as a new (child) job")
     @idempotent
     def post(self, request: Request, job_id: str) -> Response:
@@ -249,29 +232,29 @@ class JobRerunView(APIView):
         include = body.validated_data.get("include") or DEFAULT_INCLUDE
         child, rows = job_rerun(job=job, actor=request_actor(request), include=include,
                                 host_region=request_region(request))
-        return Response({"id": str(child.pk), "status": child.status,
-                         "parent_id": str(job.pk), "row_count": rows})
+        return Response(RerunOut({"child": child, "row_count": rows}).data)
 
 
 class ChecksView(APIView):
     @extend_schema(operation_id="createCheck", request=JobCreateIn,
                    parameters=[IDEMPOTENCY_PARAMETER],
-                   responses={202: CHECK_STATE_SCHEMA, 409: OpenApiResponse(
-                       description=f"Input not ready yet, or {IN_FLIGHT_DESCRIPTION}"),
-                       410: OpenApiResponse(description="Input expired: its file is deleted"),
+                   responses={202: CheckStateOut, 409: _error(
+                       f"Input not ready yet, or {IN_FLIGHT_DESCRIPTION}"),
+                       410: _error("Input expired: its file is deleted"),
                        **ERRORS},
+                   extensions=links(202, "check_id", ("getCheck",)),
                    summary="Check an input's rows for a model without running them (free)")
     @idempotent
     def post(self, request: Request) -> Response:
         check = check_create(organization=request_organization(request),
                              actor=request_actor(request),
                              host_region=request_region(request), request=_job_request(request))
-        return Response({"id": str(check.pk), "status": check.status}, status=202)
+        return Response(CheckStateOut(check).data, status=202)
 
 
 class CheckView(APIView):
-    @extend_schema(operation_id="getCheck",
-                   responses={200: CHECK_OUT_SCHEMA, **ERRORS},
+    @extend_schema(operation_id="getCheck", parameters=[CHECK_ID],
+                   responses={200: CheckOut, **ERRORS},
                    summary="A preflight check's outcome: every failing row, up to 1,000")
     def get(self, request: Request, check_id: str) -> Response:
         check = check_get(organization=request_organization(request), id=check_id)
@@ -281,14 +264,13 @@ class CheckView(APIView):
 
 
 class JobDataView(APIView):
-    @extend_schema(operation_id="deleteJobData", request=None,
-                   responses={200: DATA_DELETED_SCHEMA, 202: DATA_DELETED_SCHEMA, **ERRORS},
+    @extend_schema(operation_id="deleteJobData", request=None, parameters=[JOB_ID],
+                   responses={200: JobDataDeletedOut, 202: JobDataDeletedOut, **ERRORS},
                    summary="Delete a job's data now (a job in flight is cancelled first)")
     def delete(self, request: Request, job_id: str) -> Response:
         job = job_get(organization=request_organization(request), id=job_id)
         job, gone = job_data_delete(job=job, actor=request_actor(request))
-        body: dict[str, object] = {"id": str(job.pk), "status": job.status,
-                                   "data_deleted_at": utc_offset_iso(job.data_deleted_at)}
+        deleted: dict[str, object] = {"job": job}
         if not gone:
-            body["message"] = STOPPING
-        return Response(body, status=200 if gone else 202)
+            deleted["message"] = STOPPING
+        return Response(JobDataDeletedOut(deleted).data, status=200 if gone else 202)

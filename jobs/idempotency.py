@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from django.db import IntegrityError, OperationalError, connection, transaction
 from django.http import QueryDict
 from django.utils import timezone
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -70,7 +69,8 @@ UNREADABLE_DETAIL = (f"The response kept under this {HEADER} can no longer be re
                      "effect, then use a new key.")
 
 IDEMPOTENCY_PARAMETER = OpenApiParameter(
-    HEADER, OpenApiTypes.STR, OpenApiParameter.HEADER, required=False,
+    HEADER, {"type": "string", "pattern": f"^[ -~]{{1,{KEY_MAX_LENGTH}}}$"},
+    OpenApiParameter.HEADER, required=False,
     description="Optional, up to 255 printable ASCII characters, unique per request you "
                 "mean to make once. Repeating the same key with the same request within 24 "
                 "hours returns the first response (status and body, with the header "

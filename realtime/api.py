@@ -9,15 +9,15 @@ from rest_framework.views import APIView
 
 from anex.api.authentication import request_key
 from anex.api.errors import ApiError
+from anex.api.serializers import ErrorOut
 from anex.regions import request_region
 from realtime.selectors import realtime_models
 from realtime.serializers import (
-    DECISION_SCHEMA,
-    EMBEDDINGS_SCHEMA,
-    MODELS_SCHEMA,
     DecisionIn,
+    DecisionOut,
     EmbeddingsIn,
-    model_out,
+    EmbeddingsOut,
+    ModelListOut,
 )
 from realtime.services import (
     EmbeddingsRequest,
@@ -42,16 +42,16 @@ REQUEST_ERRORS = {
 
 
 def _responses(errors: dict[int, str]) -> dict[int, OpenApiResponse]:
-    return {status: OpenApiResponse(description=text) for status, text in errors.items()}
+    return {status: OpenApiResponse(ErrorOut, description=text)
+            for status, text in errors.items()}
 
 
 class ModelsView(APIView):
     @extend_schema(operation_id="listRealtimeModels",
-                   responses={200: MODELS_SCHEMA, **_responses(AUTH_ERRORS)},
+                   responses={200: ModelListOut, **_responses(AUTH_ERRORS)},
                    summary="List the models on offer to this key")
     def get(self, request: Request) -> Response:
-        models = realtime_models(key=request_key(request))
-        return Response({"object": "list", "data": [model_out(m) for m in models]})
+        return Response(ModelListOut(realtime_models(key=request_key(request))).data)
 
 
 class EmbeddingsView(APIView):
@@ -60,24 +60,24 @@ class EmbeddingsView(APIView):
     throttle_classes = ()
 
     @extend_schema(operation_id="createRealtimeEmbeddings", request=EmbeddingsIn,
-                   responses={200: EMBEDDINGS_SCHEMA, **_responses(REQUEST_ERRORS)},
+                   responses={200: EmbeddingsOut, **_responses(REQUEST_ERRORS)},
                    summary="Embed one request's texts (OpenAI's embeddings API)")
     def post(self, request: Request) -> Response:
         body = EmbeddingsIn(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
-        return Response(realtime_embeddings_create(
+        return Response(EmbeddingsOut(realtime_embeddings_create(
             key=request_key(request), host_region=request_region(request),
             request=EmbeddingsRequest(model=data["model"], input=data["input"],
                                       dimensions=data.get("dimensions"),
-                                      encoding_format=data.get("encoding_format"))))
+                                      encoding_format=data.get("encoding_format")))).data)
 
 
 class DecisionView(APIView):
     throttle_classes = ()  # counted with the concurrency slot, as EmbeddingsView's
 
     @extend_schema(operation_id="createRealtimeDecision", request=DecisionIn,
-                   responses={200: DECISION_SCHEMA, **_responses(
+                   responses={200: DecisionOut, **_responses(
                        {**REQUEST_ERRORS, 422: "Malformed request, or a question the model "
                                                "refuses (its message names it)"})},
                    summary="Answer typed questions about a text in one pass")
@@ -85,6 +85,6 @@ class DecisionView(APIView):
         if not isinstance(request.data, dict):
             raise ApiError(422, "The body must be a JSON object: model, state, questions "
                                 "and an optional lang.")
-        return Response(realtime_decision_create(
+        return Response(DecisionOut(realtime_decision_create(
             key=request_key(request), host_region=request_region(request),
-            body=dict(request.data)))
+            body=dict(request.data))).data)

@@ -1,94 +1,200 @@
 """The realtime API's wire shapes: input serializers check shape only (a missing or wrongly
-typed field is 422); the reference's rules are the task kinds' (inference/kinds). The response
-shapes are OpenAI's (models, embeddings) and the reference's (decisions), as OpenAPI."""
+typed field is 422); the reference's rules are the task kinds' (inference/kinds), and the
+body's schema states them per model (`openapi_constraints`). The answers are OpenAI's
+(models, embeddings) and the reference's (decisions), each through an output serializer."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from inference.kinds import kind_for
+from anex.api.serializers import (
+    NO_NUL,
+    Const,
+    Constrained,
+    DocumentedCharField,
+    DocumentedJSONField,
+    Verbatim,
+)
+from inference.catalog import CatalogModel, catalog_all
+from inference.kinds import kind_for, kinds_all
+from inference.kinds.decide import DecideKind
+from inference.kinds.embed import (
+    REALTIME_MAX_INPUT_CHARS,
+    REALTIME_MAX_INPUTS,
+    REALTIME_MAX_TOTAL_CHARS,
+    EmbedKind,
+)
+from realtime.constants import ENCODING_FORMATS
 from realtime.selectors import ListedModel
 
+_TEXT = {"type": "string", "minLength": 1, "maxLength": REALTIME_MAX_INPUT_CHARS}
 
-class EmbeddingsIn(serializers.Serializer):
+
+def _realtime(kind: type[EmbedKind] | type[DecideKind]) -> list[CatalogModel]:
+    """The catalog models with a realtime rate whose kind answers on this endpoint; one
+    this deployment has no realtime engine for is answered 501 (realtime/checks.py)."""
+    return [model for model in catalog_all().values()
+            if isinstance(kind_for(model), kind)
+            and model.price.realtime_input_per_mtok is not None]
+
+
+# Read from the raw body (DecideKind), not a CharField: a NUL is just a character here.
+_INSTRUCTIONS = {"type": "string", "pattern": r"\S",
+                 "description": "The question itself."}
+QUESTION_SCHEMA: dict[str, Any] = {"oneOf": [
+    {"type": "object", "required": ["type", "instructions", "criteria"],
+     "properties": {"type": {"const": "choice"}, "instructions": _INSTRUCTIONS,
+                    "criteria": {"type": "object", "minProperties": 2,
+                                 "additionalProperties": {"type": "string"},
+                                 "description": "Option key to its description."}}},
+    {"type": "object", "required": ["type", "instructions"],
+     "properties": {"type": {"const": "noul"}, "instructions": _INSTRUCTIONS,
+                    "criteria": {"type": ["object", "null"], "additionalProperties": False,
+                                 "properties": {"true": {"type": "string"},
+                                                "false": {"type": "string"}},
+                                 "description": "What a yes and a no mean."}}},
+    {"type": "object", "required": ["type", "instructions", "criteria"],
+     "properties": {"type": {"const": "score"}, "instructions": _INSTRUCTIONS,
+                    "criteria": {"type": "array", "minItems": 2, "items": {"type": "string"},
+                                 "description": "The levels, lowest first."}}},
+]}
+
+
+
+class EmbeddingsIn(Constrained, serializers.Serializer):  # type: ignore[type-arg]
+    """POST /realtime/v1/embeddings: OpenAI's embeddings request, text only."""
+
     model = serializers.CharField(max_length=100)
-    input = serializers.JSONField(help_text="A string, or a list of at most 128 strings.")
+    input = DocumentedJSONField(
+        openapi={"oneOf": [_TEXT, {"type": "array", "minItems": 1,
+                                   "maxItems": REALTIME_MAX_INPUTS, "items": _TEXT}]},
+        help_text=f"A string, or a list of at most {REALTIME_MAX_INPUTS} strings; each at most "
+                  f"{REALTIME_MAX_INPUT_CHARS:,} characters, {REALTIME_MAX_TOTAL_CHARS:,} in "
+                  "all (text only: no image or video parts).")
     dimensions = serializers.IntegerField(required=False, allow_null=True)
-    encoding_format = serializers.CharField(required=False, allow_null=True, max_length=32,
-                                            help_text="float (base64, which the OpenAI SDK "
-                                                      "sends by default, is answered with "
-                                                      "floats too).")
-    user = serializers.CharField(required=False, allow_blank=True, max_length=256,
-                                 help_text="Accepted for OpenAI compatibility; not used.")
+    encoding_format = DocumentedCharField(
+        required=False, allow_null=True, max_length=32,
+        openapi={"type": "string", "enum": list(ENCODING_FORMATS)},
+        help_text="float (base64, which the OpenAI SDK sends by default, is answered with "
+                  "floats too).")
+    user = DocumentedCharField(required=False, allow_blank=True, max_length=256,
+                               openapi={"type": ["string", "number"], "pattern": NO_NUL},
+                               help_text="Accepted for OpenAI compatibility; not used (a "
+                                         "number is taken as its text).")
+
+    @classmethod
+    def openapi_constraints(cls) -> dict[str, Any]:
+        """Each model's dimensions (EmbedKind.dimensions_problem)."""
+        return {
+            "oneOf": [{"title": model.id, "properties": {
+                "model": {"const": model.id},
+                "dimensions": {"minimum": model.dimensions_min,
+                               "maximum": model.dimensions_native}}}
+                for model in _realtime(EmbedKind)],
+        }
 
 
-class DecisionIn(serializers.Serializer):
+class DecisionIn(Constrained, serializers.Serializer):  # type: ignore[type-arg]
     """For the schema only: the body is checked as a decision job row's is
     (DecideKind.realtime_request), which names an unknown field rather than dropping it."""
 
     model = serializers.CharField(max_length=100)
-    state = serializers.JSONField(help_text="The text: a string, or an object read as its "
-                                            "JSON (at most 50,000 characters).")
-    questions = serializers.JSONField(help_text="Named questions (at most 64), as in a "
-                                                "decision job row.")
-    lang = serializers.CharField(required=False, help_text="A language code such as \"de\".")
+    state = DocumentedJSONField(openapi={"type": ["string", "object"]},
+                                help_text="The text: a string, or an object read as its "
+                                          "compact JSON.")
+    questions = DocumentedJSONField(
+        openapi={"type": "object", "minProperties": 1,
+                 "additionalProperties": QUESTION_SCHEMA},
+        help_text="Named questions, as in a decision job row; each answer comes back under "
+                  "its name.")
+    lang = serializers.CharField(required=False, allow_null=True, allow_blank=True,
+                                 help_text="A language code such as \"de\", to settle the "
+                                           "checkpoint a text's script does not.")
+
+    @classmethod
+    def openapi_constraints(cls) -> dict[str, Any]:
+        """decision_row's rules (inference/rows/decisions.py), each model's limits, and the
+        question shapes the model answers; a question it refuses for its options' length
+        (the option budget) is 422 with the model's message."""
+        return {
+            "additionalProperties": False,
+            "oneOf": [{"title": model.id, "properties": {
+                "model": {"const": model.id},
+                "state": {"maxLength": model.max_state_chars,
+                          "description": "An object counts as its compact JSON."},
+                "questions": {"maxProperties": model.max_questions}}}
+                for model in _realtime(DecideKind)],
+        }
 
 
-def model_out(listed: ListedModel) -> dict[str, Any]:
-    return {"id": listed.model.id, "object": "model",
-            # The catalog records no creation time for a model; OpenAI's field stays an int.
-            "created": 0, "owned_by": "anex",
-            "task": kind_for(listed.model).task, "realtime": listed.realtime, "local": listed.local}
+# -- answers -------------------------------------------------------------------------------
+
+class ModelOut(serializers.Serializer):  # type: ignore[type-arg]
+    id = serializers.CharField(source="model.id")
+    object = Const("model")
+    # The catalog records no creation time for a model; OpenAI's field stays an int.
+    created = Const(0, openapi={"type": "integer"})
+    owned_by = Const("anex")
+    task = serializers.SerializerMethodField()
+    realtime = serializers.BooleanField(help_text="Served by the realtime API (else batch "
+                                                  "only).")
+    local = serializers.BooleanField(help_text="Answered by a small checkpoint built on this "
+                                               "deployment (a local stand-in), not the "
+                                               "model's published weights.")
+
+    @extend_schema_field({"type": "string", "enum": [kind.task for kind in kinds_all()]})
+    def get_task(self, listed: ListedModel) -> str:
+        return kind_for(listed.model).task
 
 
-MODEL_SCHEMA = {
-    "type": "object",
-    "required": ["id", "object", "created", "owned_by", "task", "realtime", "local"],
-    "properties": {
-        "id": {"type": "string"}, "object": {"type": "string", "enum": ["model"]},
-        "created": {"type": "integer"}, "owned_by": {"type": "string"},
-        "task": {"type": "string", "enum": ["chat", "embed", "decide"]},
-        "realtime": {"type": "boolean",
-                     "description": "Served by the realtime API (else batch only)."},
-        "local": {"type": "boolean",
-                  "description": "Answered by a small checkpoint built on this deployment "
-                                 "(a local stand-in), not the model's published weights."},
-    },
-}
-MODELS_SCHEMA = {
-    "type": "object", "required": ["object", "data"],
-    "properties": {"object": {"type": "string", "enum": ["list"]},
-                   "data": {"type": "array", "items": MODEL_SCHEMA}},
-}
-EMBEDDINGS_SCHEMA = {
-    "type": "object", "required": ["object", "data", "model", "usage"],
-    "properties": {
-        "object": {"type": "string", "enum": ["list"]},
-        "data": {"type": "array", "items": {
-            "type": "object", "required": ["object", "index", "embedding"],
-            "properties": {"object": {"type": "string", "enum": ["embedding"]},
-                           "index": {"type": "integer"},
-                           "embedding": {"type": "array", "items": {"type": "number"},
-                                         "description": "Unit length."}}}},
-        "model": {"type": "string"},
-        "usage": {"type": "object", "required": ["prompt_tokens", "total_tokens"],
-                  "properties": {"prompt_tokens": {"type": "integer"},
-                                 "total_tokens": {"type": "integer"}}},
-    },
-}
-DECISION_SCHEMA = {
-    "type": "object", "required": ["model", "answers", "usage", "routing"],
-    "properties": {
-        "model": {"type": "string"},
-        "answers": {"type": "object", "additionalProperties": {"type": "object"},
-                    "description": "One answer per question, keyed by its name."},
-        "usage": {"type": "object", "required": ["input_tokens", "output_tokens"],
-                  "properties": {"input_tokens": {"type": "integer"},
-                                 "output_tokens": {"type": "integer"}}},
-        "routing": {"type": "object", "required": ["model", "reason"],
-                    "properties": {"model": {"type": "string"},
-                                   "reason": {"type": "string"}}},
-    },
-}
+class ModelListOut(serializers.Serializer):  # type: ignore[type-arg]
+    """GET /realtime/v1/models: OpenAI's list object, of the models this key may use."""
+
+    object = Const("list")
+    data = ModelOut(many=True, source="*")  # type: ignore[assignment]  # a field, not .data
+
+
+class EmbeddingOut(serializers.Serializer):  # type: ignore[type-arg]
+    object = Const("embedding")
+    index = serializers.IntegerField()
+    embedding = Verbatim(openapi={"type": "array", "items": {"type": "number"},
+                                  "description": "Unit length."})
+
+
+class EmbeddingsUsageOut(serializers.Serializer):  # type: ignore[type-arg]
+    prompt_tokens = serializers.IntegerField()
+    total_tokens = serializers.IntegerField()
+
+
+class EmbeddingsOut(serializers.Serializer):  # type: ignore[type-arg]
+    """OpenAI's embeddings list object (inference/kinds/embed.py, embeddings_body)."""
+
+    object = Const("list")
+    model = serializers.CharField()
+    data = EmbeddingOut(many=True)  # type: ignore[assignment]  # a field, not .data
+    usage = EmbeddingsUsageOut()
+
+
+class DecisionUsageOut(serializers.Serializer):  # type: ignore[type-arg]
+    input_tokens = serializers.IntegerField()
+    output_tokens = serializers.IntegerField()
+
+
+class DecisionRoutingOut(serializers.Serializer):  # type: ignore[type-arg]
+    model = serializers.CharField(help_text="The internal checkpoint that answered.")
+    reason = serializers.CharField()
+
+
+class DecisionOut(serializers.Serializer):  # type: ignore[type-arg]
+    """The reference's decision answer (inference/kinds/decide.py, answer_body)."""
+
+    model = serializers.CharField()
+    answers = Verbatim(openapi={"type": "object", "additionalProperties": {"type": "object"},
+                                "description": "One answer per question, keyed by its name; "
+                                               "a field beyond the reference's is the "
+                                               "model's own."})
+    routing = DecisionRoutingOut()
+    usage = DecisionUsageOut()

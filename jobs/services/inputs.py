@@ -92,8 +92,12 @@ class InputCreated:
 
 
 def _https(name: str, url: str) -> None:
-    parts = urlsplit(url)
-    if parts.scheme != "https" or not parts.hostname:
+    try:
+        parts = urlsplit(url)
+        valid = parts.scheme == "https" and bool(parts.hostname)
+    except ValueError:  # urlsplit refuses an unbalanced or invalid [IPv6] host
+        valid = False
+    if not valid:
         raise Invalid(f"{name} must be an https:// URL.")
 
 

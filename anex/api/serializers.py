@@ -1,0 +1,113 @@
+"""The wire pieces both APIs share: the error envelope every error answer carries
+(anex/api/errors.py), and what lets a serializer's OpenAPI say what is checked after it.
+
+An input serializer checks shape only (STYLE.md rule 7); the reference's 400s are the
+views' and the services' to raise, and the task kinds' rules the services'. So that
+/openapi.json still says every rule a request is held to, a field can carry the rest of
+its schema (`Documented`) and a body the rules between its fields (`Constrained`), which
+anex/api/schema.py hands to drf-spectacular. Neither changes what the serializer accepts
+or how it words a refusal.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+from rest_framework.fields import SkipField
+
+# What a CharField takes: no NUL character (DRF refuses one, 422), and with NOT_BLANK at
+# least one character that is not whitespace (a blank value, once trimmed, is refused).
+NO_NUL = r"^[^\u0000]*$"
+NOT_BLANK = r"^[^\u0000]*[^\s\u0000][^\u0000]*$"
+
+
+class Documented:
+    """A field whose OpenAPI schema adds `openapi` to what its type says: the checks made
+    after the serializer (the view's or a service's), in the serializer's own words."""
+
+    def __init__(self, *args: Any, openapi: dict[str, Any], **kwargs: Any) -> None:
+        self.openapi = openapi
+        super().__init__(*args, **kwargs)
+
+
+class DocumentedCharField(Documented, serializers.CharField):
+    pass
+
+
+class DocumentedJSONField(Documented, serializers.JSONField):
+    pass
+
+
+class DocumentedListField(Documented, serializers.ListField):
+    pass
+
+
+class Constrained:
+    """A request body whose OpenAPI schema adds `openapi_constraints()` to its fields':
+    the rules between fields, or per model, that the views and services enforce (keywords
+    beside the fields' `properties`, such as oneOf, never `properties` itself)."""
+
+    @classmethod
+    def openapi_constraints(cls) -> dict[str, Any]:
+        return {}
+
+
+class Omissible(Documented, serializers.Field):  # type: ignore[type-arg]
+    """An answer field the reference shows only where it applies, left out (not null)
+    elsewhere: the serializer's `get_<name>` gives its value, None to leave it out.
+    `openapi` is its schema; it is never required."""
+
+    def __init__(self, *, openapi: dict[str, Any], **kwargs: Any) -> None:
+        kwargs.update(source="*", required=False)
+        super().__init__(openapi=openapi, **kwargs)
+
+    def get_attribute(self, instance: Any) -> Any:
+        value = getattr(self.parent, f"get_{self.field_name}")(instance)
+        if value is None:
+            raise SkipField()
+        return value
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+class Verbatim(Documented, serializers.Field):  # type: ignore[type-arg]
+    """A value answered as it is (a vector, a model's own answer object), described by
+    `openapi`: nothing is converted, so the bytes are the service's, and a long vector
+    costs no per-element field."""
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+class Const(Documented, serializers.Field):  # type: ignore[type-arg]
+    """A value every answer of its kind carries the same (OpenAI's "object": "list")."""
+
+    def __init__(self, value: str | int, *, openapi: dict[str, Any] | None = None,
+                 **kwargs: Any) -> None:
+        self.value = value
+        kwargs["source"] = "*"
+        super().__init__(openapi=openapi or {"type": "string", "const": value}, **kwargs)
+
+    def to_representation(self, instance: Any) -> str | int:
+        return self.value
+
+
+class ErrorLimitOut(serializers.Serializer):  # type: ignore[type-arg]
+    code = serializers.CharField(help_text="rate_limit_exceeded, or "
+                                           "concurrency_limit_exceeded on the realtime API.")
+    message = serializers.CharField()
+
+
+class ErrorOut(serializers.Serializer):  # type: ignore[type-arg]
+    """Every error answer: {"detail": …}, and beside it what the reference shows."""
+
+    detail = serializers.CharField(help_text="What went wrong, in words.")
+    errors = serializers.DictField(required=False,  # type: ignore[assignment]  # a field
+                                   help_text="422 for a malformed body: the message per field.")
+    residency = serializers.CharField(required=False,
+                                      help_text="421: the region the data is kept in.")
+    api = serializers.CharField(required=False,
+                                help_text="421: the origin to send the same request to.")
+    error = ErrorLimitOut(required=False, help_text="429: why the request was limited.")
