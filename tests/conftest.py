@@ -14,25 +14,33 @@ from tests.dispatched import dispatch_catch
 from tests.factories import api_key_make, organization_make
 from tests.servers import LocalServer
 
-# The fast tier (`make test-fast`, `pytest --fast`): everything but the engine and the
-# end-to-end tests, runnable without vLLM or torch installed. An engine test is one in an
-# engine module or one that takes a real engine through its fixtures; an end-to-end test
-# starts the product's own processes. `make test` (and CI) runs both tiers.
-ENGINE_MODULES = ("test_engines_*.py",)
-E2E_MODULES = ("test_devstack.py", "test_run_e2e.py", "test_run_kill.py", "test_first_job.py",
-               "test_webhooks_e2e.py", "test_cli_e2e.py")
+# The tiers are folders, by what a file's tests need: tests/unit nothing, tests/db
+# PostgreSQL or Redis, tests/engine a real vLLM engine, tests/e2e the product's own
+# processes and engines together, tests/browser chromium. The fast tier (`make test-fast`,
+# `pytest --fast`) is unit and db, without vLLM or torch; a test there that takes a real
+# engine through its fixtures is marked engine, and runs with the engine tier. `make test`
+# (and CI) runs every tier.
+TESTS = Path(__file__).resolve().parent
+SLOW_TIERS = ("engine", "e2e", "browser")
 ENGINE_FIXTURES = {"checkpoint_dirs", "chat_engine", "embedding_engine", "decision_engine"}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--fast", action="store_true",
-                     help="skip the engine and end-to-end tests (no vLLM needed)")
+                     help="only the unit and db tiers (no vLLM needed)")
+
+
+def tier_of(path: Path) -> str | None:
+    """The tier folder a test file sits in (None for a file at tests/ itself)."""
+    relative = path.relative_to(TESTS).parts if path.is_relative_to(TESTS) else ()
+    return relative[0] if len(relative) > 1 else None
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    # Engine and end-to-end modules import vLLM or torch at the top: not even collected.
-    if config.getoption("--fast") and any(
-            collection_path.match(pattern) for pattern in ENGINE_MODULES + E2E_MODULES):
+    # The engine, end-to-end and browser tiers import vLLM, torch or Playwright at the top:
+    # under --fast they are not even collected.
+    if config.getoption("--fast") and collection_path.parent == TESTS \
+            and collection_path.name in SLOW_TIERS:
         return True
     return None
 
@@ -42,13 +50,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     kept: list[pytest.Item] = []
     deselected: list[pytest.Item] = []
     for item in items:
-        path = item.path
-        if any(path.match(pattern) for pattern in E2E_MODULES):
-            item.add_marker(pytest.mark.e2e)
-        elif any(path.match(pattern) for pattern in ENGINE_MODULES) or \
-                ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+        tier = tier_of(item.path)
+        if tier in ("e2e", "browser"):
+            item.add_marker(tier)
+        takes_engine = bool(ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())))
+        if tier == "engine" or (takes_engine and tier != "e2e"):
             item.add_marker(pytest.mark.engine)
-        slow = item.get_closest_marker("engine") or item.get_closest_marker("e2e")
+        slow = any(item.get_closest_marker(marker) for marker in SLOW_TIERS)
         (deselected if fast and slow else kept).append(item)
     if deselected:
         config.hook.pytest_deselected(items=deselected)
