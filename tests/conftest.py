@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import os
 import ssl
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pytest
 import trustme
@@ -17,23 +20,65 @@ from tests.servers import LocalServer
 # The tiers are folders, by what a file's tests need: tests/unit nothing, tests/db
 # PostgreSQL or Redis, tests/engine a real vLLM engine, tests/e2e the product's own
 # processes and engines together, tests/browser chromium. The fast tier (`make test-fast`,
-# `pytest --fast`) is unit and db, without vLLM or torch; a test there that takes a real
-# engine through its fixtures is marked engine, and runs with the engine tier. `make test`
-# (and CI) runs every tier.
+# `pytest --fast`) is unit and db, on xdist workers, without vLLM or torch; a test there
+# that takes a real engine through its fixtures is marked engine, and runs with the engine
+# tier. `make test` (and CI) runs the fast tier, then the rest: -m "engine or e2e or browser".
 TESTS = Path(__file__).resolve().parent
 SLOW_TIERS = ("engine", "e2e", "browser")
 ENGINE_FIXTURES = {"checkpoint_dirs", "chat_engine", "embedding_engine", "decision_engine"}
+# The fast tier's xdist workers, when --fast is given without -n: its tests mostly wait
+# (on PostgreSQL, Redis, local servers and deadlines), so more workers than cores pay.
+FAST_WORKERS = 4
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--fast", action="store_true",
-                     help="only the unit and db tiers (no vLLM needed)")
+                     help="only the unit and db tiers, on xdist workers (no vLLM needed)")
 
 
 def tier_of(path: Path) -> str | None:
     """The tier folder a test file sits in (None for a file at tests/ itself)."""
     relative = path.relative_to(TESTS).parts if path.is_relative_to(TESTS) else ()
     return relative[0] if len(relative) > 1 else None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    # Before xdist reads -n: --fast alone runs on workers; -n 0 runs it in one process.
+    if (config.getoption("--fast") and config.pluginmanager.has_plugin("xdist")
+            and config.getoption("numprocesses", None) is None
+            and not os.environ.get("PYTEST_XDIST_WORKER")):
+        config.option.numprocesses = FAST_WORKERS
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_setupnodes(config: pytest.Config, specs: list[Any]) -> None:
+    """Each xdist worker its own Redis database, set in its environment before Django reads
+    its settings (its broker, cache and subprocesses all follow REDIS_URL): the tests flush
+    their broker. pytest-django gives each its own test database (test_NAME_gw0, ...)."""
+    base = os.environ.get("REDIS_URL")
+    for spec in specs if base else ():
+        spec.env["REDIS_URL"] = redis_url_for_worker(base, int(spec.id.removeprefix("gw")),
+                                                     len(specs))
+
+
+def redis_url_for_worker(url: str, index: int, workers: int) -> str:
+    """REDIS_URL's database number plus the worker's index (redis://host/1 gives workers
+    1, 2, ...; a unix:// socket takes ?db=); past Redis's 16 databases is a usage error."""
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query))
+    if parts.scheme == "unix":
+        base = int(query.get("db") or 0)
+    else:
+        base = int(parts.path.lstrip("/") or 0)
+    if base + workers - 1 > 15:
+        raise pytest.UsageError(
+            f"{workers} xdist workers need Redis databases {base} to {base + workers - 1} "
+            "(from REDIS_URL's), and Redis has 0 to 15: run fewer workers (-n) or point "
+            "REDIS_URL at a lower database")
+    if parts.scheme == "unix":
+        return f"{url.partition('?')[0]}?{urlencode({**query, 'db': base + index})}"
+    return urlunsplit(parts._replace(path=f"/{base + index}"))
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
