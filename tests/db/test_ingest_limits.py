@@ -30,7 +30,8 @@ from jobs.services.recovery import inputs_sweep
 from jobs.storage import storage_for
 from tests.dispatched import dispatch_catch
 from tests.factories import api_key_make, organization_make
-from tests.servers import LocalServer, _Handler, reply, tls_context, trickle
+from tests.race import run_after
+from tests.servers import LocalServer, reply, tls_context, trickle
 from tests.workers import running_worker
 
 INPUTS = "/batch/v1/inputs"
@@ -86,8 +87,9 @@ def test_a_source_trickling_its_headers_does_not_hold_the_web_server(
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         attacks = [pool.submit(post, attacker, source.url("/tarpit.jsonl")) for _ in range(8)]
-        time.sleep(0.5)
-        # when another customer asks meanwhile
+        _wait_for(lambda: sum(seen.path == "/tarpit.jsonl" for seen in source.requests) == 8,
+                  10)
+        # when another customer asks meanwhile, with every attack at the tarpit
         answered = post(other, source.url("/in.jsonl"))
         attacks_running = sum(not attack.done() for attack in attacks)
         results = [attack.result() for attack in attacks]
@@ -221,14 +223,10 @@ def test_an_organization_past_its_concurrent_ingests_gets_429(
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_ingests_cannot_overshoot_the_limit(
         source: LocalServer, monkeypatch: pytest.MonkeyPatch, no_broker: list[str]) -> None:
-    # given one slot left, and a probe slow enough that every request passes the early check
+    # given one slot left, and every request held right after its probe until all four
+    # have probed, so that each passed the early check before any takes the lock
     monkeypatch.setattr(inputs_service, "INGEST_CONCURRENCY_LIMIT", 2)
-
-    def slow(handler: _Handler) -> None:
-        time.sleep(0.5)
-        reply(handler, 200, ROWS)
-
-    source.routes["/slow.jsonl"] = slow
+    probed = threading.Barrier(4)
     _key, plaintext = api_key_make(organization_make())
     barrier = threading.Barrier(4)
 
@@ -237,12 +235,14 @@ def test_concurrent_ingests_cannot_overshoot_the_limit(
         client.credentials(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
         try:
             barrier.wait()
-            return int(client.post(INPUTS, {"source_url": source.url("/slow.jsonl")},
+            return int(client.post(INPUTS, {"source_url": source.url("/in.jsonl")},
                                    format="json").status_code)
         finally:
             connection.close()
 
-    with ThreadPoolExecutor(max_workers=4) as pool:
+    with run_after("jobs.services.inputs._advertised_size",
+                   lambda *args, **kwargs: probed.wait(30), every=True), \
+            ThreadPoolExecutor(max_workers=4) as pool:
         codes = sorted(pool.map(lambda _: post(), range(4)))
 
     assert codes == [200, 200, 429, 429]

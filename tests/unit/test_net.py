@@ -674,7 +674,14 @@ def test_the_default_deadline_is_one_connect_and_one_read(
 def test_other_fetches_are_answered_while_one_is_tarpitted(
     server: LocalServer, loopback: None
 ) -> None:
-    server.routes["/tarpit"] = trickle(b"HTTP/1.1 200 OK\r\nX-Slow: ", every=0.2)
+    tarpit = trickle(b"HTTP/1.1 200 OK\r\nX-Slow: ", every=0.2)
+    tarpitted = threading.Event()
+
+    def route(handler: _Handler) -> None:
+        tarpitted.set()
+        tarpit(handler)
+
+    server.routes["/tarpit"] = route
     outcome: list[BaseException] = []
 
     def attacked() -> None:
@@ -685,7 +692,7 @@ def test_other_fetches_are_answered_while_one_is_tarpitted(
 
     attack = threading.Thread(target=attacked)
     attack.start()
-    time.sleep(0.3)
+    tarpitted.wait(5)  # the other fetch goes while the attack is being trickled
     started = time.monotonic()
     with fetch("GET", server.url("/hello")) as response:
         assert response.read() == b"ok"
