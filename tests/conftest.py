@@ -182,6 +182,13 @@ def api(key_pair: tuple[ApiKey, str], client_for: Callable[[str], APIClient]) ->
 
 
 @pytest.fixture(autouse=True)
+def fast_password_hasher(settings: Settings) -> None:
+    """Django's default hasher spends a quarter of a second of CPU on each password, by
+    design; the tests' passwords guard nothing, and the fast tier hashes dozens of them."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
 def local_storage(settings: Settings, tmp_path: Path) -> Path:
     """Every test stores objects in its own local storage; tests of S3 switch backends."""
     settings.ANEX_STORAGE_BACKEND = "local"
