@@ -15,6 +15,7 @@ from rest_framework.test import APIClient
 from console.models import ApiKey, Organization
 from tests.dispatched import dispatch_catch
 from tests.factories import api_key_make, organization_make
+from tests.launch import Running, make_run_launched
 from tests.servers import LocalServer
 
 # The tiers are folders, by what a file's tests need: tests/unit nothing, tests/db
@@ -105,7 +106,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         (deselected if fast and slow else kept).append(item)
     if deselected:
         config.hook.pytest_deselected(items=deselected)
-        items[:] = kept
+    # The session's `make run` (make_run below) is up from its first test to the session's
+    # end: its tests go last, together, in their order.
+    items[:] = sorted(kept, key=lambda item: "make_run" in getattr(item, "fixturenames", ()))
 
 
 # The tables a DELETE cannot empty: those with triggers of their own (the append-only
@@ -271,3 +274,16 @@ def checkpoints(settings: Settings, tokenizer_dir: Path) -> Path:
 
     settings.ANEX_CHECKPOINTS = {model_id: tokenizer_dir for model_id in catalog()}
     return tokenizer_dir
+
+
+@pytest.fixture(scope="session")
+def make_run(checkpoint_dirs: dict[str, Path],
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    """One `make run` per session on a bare environment (tests/launch.py), shared by every
+    test that drives one as a newcomer does (the first-job walkthroughs, the CLI, the
+    realtime README): it takes a minute or more to come up, and each test brings its own
+    work to it. The test of the launcher's own start and Ctrl-C (tests/e2e/test_devstack.py)
+    keeps a launch of its own. Its tests run last, together (pytest_collection_modifyitems),
+    so it is up only while they run."""
+    with make_run_launched(tmp_path_factory.mktemp("make-run"), checkpoint_dirs) as running:
+        yield running

@@ -1,6 +1,6 @@
-"""`anex submit` against a real `make run` (tests/e2e/test_first_job.py's launcher): a file
-uploaded, estimated, approved at the prompt, run and its result downloaded, with the exit
-codes a script reads; and an estimate declined, then cancelled."""
+"""`anex submit` against a real `make run` (the session's launcher, tests/launch.py):
+a file uploaded, estimated, approved at the prompt, run and its result downloaded, with the
+exit codes a script reads; and an estimate declined, then cancelled."""
 
 from __future__ import annotations
 
@@ -13,12 +13,9 @@ from pathlib import Path
 import pytest
 
 from anex.cli import EXIT_NOT_APPROVED, EXIT_OK
-from tests.e2e import test_first_job
-from tests.e2e.test_first_job import Running
 from tests.engine_fixtures import checkpoint_dirs  # noqa: F401
+from tests.launch import Running
 
-# The same launcher fixture as the first-job walkthrough (a module-scoped `make run`).
-make_run = test_first_job.make_run
 QUESTIONS = ["Say hello in French.", "Name three colours.", "What is two plus two?"]
 
 

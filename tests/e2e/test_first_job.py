@@ -7,47 +7,28 @@ PostgreSQL and Redis, gunicorn, a Dramatiq worker and the clock):
   services and leaves them running.
 
 The local checkpoints come from the session's engine fixture (trained once per session)
-rather than from `make run`'s own build, which tests/engine/test_engines_checkpoints.py covers.
+rather than from `make run`'s own build, which tests/engine/test_engines_checkpoints.py
+covers. The `make run` is the session's one (tests/launch.py), shared with test_cli_e2e.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
 
-from inference.checkpoints import anex_checkpoints_value
-from tests.servers import free_port, launcher_interrupt
+from tests.launch import Running
 
 pytest_plugins = ["tests.engine_fixtures"]
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVICE_VARIABLES = ("DATABASE_URL", "REDIS_URL", "SECRET_KEY", "ANEX_API_ORIGIN",
-                     "ANEX_EU_API_ORIGIN", "ANEX_RUN_DIR", "ANEX_CHECKPOINTS")
-
-
-@dataclass(frozen=True)
-class Running:
-    port: int
-    run_dir: Path
-    key: str
-    env: dict[str, str]
-    log: Path
-
-    @property
-    def base(self) -> str:
-        return f"http://localhost:{self.port}/batch/v1"
 
 
 def healthz(port: int) -> tuple[int, str]:
@@ -56,35 +37,6 @@ def healthz(port: int) -> tuple[int, str]:
     except requests.RequestException as exc:
         return 0, str(exc)
     return response.status_code, response.text
-
-
-@pytest.fixture(scope="module")
-def make_run(checkpoint_dirs: dict[str, Path],
-             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    """`make run` on a bare environment: nothing but a port and a run directory of its own."""
-    root = tmp_path_factory.mktemp("make-run")
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in SERVICE_VARIABLES}
-    env.update({"ANEX_RUN_DIR": str(root / "run"), "PORT": str(port),
-                "STATIC_ROOT": str(root / "static")})
-    log = root / "run.log"
-    with log.open("w") as out:
-        launcher = subprocess.Popen(
-            [sys.executable, "-m", "anex.devstack", "run"], cwd=ROOT, stdout=out,
-            stderr=subprocess.STDOUT, start_new_session=True,
-            env={**env, "ANEX_CHECKPOINTS": anex_checkpoints_value(checkpoint_dirs)})
-    try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and "anex is up" not in log.read_text():
-            assert launcher.poll() is None, log.read_text()
-            time.sleep(0.5)
-        output = log.read_text()
-        assert "anex is up" in output, output
-        key = re.search(r"demo API key\s+(sk-\S+)", output)
-        assert key is not None, output
-        yield Running(port=port, run_dir=root / "run", key=key.group(1), env=env, log=log)
-    finally:
-        launcher_interrupt(launcher)
 
 
 def readme_block(name: str) -> str:

@@ -29,7 +29,7 @@ from inference.checkpoints import anex_checkpoints_value
 from realtime.models import RealtimeUsage
 from tests.engine_fixtures import checkpoint_dirs  # noqa: F401
 from tests.factories import api_key_make, input_ready, organization_make
-from tests.servers import free_port, launcher_interrupt
+from tests.launch import Running
 from tests.workers import fresh_worker
 
 MINILM = "all-minilm-l6-v2"
@@ -230,48 +230,33 @@ def readme_block(name: str) -> str:
 
 
 @pytest.mark.timeout(600)
-def test_make_run_serves_realtime_on_a_bare_environment(
-        checkpoint_dirs: dict[str, Path], tmp_path: Path) -> None:  # noqa: F811
+def test_make_run_serves_realtime_on_a_bare_environment(make_run: Running) -> None:
     # given `make run` with nothing but a port and a run directory (its own PostgreSQL and
-    # Redis), and the session's local checkpoints
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in (
-        "DATABASE_URL", "REDIS_URL", "SECRET_KEY", "ANEX_API_ORIGIN", "ANEX_EU_API_ORIGIN",
-        "ANEX_REALTIME_ENGINES")}
-    env.update({"ANEX_RUN_DIR": str(tmp_path / "run"), "PORT": str(port),
-                "STATIC_ROOT": str(tmp_path / "static"),
-                "ANEX_CHECKPOINTS": anex_checkpoints_value(checkpoint_dirs)})
-    log = tmp_path / "run.log"
-    with log.open("w") as out:
-        launcher = subprocess.Popen([sys.executable, "-m", "anex.devstack", "run"],
-                                    cwd=django_settings.BASE_DIR, env=env, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        # when its realtime engines have loaded
-        deadline = time.monotonic() + 420
-        while time.monotonic() < deadline and "realtime API" not in log.read_text():
-            assert launcher.poll() is None, log.read_text()[-4000:]
-            time.sleep(0.5)
-        output = log.read_text()
-        assert "realtime API" in output, output[-4000:]
-        key = re.search(r"demo API key\s+(sk-\S+)", output)
-        assert key is not None, output[-4000:]
-        # then the README's realtime examples run as printed against it
-        python = readme_block("python").replace('api_key="sk-..."', f'api_key="{key[1]}"')
-        python = python.replace("localhost:8000", f"localhost:{port}")
-        done = subprocess.run([sys.executable, "-c", python], capture_output=True, text=True,
-                              timeout=120, check=False)
-        assert done.returncode == 0, done.stderr + log.read_text()[-4000:]
-        listed, vector = done.stdout.splitlines()
-        assert "('all-minilm-l6-v2', 'embed', True)" in listed
-        assert "('laya', 'decide', True)" in listed and "('tiny-qwen3', 'chat', False)" in listed
-        assert len(json.loads(vector)) == 4
-        bash = readme_block("bash").replace("localhost:8000", f"localhost:{port}")
-        done = subprocess.run([shutil.which("bash") or "/bin/bash", "-euo", "pipefail", "-c",
-                               bash], capture_output=True,
-                              text=True, timeout=120, check=False, env={**env, "TOKEN": key[1]})
-        assert done.returncode == 0, done.stderr
-        answer = json.loads(done.stdout)
-        assert answer["model"] == "laya" and 0 <= answer["answers"]["urgent"]["noul"] <= 1
-    finally:
-        launcher_interrupt(launcher)
+    # Redis), and the session's local checkpoints: the session's one (tests/launch.py)
+    port, env, log = make_run.port, make_run.env, make_run.log
+    # when its realtime engines have loaded
+    deadline = time.monotonic() + 420
+    while time.monotonic() < deadline and "realtime API" not in log.read_text():
+        assert make_run.launcher.poll() is None, log.read_text()[-4000:]
+        time.sleep(0.5)
+    output = log.read_text()
+    assert "realtime API" in output, output[-4000:]
+    key = re.search(r"demo API key\s+(sk-\S+)", output)
+    assert key is not None, output[-4000:]
+    # then the README's realtime examples run as printed against it
+    python = readme_block("python").replace('api_key="sk-..."', f'api_key="{key[1]}"')
+    python = python.replace("localhost:8000", f"localhost:{port}")
+    done = subprocess.run([sys.executable, "-c", python], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr + log.read_text()[-4000:]
+    listed, vector = done.stdout.splitlines()
+    assert "('all-minilm-l6-v2', 'embed', True)" in listed
+    assert "('laya', 'decide', True)" in listed and "('tiny-qwen3', 'chat', False)" in listed
+    assert len(json.loads(vector)) == 4
+    bash = readme_block("bash").replace("localhost:8000", f"localhost:{port}")
+    done = subprocess.run([shutil.which("bash") or "/bin/bash", "-euo", "pipefail", "-c",
+                           bash], capture_output=True,
+                          text=True, timeout=120, check=False, env={**env, "TOKEN": key[1]})
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["model"] == "laya" and 0 <= answer["answers"]["urgent"]["noul"] <= 1
