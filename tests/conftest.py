@@ -111,6 +111,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = sorted(kept, key=lambda item: "make_run" in getattr(item, "fixturenames", ()))
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # The local checkpoints are built (tiny-qwen3 trained: a minute alone, several on a busy
+    # machine) once per run directory, by the first test to take them, within its timeout.
+    # Built here instead, before any test starts, when any will take them.
+    if any("checkpoint_dirs" in getattr(item, "fixturenames", ()) for item in session.items):
+        from inference.checkpoints import checkpoints_build, checkpoints_dest_default
+
+        checkpoints_build(dest=checkpoints_dest_default())
+
+
 # The tables a DELETE cannot empty: those with triggers of their own (the append-only
 # audit log and ledger refuse DELETE, anex/db.py), and every table whose foreign keys
 # point at one of them (PostgreSQL truncates a referenced table only with its referrers).
