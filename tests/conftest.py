@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import os
 import ssl
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pytest
 import trustme
@@ -12,27 +15,78 @@ from rest_framework.test import APIClient
 from console.models import ApiKey, Organization
 from tests.dispatched import dispatch_catch
 from tests.factories import api_key_make, organization_make
+from tests.launch import Running, make_run_launched
 from tests.servers import LocalServer
 
-# The fast tier (`make test-fast`, `pytest --fast`): everything but the engine and the
-# end-to-end tests, runnable without vLLM or torch installed. An engine test is one in an
-# engine module or one that takes a real engine through its fixtures; an end-to-end test
-# starts the product's own processes. `make test` (and CI) runs both tiers.
-ENGINE_MODULES = ("test_engines_*.py",)
-E2E_MODULES = ("test_devstack.py", "test_run_e2e.py", "test_run_kill.py", "test_first_job.py",
-               "test_webhooks_e2e.py", "test_cli_e2e.py")
+# The tiers are folders, by what a file's tests need: tests/unit nothing, tests/db
+# PostgreSQL or Redis, tests/engine a real vLLM engine, tests/e2e the product's own
+# processes and engines together, tests/browser chromium. The fast tier (`make test-fast`,
+# `pytest --fast`) is unit and db, on xdist workers, without vLLM or torch; a test there
+# that takes a real engine through its fixtures is marked engine, and runs with the engine
+# tier. `make test` (and CI) runs the fast tier, then the rest: -m "engine or e2e or browser".
+TESTS = Path(__file__).resolve().parent
+SLOW_TIERS = ("engine", "e2e", "browser")
 ENGINE_FIXTURES = {"checkpoint_dirs", "chat_engine", "embedding_engine", "decision_engine"}
+# The fast tier's xdist workers, when --fast is given without -n: its tests mostly wait
+# (on PostgreSQL, Redis, local servers and deadlines), so more workers than cores pay.
+FAST_WORKERS = 4
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--fast", action="store_true",
-                     help="skip the engine and end-to-end tests (no vLLM needed)")
+                     help="only the unit and db tiers, on xdist workers (no vLLM needed)")
+
+
+def tier_of(path: Path) -> str | None:
+    """The tier folder a test file sits in (None for a file at tests/ itself)."""
+    relative = path.relative_to(TESTS).parts if path.is_relative_to(TESTS) else ()
+    return relative[0] if len(relative) > 1 else None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    # Before xdist reads -n: --fast alone runs on workers; -n 0 runs it in one process.
+    if (config.getoption("--fast") and config.pluginmanager.has_plugin("xdist")
+            and config.getoption("numprocesses", None) is None
+            and not os.environ.get("PYTEST_XDIST_WORKER")):
+        config.option.numprocesses = FAST_WORKERS
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_setupnodes(config: pytest.Config, specs: list[Any]) -> None:
+    """Each xdist worker its own Redis database, set in its environment before Django reads
+    its settings (its broker, cache and subprocesses all follow REDIS_URL): the tests flush
+    their broker. pytest-django gives each its own test database (test_NAME_gw0, ...)."""
+    base = os.environ.get("REDIS_URL")
+    for spec in specs if base else ():
+        spec.env["REDIS_URL"] = redis_url_for_worker(base, int(spec.id.removeprefix("gw")),
+                                                     len(specs))
+
+
+def redis_url_for_worker(url: str, index: int, workers: int) -> str:
+    """REDIS_URL's database number plus the worker's index (redis://host/1 gives workers
+    1, 2, ...; a unix:// socket takes ?db=); past Redis's 16 databases is a usage error."""
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query))
+    if parts.scheme == "unix":
+        base = int(query.get("db") or 0)
+    else:
+        base = int(parts.path.lstrip("/") or 0)
+    if base + workers - 1 > 15:
+        raise pytest.UsageError(
+            f"{workers} xdist workers need Redis databases {base} to {base + workers - 1} "
+            "(from REDIS_URL's), and Redis has 0 to 15: run fewer workers (-n) or point "
+            "REDIS_URL at a lower database")
+    if parts.scheme == "unix":
+        return f"{url.partition('?')[0]}?{urlencode({**query, 'db': base + index})}"
+    return urlunsplit(parts._replace(path=f"/{base + index}"))
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    # Engine and end-to-end modules import vLLM or torch at the top: not even collected.
-    if config.getoption("--fast") and any(
-            collection_path.match(pattern) for pattern in ENGINE_MODULES + E2E_MODULES):
+    # The engine, end-to-end and browser tiers import vLLM, torch or Playwright at the top:
+    # under --fast they are not even collected.
+    if config.getoption("--fast") and collection_path.parent == TESTS \
+            and collection_path.name in SLOW_TIERS:
         return True
     return None
 
@@ -42,17 +96,72 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     kept: list[pytest.Item] = []
     deselected: list[pytest.Item] = []
     for item in items:
-        path = item.path
-        if any(path.match(pattern) for pattern in E2E_MODULES):
-            item.add_marker(pytest.mark.e2e)
-        elif any(path.match(pattern) for pattern in ENGINE_MODULES) or \
-                ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+        tier = tier_of(item.path)
+        if tier in ("e2e", "browser"):
+            item.add_marker(tier)
+        takes_engine = bool(ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())))
+        if tier == "engine" or (takes_engine and tier != "e2e"):
             item.add_marker(pytest.mark.engine)
-        slow = item.get_closest_marker("engine") or item.get_closest_marker("e2e")
+        slow = any(item.get_closest_marker(marker) for marker in SLOW_TIERS)
         (deselected if fast and slow else kept).append(item)
     if deselected:
         config.hook.pytest_deselected(items=deselected)
-        items[:] = kept
+    # The session's `make run` (make_run below) is up from its first test to the session's
+    # end: its tests go last, together, in their order.
+    items[:] = sorted(kept, key=lambda item: "make_run" in getattr(item, "fixturenames", ()))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # The local checkpoints are built (tiny-qwen3 trained: a minute alone, several on a busy
+    # machine) once per run directory, by the first test to take them, within its timeout.
+    # Built here instead, before any test starts, when any will take them.
+    if any("checkpoint_dirs" in getattr(item, "fixturenames", ()) for item in session.items):
+        from inference.checkpoints import checkpoints_build, checkpoints_dest_default
+
+        checkpoints_build(dest=checkpoints_dest_default())
+
+
+# The tables a DELETE cannot empty: those with triggers of their own (the append-only
+# audit log and ledger refuse DELETE, anex/db.py), and every table whose foreign keys
+# point at one of them (PostgreSQL truncates a referenced table only with its referrers).
+TRUNCATED_TABLES = """
+    WITH RECURSIVE truncated(rel) AS (
+        SELECT tgrelid FROM pg_trigger WHERE NOT tgisinternal
+        UNION
+        SELECT conrelid FROM pg_constraint, truncated WHERE contype = 'f' AND confrelid = rel
+    )
+    SELECT relname FROM pg_class WHERE oid IN (SELECT rel FROM truncated)
+"""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def flush_by_delete() -> Iterator[None]:
+    """A transactional test (django_db(transaction=True), live_server) ends by emptying
+    every table. Django does it with one TRUNCATE of them all, which costs PostgreSQL half
+    a second here (new files for some thirty tables and their indexes) for the handful of
+    rows a test wrote. A DELETE per table, in the one transaction Django runs them in (its
+    foreign keys are checked at the commit), takes milliseconds; only the tables a DELETE
+    cannot empty are truncated, first."""
+    from django.db.backends.postgresql.operations import DatabaseOperations
+
+    truncate_all = DatabaseOperations.sql_flush
+
+    def sql_flush(self: DatabaseOperations, style: Any, tables: Sequence[str], *,
+                  reset_sequences: bool = False, allow_cascade: bool = False) -> list[str]:
+        if reset_sequences or allow_cascade:
+            return truncate_all(self, style, tables, reset_sequences=reset_sequences,
+                                allow_cascade=allow_cascade)
+        with self.connection.cursor() as cursor:
+            cursor.execute(TRUNCATED_TABLES)
+            truncated = {name for (name,) in cursor.fetchall()}
+        first = [table for table in tables if table in truncated]
+        return ([f"TRUNCATE {', '.join(map(self.quote_name, first))};"] if first else []) + [
+            f"DELETE FROM {self.quote_name(table)};"  # noqa: S608 - Django's own table names
+            for table in tables if table not in truncated]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(DatabaseOperations, "sql_flush", sql_flush)
+        yield
 
 
 @pytest.fixture
@@ -83,6 +192,13 @@ def client_for() -> Callable[[str], APIClient]:
 @pytest.fixture
 def api(key_pair: tuple[ApiKey, str], client_for: Callable[[str], APIClient]) -> APIClient:
     return client_for(key_pair[1])
+
+
+@pytest.fixture(autouse=True)
+def fast_password_hasher(settings: Settings) -> None:
+    """Django's default hasher spends a quarter of a second of CPU on each password, by
+    design; the tests' passwords guard nothing, and the fast tier hashes dozens of them."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture(autouse=True)
@@ -168,3 +284,16 @@ def checkpoints(settings: Settings, tokenizer_dir: Path) -> Path:
 
     settings.ANEX_CHECKPOINTS = {model_id: tokenizer_dir for model_id in catalog()}
     return tokenizer_dir
+
+
+@pytest.fixture(scope="session")
+def make_run(checkpoint_dirs: dict[str, Path],
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    """One `make run` per session on a bare environment (tests/launch.py), shared by every
+    test that drives one as a newcomer does (the first-job walkthroughs, the CLI, the
+    realtime README): it takes a minute or more to come up, and each test brings its own
+    work to it. The test of the launcher's own start and Ctrl-C (tests/e2e/test_devstack.py)
+    keeps a launch of its own. Its tests run last, together (pytest_collection_modifyitems),
+    so it is up only while they run."""
+    with make_run_launched(tmp_path_factory.mktemp("make-run"), checkpoint_dirs) as running:
+        yield running

@@ -16,11 +16,13 @@ from jobs.dispatch import run_queues_declare
 
 @contextmanager
 def running_worker(threads: int = 1) -> Iterator[dramatiq.Worker]:
-    # A worker process declares every app's actors as anex.worker does; services send by
-    # name (jobs.dispatch) and never import them.
+    # Every app's actors, as `dramatiq anex.worker` loads them: the services send messages
+    # by actor name and never import the actors, so a test run alone would have none.
     autodiscover_modules("tasks")
     broker = dramatiq.get_broker()
-    worker = dramatiq.Worker(broker, worker_threads=threads)
+    # Idle consumers poll (and a stopping worker waits) up to worker_timeout: Dramatiq's
+    # default second is paid by every test at each pickup and at the stop; a tenth here.
+    worker = dramatiq.Worker(broker, worker_threads=threads, worker_timeout=100)
     worker.start()
     try:
         yield worker
@@ -37,7 +39,7 @@ def until(done: Callable[[], bool], timeout: float = 240) -> None:
     """Wait for done() (a worker's work landing), or fail the test."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not done():
-        time.sleep(0.3)
+        time.sleep(0.1)
     assert done(), "timed out"
 
 
