@@ -35,7 +35,8 @@ from jobs.services.lifecycle import job_approve
 from tests.dispatched import Sent, dispatch_catch
 from tests.factories import SYSTEM, job_make, organization_make
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
+assert (ROOT / "manage.py").is_file(), "ROOT is the repository: the source checks read it"
 # What a chunk's lease is made of: only jobs.services.chunks writes these, or its status.
 CHUNK_LEASE = {"status", "attempts", "queued_at", "heartbeat_at", "finished_at"}
 

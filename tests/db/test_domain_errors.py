@@ -42,7 +42,8 @@ from console.models import Organization
 from jobs.constants import JobStatus
 from tests.factories import api_key_make, job_make, organization_make, user_make
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
+assert (ROOT / "manage.py").is_file(), "ROOT is the repository: the source checks read it"
 
 
 def _subclasses(cls: type[DomainError]) -> set[type[DomainError]]:

@@ -32,7 +32,8 @@ from tests.dispatched import Sent, dispatch_catch
 from tests.factories import SYSTEM, api_key_make, input_ready, job_make, organization_make
 
 JOBS = "/batch/v1/jobs"
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
+assert (ROOT / "manage.py").is_file(), "ROOT is the repository: the source checks read it"
 STATES = [*JobStatus, *JobSubstate]
 
 
