@@ -45,11 +45,16 @@ def tier_of(path: Path) -> str | None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> None:
-    # Before xdist reads -n: --fast alone runs on workers; -n 0 runs it in one process.
-    if (config.getoption("--fast") and config.pluginmanager.has_plugin("xdist")
-            and config.getoption("numprocesses", None) is None
-            and not os.environ.get("PYTEST_XDIST_WORKER")):
+    # Before xdist reads -n: --fast alone runs on FAST_WORKERS workers (-n 0: in one
+    # process), each taking the next test as it finishes one (worksteal: a few tests wait
+    # seconds on deadlines, the rest take milliseconds).
+    if (not config.getoption("--fast") or not config.pluginmanager.has_plugin("xdist")
+            or config.getoption("usepdb") or os.environ.get("PYTEST_XDIST_WORKER")):
+        return
+    if config.option.numprocesses is None:
         config.option.numprocesses = FAST_WORKERS
+    if config.option.numprocesses and config.option.dist == "no":
+        config.option.dist = "worksteal"
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -134,6 +139,11 @@ TRUNCATED_TABLES = """
 """
 
 
+# Rows the flush's post_migrate signal writes back as they were (every model's content type
+# and permissions): kept, rather than deleted and inserted again after each such test.
+KEPT_TABLES = {"django_content_type", "auth_permission"}
+
+
 @pytest.fixture(scope="session", autouse=True)
 def flush_by_delete() -> Iterator[None]:
     """A transactional test (django_db(transaction=True), live_server) ends by emptying
@@ -157,7 +167,7 @@ def flush_by_delete() -> Iterator[None]:
         first = [table for table in tables if table in truncated]
         return ([f"TRUNCATE {', '.join(map(self.quote_name, first))};"] if first else []) + [
             f"DELETE FROM {self.quote_name(table)};"  # noqa: S608 - Django's own table names
-            for table in tables if table not in truncated]
+            for table in tables if table not in truncated and table not in KEPT_TABLES]
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(DatabaseOperations, "sql_flush", sql_flush)
