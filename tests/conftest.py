@@ -18,6 +18,10 @@ from tests.factories import api_key_make, organization_make
 from tests.launch import Running, make_run_launched
 from tests.servers import LocalServer
 
+# The engine fixtures (session-scoped, built or loaded only when a test takes them), for
+# every tier: the session's `make run` below takes the checkpoints too.
+pytest_plugins = ["tests.engine_fixtures"]
+
 # The tiers are folders, by what a file's tests need: tests/unit nothing, tests/db
 # PostgreSQL or Redis, tests/engine a real vLLM engine, tests/e2e the product's own
 # processes and engines together, tests/browser chromium. The fast tier (`make test-fast`,
@@ -27,9 +31,10 @@ from tests.servers import LocalServer
 TESTS = Path(__file__).resolve().parent
 SLOW_TIERS = ("engine", "e2e", "browser")
 ENGINE_FIXTURES = {"checkpoint_dirs", "chat_engine", "embedding_engine", "decision_engine"}
-# The fast tier's xdist workers, when --fast is given without -n: its tests mostly wait
-# (on PostgreSQL, Redis, local servers and deadlines), so more workers than cores pay.
-FAST_WORKERS = 4
+# The fast tier's xdist workers, when --fast is given without -n: its tests wait on
+# PostgreSQL, Redis, local servers and deadlines, so one more than the two cores pays. On
+# this 2-core machine, quiet: 58 s with 2 workers, 45-48 s with 3, 52 s with 4.
+FAST_WORKERS = 3
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
