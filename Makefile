@@ -18,13 +18,19 @@ TEST_RUN_DIR ?= .run/test
 run: $(INSTALLED_CPU)
 	$(PY) -m anex.devstack run
 
-# The engine tests run the real vLLM engines: the test target installs them (install-cpu).
+# Every tier (tests/conftest.py): the unit and db tiers on xdist workers (each with its own
+# test database and Redis db), then the engine, end-to-end and browser tiers in one process,
+# which loads each real vLLM engine once and shares one `make run` among the tests that
+# drive one. One launcher (and its services) for the whole run. The engine tests run the
+# real engines: the test target installs them (install-cpu).
 test: $(INSTALLED_CPU)
 	$(VENV)/bin/ruff check .
-	ANEX_RUN_DIR=$(TEST_RUN_DIR) $(PY) -m anex.devstack exec -- \
-		sh -c '$(VENV)/bin/mypy . && $(PY) -m pytest $(ARGS)'
+	ANEX_RUN_DIR=$(TEST_RUN_DIR) $(PY) -m anex.devstack exec -- sh -c '\
+		$(VENV)/bin/mypy . && \
+		$(PY) -m pytest --fast $(ARGS) && \
+		$(PY) -m pytest -m "engine or e2e or browser" $(ARGS)'
 
-# The fast tier: every test but the engine and end-to-end ones, without vLLM installed.
+# The fast tier: the unit and db tiers on xdist workers, without vLLM installed.
 test-fast: $(INSTALLED)
 	$(VENV)/bin/ruff check .
 	ANEX_RUN_DIR=$(TEST_RUN_DIR) $(PY) -m anex.devstack exec -- $(PY) -m pytest --fast $(ARGS)

@@ -18,6 +18,10 @@ from tests.factories import api_key_make, organization_make
 from tests.launch import Running, make_run_launched
 from tests.servers import LocalServer
 
+# The engine fixtures (session-scoped, built or loaded only when a test takes them), for
+# every tier: the session's `make run` below takes the checkpoints too.
+pytest_plugins = ["tests.engine_fixtures"]
+
 # The tiers are folders, by what a file's tests need: tests/unit nothing, tests/db
 # PostgreSQL or Redis, tests/engine a real vLLM engine, tests/e2e the product's own
 # processes and engines together, tests/browser chromium. The fast tier (`make test-fast`,
@@ -27,9 +31,10 @@ from tests.servers import LocalServer
 TESTS = Path(__file__).resolve().parent
 SLOW_TIERS = ("engine", "e2e", "browser")
 ENGINE_FIXTURES = {"checkpoint_dirs", "chat_engine", "embedding_engine", "decision_engine"}
-# The fast tier's xdist workers, when --fast is given without -n: its tests mostly wait
-# (on PostgreSQL, Redis, local servers and deadlines), so more workers than cores pay.
-FAST_WORKERS = 4
+# The fast tier's xdist workers, when --fast is given without -n: its tests wait on
+# PostgreSQL, Redis, local servers and deadlines, so one more than the two cores pays. On
+# this 2-core machine, quiet: 58 s with 2 workers, 45-48 s with 3, 52 s with 4.
+FAST_WORKERS = 3
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -45,11 +50,16 @@ def tier_of(path: Path) -> str | None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> None:
-    # Before xdist reads -n: --fast alone runs on workers; -n 0 runs it in one process.
-    if (config.getoption("--fast") and config.pluginmanager.has_plugin("xdist")
-            and config.getoption("numprocesses", None) is None
-            and not os.environ.get("PYTEST_XDIST_WORKER")):
+    # Before xdist reads -n: --fast alone runs on FAST_WORKERS workers (-n 0: in one
+    # process), each taking the next test as it finishes one (worksteal: a few tests wait
+    # seconds on deadlines, the rest take milliseconds).
+    if (not config.getoption("--fast") or not config.pluginmanager.has_plugin("xdist")
+            or config.getoption("usepdb") or os.environ.get("PYTEST_XDIST_WORKER")):
+        return
+    if config.option.numprocesses is None:
         config.option.numprocesses = FAST_WORKERS
+    if config.option.numprocesses and config.option.dist == "no":
+        config.option.dist = "worksteal"
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -134,6 +144,11 @@ TRUNCATED_TABLES = """
 """
 
 
+# Rows the flush's post_migrate signal writes back as they were (every model's content type
+# and permissions): kept, rather than deleted and inserted again after each such test.
+KEPT_TABLES = {"django_content_type", "auth_permission"}
+
+
 @pytest.fixture(scope="session", autouse=True)
 def flush_by_delete() -> Iterator[None]:
     """A transactional test (django_db(transaction=True), live_server) ends by emptying
@@ -157,7 +172,7 @@ def flush_by_delete() -> Iterator[None]:
         first = [table for table in tables if table in truncated]
         return ([f"TRUNCATE {', '.join(map(self.quote_name, first))};"] if first else []) + [
             f"DELETE FROM {self.quote_name(table)};"  # noqa: S608 - Django's own table names
-            for table in tables if table not in truncated]
+            for table in tables if table not in truncated and table not in KEPT_TABLES]
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(DatabaseOperations, "sql_flush", sql_flush)
