@@ -68,7 +68,9 @@ def pytest_xdist_setupnodes(config: pytest.Config, specs: list[Any]) -> None:
     its settings (its broker, cache and subprocesses all follow REDIS_URL): the tests flush
     their broker. pytest-django gives each its own test database (test_NAME_gw0, ...)."""
     base = os.environ.get("REDIS_URL")
-    for spec in specs if base else ():
+    if not base:
+        return  # the settings refuse to start without one anyway
+    for spec in specs:
         spec.env["REDIS_URL"] = redis_url_for_worker(base, int(spec.id.removeprefix("gw")),
                                                      len(specs))
 
