@@ -127,6 +127,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     # The local checkpoints are built (tiny-qwen3 trained: a minute alone, several on a busy
     # machine) once per run directory, by the first test to take them, within its timeout.
     # Built here instead, before any test starts, when any will take them.
+    if session.config.option.collectonly:
+        return
     if any("checkpoint_dirs" in getattr(item, "fixturenames", ()) for item in session.items):
         from inference.checkpoints import checkpoints_build, checkpoints_dest_default
 
