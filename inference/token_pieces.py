@@ -13,7 +13,7 @@ single_word), and not for a pre-tokenizer that treats the first piece of a text 
 (Metaspace's prepend_scheme "first", sentencepiece-style). `PieceCounts.splitter` says None
 for such a tokenizer, and for any whose piecewise counts differ from its whole counts on a
 probe corpus: the caller then counts whole texts. Exactness is held by
-tests/test_token_pieces.py on the local checkpoints.
+tests/unit/test_token_pieces.py on the local checkpoints.
 
 One PieceCounts per file checked (JobContext), never shared: its memo is that file's.
 """

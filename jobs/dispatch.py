@@ -7,7 +7,7 @@ by actor name, after the commit that made their row (STYLE.md rule 6; readthedoc
 
 Services never import the actors (jobs/tasks.py imports the services): a message names its
 actor, and the worker that declared that actor runs it. ACTOR_QUEUES is every actor a
-service sends; tests/test_dispatch.py holds each name to an actor jobs.tasks declares, on
+service sends; tests/db/test_dispatch.py holds each name to an actor jobs.tasks declares, on
 the queue named here.
 """
 

@@ -35,7 +35,7 @@ INLINE_ITEMS_PER_ROW = {"image": 4, "audio": 1, "video": 1}
 # No tokenizer we serve has a token longer than this many UTF-8 bytes (tiny-qwen3's
 # longest is 42, MiniLM's 18; Qwen's byte-level BPE, built on cl100k, stays under it), so a
 # string longer than context x MAX_TOKEN_BYTES cannot fit and is refused without being
-# tokenized (16 MiB of text takes a tokenizer 13 s and 2 GB; tests/test_validation_limits.py
+# tokenized (16 MiB of text takes a tokenizer 13 s and 2 GB; tests/db/test_validation_limits.py
 # holds the local tokenizers to this bound).
 MAX_TOKEN_BYTES = 128
 

@@ -10,7 +10,7 @@ types say most of that and the decoder checks it in C; a block with anything els
 line, media, tool calls, a message with a name, a schema, a too-long row, a duplicate id)
 is handed back and checked line by line (jobs/validation/lines.py), by the rules that name
 the failing row. So the fast lane decides nothing the line-by-line checks would decide
-differently: it adds the same sums for the same rows (tests/test_validation_fast.py holds
+differently: it adds the same sums for the same rows (tests/unit/test_validation_fast.py holds
 the two lanes to the same report).
 """
 
