@@ -191,6 +191,7 @@ class Bench:
     def submit_to_cost_ready(self, source: Path, rows: int) -> float:
         """submit -> cost_ready of an embedding job (every row checked and counted)."""
         from anex.regions import Region
+        from inference.rows.core import JobOptions
         from jobs.constants import JobStatus
         from jobs.models import Job
         from jobs.services.submission import JobRequest, job_submit
@@ -198,7 +199,8 @@ class Bench:
         item = self.input_of(source)
         wall = time.time()
         job = job_submit(organization=self.organization, actor=self.actor,
-                         request=JobRequest(model=EMBED_MODEL, input_id=str(item.pk)),
+                         request=JobRequest(options=JobOptions(model=EMBED_MODEL),
+                                            input_id=str(item.pk)),
                          host_region=Region.WORLD)
         seconds = self.wait_for(job.pk, (JobStatus.COST_READY, JobStatus.FAILED), wall)
         finished = Job.objects.get(pk=job.pk)

@@ -84,14 +84,14 @@ def child(side: str, path: Path) -> None:
         # What a worker has loaded before its first file: the checker's lazy imports and
         # the template's compilation, paid here on one line, off the clock.
         with path.open("rb") as stream:
-            validate_jsonl(io.BytesIO(stream.readline()), JobOptions(model=model),
+            validate_jsonl(io.BytesIO(stream.readline()), JobOptions(model=model.id),
                            count_tokens=tokens or Words())  # type: ignore[arg-type]
     started = time.perf_counter()
     rows = 0
     with path.open("rb") as stream:
         if side in ("whitespace", "real"):
             counter = tokens if tokens is not None else Words()
-            rows = validate_jsonl(stream, JobOptions(model=model),
+            rows = validate_jsonl(stream, JobOptions(model=model.id),
                                   count_tokens=counter).rows  # type: ignore[arg-type]
         elif side == "orjson":
             for line in stream:

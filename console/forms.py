@@ -11,6 +11,7 @@ from billing.constants import TOPUP_MAX_CENTS, TOPUP_MIN_CENTS
 from console.constants import Role
 from console.selectors import console_models
 from inference.constants import MAX_OUTPUT_TOKENS
+from inference.rows.core import JobOptions
 from jobs.services.submission import JobRequest
 
 
@@ -99,18 +100,20 @@ class JobSubmitForm(forms.Form):
             raise forms.ValidationError("A response format is a JSON object.")
         return value
 
-    def job_request(self) -> JobRequest:
+    def options(self) -> JobOptions:
+        """The job's options from the cleaned form (is_valid first)."""
         data = self.cleaned_data
         budget = 0 if data.get("no_thinking_cap") else data.get("reasoning_budget")
-        return JobRequest(
-            model=data["model"], input_id=str(data["input_id"]),
-            max_output_tokens=data.get("max_output_tokens"),
+        return JobOptions(
+            model=data["model"], max_output_tokens=data.get("max_output_tokens"),
             reasoning=bool(data.get("reasoning")) if data.get("reasoning_shown") else None,
             reasoning_budget=budget,
             reasoning_effort=data.get("reasoning_effort") or None,
             video_fps=data.get("video_fps"), dimensions=data.get("dimensions"),
-            response_format=data.get("response_format"),
-        )
+            response_format=data.get("response_format"))
+
+    def job_request(self) -> JobRequest:
+        return JobRequest(options=self.options(), input_id=str(self.cleaned_data["input_id"]))
 
 
 class WebhookForm(forms.Form):

@@ -130,17 +130,9 @@ def _job_request(request: Request) -> JobRequest:
     body = JobCreateIn(data=request.data)
     body.is_valid(raise_exception=True)
     data = body.validated_data
-    return JobRequest(
-        model=data["model"], input_id=data.get("input_id"),
-        input_s3_uri=data.get("input_s3_uri"),
-        max_output_tokens=data.get("max_output_tokens") or data.get("max_tokens"),
-        max_tokens_alias=data.get("max_output_tokens") is None
-        and data.get("max_tokens") is not None,
-        reasoning=data.get("reasoning"), reasoning_budget=data.get("reasoning_budget"),
-        reasoning_effort=data.get("reasoning_effort"), video_fps=data.get("video_fps"),
-        response_format=data.get("response_format"), dimensions=data.get("dimensions"),
-        data_residency=data.get("data_residency"),
-    )
+    return JobRequest(options=body.options(), input_id=data.get("input_id"),
+                      input_s3_uri=data.get("input_s3_uri"),
+                      data_residency=data.get("data_residency"))
 
 
 class JobView(APIView):

@@ -3,6 +3,7 @@ from __future__ import annotations
 import functools
 import operator
 import uuid
+from typing import Any
 
 from django.conf import settings
 from django.db import models
@@ -11,6 +12,7 @@ from django.utils import timezone
 from anex.regions import Region
 from console.tenancy import OrgScopedQuerySet
 from inference.constants import InputFormat
+from inference.rows.core import JobOptions
 from jobs.constants import (
     SUBSTATE_OF,
     CheckStatus,
@@ -151,6 +153,36 @@ class Job(models.Model):
     def state(self) -> JobState:
         """The state machine's state: the status, or the substate of it the job is in."""
         return job_state(self.status, self.substate)
+
+    def options(self) -> JobOptions:
+        """The job's model and job-level fields as they were requested (an estimate fills
+        max_output_tokens / reasoning_budget in force, never these)."""
+        return JobOptions(
+            model=self.model, max_output_tokens=self.max_output_tokens_requested,
+            max_tokens_alias=self.max_tokens_alias, reasoning=self.reasoning,
+            reasoning_budget=self.reasoning_budget_requested,
+            reasoning_effort=self.reasoning_effort or None,
+            response_format=self.response_format, dimensions=self.dimensions,
+            video_fps=self.video_fps)
+
+    @staticmethod
+    def options_columns(options: JobOptions, *, generates: bool) -> dict[str, Any]:
+        """The columns a new job stores `options` in (Job.options() reads them back): the
+        cap in force starts as the one requested, and a kind that generates nothing has
+        none (0)."""
+        return {
+            "model": options.model,
+            "max_output_tokens_requested": options.max_output_tokens,
+            "max_output_tokens": options.max_output_tokens if generates else 0,
+            "max_tokens_alias": options.max_tokens_alias,
+            "reasoning": options.reasoning,
+            "reasoning_budget_requested": options.reasoning_budget,
+            "reasoning_budget": options.reasoning_budget,
+            "reasoning_effort": options.reasoning_effort or "",
+            "response_format": options.response_format,
+            "dimensions": options.dimensions,
+            "video_fps": options.video_fps,
+        }
 
 
 JOB_STATE_CHOICES = JobStatus.choices + JobSubstate.choices

@@ -24,6 +24,7 @@ from anex.api.serializers import (
 from anex.regions import Region
 from inference.catalog import model_get
 from inference.constants import MAX_OUTPUT_TOKENS, RowOutcome
+from inference.rows.core import JobOptions
 from jobs.constants import (
     CHECK_ERRORS_MAX,
     RERUN_OUTCOMES,
@@ -235,6 +236,17 @@ class JobCreateIn(Constrained, serializers.Serializer):  # type: ignore[type-arg
             raise serializers.ValidationError(
                 "max_tokens is the former name of max_output_tokens: give one of them.")
         return attrs
+
+    def options(self) -> JobOptions:
+        """The job's options from the checked body (is_valid first)."""
+        data = self.validated_data
+        new, old = data.get("max_output_tokens"), data.get("max_tokens")
+        return JobOptions(
+            model=data["model"], max_output_tokens=new if new is not None else old,
+            max_tokens_alias=new is None and old is not None, reasoning=data.get("reasoning"),
+            reasoning_budget=data.get("reasoning_budget"),
+            reasoning_effort=data.get("reasoning_effort"), video_fps=data.get("video_fps"),
+            response_format=data.get("response_format"), dimensions=data.get("dimensions"))
 
 
 def _holds_nul(value: Any) -> bool:

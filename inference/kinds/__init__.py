@@ -22,7 +22,6 @@ from inference.kinds.base import (
     RequestMalformed,
     RequestRefused,
     ServedRow,
-    SubmitFields,
     TaskKind,
 )
 from inference.kinds.engines import engine_cached
@@ -76,7 +75,6 @@ __all__ = [
     "RequestMalformed",
     "RequestRefused",
     "ServedRow",
-    "SubmitFields",
     "TaskKind",
     "engine_for",
     "kind_for",

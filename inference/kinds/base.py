@@ -66,7 +66,7 @@ if TYPE_CHECKING:
     from inference.engines.registry import Engine
     from inference.engines.types import RowError
     from inference.kinds.metering import RowMeter
-    from inference.rows.core import FastRows, FileReport, JobContext, RowCost, RowRef
+    from inference.rows.core import FastRows, FileReport, JobContext, JobOptions, RowCost, RowRef
 
 RequestT = TypeVar("RequestT")  # what the engine takes for one row: ChatRow, EmbedRow, ...
 OutcomeT = TypeVar("OutcomeT")  # what it answers for that row: ChatOutcome, EmbedOutcome, ...
@@ -101,36 +101,14 @@ class ServedJob(Protocol):
     def video_fps(self) -> float | None: ...
 
 
-class SubmitFields(Protocol):
-    """The job-level fields of a submit body, shape-checked (jobs.services.submission's
-    JobRequest)."""
-
-    @property
-    def max_output_tokens(self) -> int | None: ...
-    @property
-    def max_tokens_alias(self) -> bool: ...
-    @property
-    def reasoning(self) -> bool | None: ...
-    @property
-    def reasoning_budget(self) -> int | None: ...
-    @property
-    def reasoning_effort(self) -> str | None: ...
-    @property
-    def video_fps(self) -> float | None: ...
-    @property
-    def dimensions(self) -> int | None: ...
-
-    def given(self, name: str) -> bool: ...
-
-
-def fields_refused(fields: SubmitFields, names: Sequence[str], why: str) -> str | None:
+def fields_refused(options: JobOptions, names: Sequence[str], why: str) -> str | None:
     """The reference's refusal of job-level fields a model does not take, or None when none
     of `names` is given; `why` names the model and what it returns instead."""
-    refused = [name for name in names if fields.given(name)]
+    refused = [name for name in names if options.given(name)]
     if not refused:
         return None
     # A body that said max_tokens is answered in its own words.
-    shown = ["max_tokens" if name == "max_output_tokens" and fields.max_tokens_alias else name
+    shown = ["max_tokens" if name == "max_output_tokens" and options.max_tokens_alias else name
              for name in refused]
     verb = "is" if len(shown) == 1 else "are"
     return f"{', '.join(shown)} {verb} not accepted on {why}."
@@ -234,13 +212,12 @@ class TaskKind(ABC, Generic[RequestT, OutcomeT, EngineT]):
     # -- submit -----------------------------------------------------------------------------
 
     @abstractmethod
-    def fields_problem(self, model: CatalogModel, fields: SubmitFields) -> str | None:
+    def fields_problem(self, model: CatalogModel, options: JobOptions) -> str | None:
         """Why the job-level fields cannot go with this model (the submit's 422 detail),
         or None when they can."""
 
-    def needs_sample(self, model: CatalogModel, *, max_output_tokens: int | None,
-                     reasoning: bool | None, reasoning_budget: int | None) -> bool:
-        """Whether the estimate needs a sampled output length (arguments as requested)."""
+    def needs_sample(self, model: CatalogModel, options: JobOptions) -> bool:
+        """Whether the estimate needs a sampled output length (options as requested)."""
         return False
 
     def parquet_refusal(self, model: CatalogModel) -> str:

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 from inference.constants import RowOutcome
 from inference.engines import ChatOutcome, ChatRow, ChatSettings
 from inference.engines.chat import ChatEngine
-from inference.kinds.base import ParquetReading, ServedJob, ServedRow, SubmitFields, TaskKind
+from inference.kinds.base import ParquetReading, ServedJob, ServedRow, TaskKind
 from inference.pricing import Usage, usd
 from inference.rows.chat import chat_cost, chat_row, job_thinking, template_kwargs
-from inference.rows.core import CHAT, InputRejected, JobContext, RowCost, RowRef
+from inference.rows.core import CHAT, InputRejected, JobContext, JobOptions, RowCost, RowRef
 from inference.rows.fast import ChatFastRows
 
 if TYPE_CHECKING:
@@ -136,25 +136,25 @@ class ChatKind(TaskKind[ChatRow, ChatOutcome, ChatRunner]):
     parquet: ClassVar[ParquetReading | None] = ChatParquet()
     tokens_per_second = 2_000
 
-    def fields_problem(self, model: CatalogModel, fields: SubmitFields) -> str | None:
-        if fields.given("dimensions"):
+    def fields_problem(self, model: CatalogModel, options: JobOptions) -> str | None:
+        if options.given("dimensions"):
             return (f"dimensions is for embedding models; '{model.id}' is a chat-completions "
                     "model.")
-        if fields.reasoning is True and not model.reasoning:
+        if options.reasoning is True and not model.reasoning:
             return f"reasoning cannot be true on '{model.id}': it produces no reasoning trace."
-        budget = fields.reasoning_budget
+        budget = options.reasoning_budget
         if budget:  # 0 means "no cap" and is accepted on any generation model
             if not model.reasoning:
                 return (f"reasoning_budget cannot be set on '{model.id}': it produces no "
                         "reasoning trace (0 is accepted).")
-            if fields.reasoning is False:
+            if options.reasoning is False:
                 return ("reasoning_budget needs thinking on: a budget of 1 or more with "
                         "reasoning false is refused.")
-            cap = fields.max_output_tokens
+            cap = options.max_output_tokens
             if cap is not None and budget > cap - BUDGET_HEADROOM:
                 return (f"reasoning_budget must be at least {BUDGET_HEADROOM} below "
                         f"max_output_tokens ({cap}); got {budget}.")
-        effort = fields.reasoning_effort
+        effort = options.reasoning_effort
         if effort is not None:
             if not model.effort_levels:
                 return (f"reasoning_effort cannot be set on '{model.id}': it has no thinking "
@@ -162,9 +162,9 @@ class ChatKind(TaskKind[ChatRow, ChatOutcome, ChatRunner]):
             if effort not in model.effort_levels:
                 return (f"reasoning_effort must be one of {', '.join(model.effort_levels)} on "
                         f"'{model.id}' (case-sensitive); got '{effort}'.")
-            if fields.reasoning is False:
+            if options.reasoning is False:
                 return "reasoning_effort cannot be set with reasoning false."
-        fps = fields.video_fps
+        fps = options.video_fps
         if fps is not None:
             ceiling = model.media.video_fps_max
             if ceiling is None:
@@ -173,14 +173,14 @@ class ChatKind(TaskKind[ChatRow, ChatOutcome, ChatRunner]):
                 return f"video_fps {fps:g} is above the {ceiling} fps ceiling of {model.id}"
         return None
 
-    def needs_sample(self, model: CatalogModel, *, max_output_tokens: int | None,
-                     reasoning: bool | None, reasoning_budget: int | None) -> bool:
+    def needs_sample(self, model: CatalogModel, options: JobOptions) -> bool:
         """The reference: the output cap is estimated from a sample when omitted, and on a
         reasoning model the sample still sets the thinking budget unless one was given or
         reasoning is off."""
-        if max_output_tokens is None:
+        if options.max_output_tokens is None:
             return True
-        return model.reasoning and reasoning is not False and reasoning_budget is None
+        return model.reasoning and options.reasoning is not False \
+            and options.reasoning_budget is None
 
     def row_cost(self, body: dict[str, object], *, job: JobContext, row: RowRef) -> RowCost:
         return chat_row(body, job=job, row=row)

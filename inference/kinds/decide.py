@@ -22,7 +22,6 @@ from inference.kinds.base import (
     RequestRefused,
     ServedJob,
     ServedRow,
-    SubmitFields,
     TaskKind,
     fields_refused,
     row_error_json,
@@ -87,8 +86,8 @@ class DecideKind(TaskKind[DecisionRow, DecisionOutcome, DecisionRunner]):
     input_formats = (InputFormat.JSONL,)
     tokens_per_second = 100_000
 
-    def fields_problem(self, model: CatalogModel, fields: SubmitFields) -> str | None:
-        return fields_refused(fields, (*GENERATION_FIELDS, "dimensions"),
+    def fields_problem(self, model: CatalogModel, options: JobOptions) -> str | None:
+        return fields_refused(options, (*GENERATION_FIELDS, "dimensions"),
                               f"the decision model '{model.id}': it answers typed questions "
                               "in one pass, with no generated text")
 
@@ -143,7 +142,7 @@ class DecideKind(TaskKind[DecisionRow, DecisionOutcome, DecisionRunner]):
         carries the model's own message (the reference answers it 422). `counted=False`
         skips the count (the web tier bills the engine's own; input_tokens is then None)."""
         count = token_counter(model.id) if counted else None
-        context = JobContext(JobOptions(model=model), count or uncounted, None, self)
+        context = JobContext(JobOptions(model=model.id), count or uncounted, None, self)
         try:
             cost = decision_row(body, job=context, row=_REQUEST)
         except RowRejected as rejected:

@@ -21,13 +21,12 @@ from inference.kinds.base import (
     RequestRefused,
     ServedJob,
     ServedRow,
-    SubmitFields,
     TaskKind,
     fields_refused,
     row_error_json,
 )
 from inference.pricing import usd, usd_per_million
-from inference.rows.core import EMBEDDINGS, InputRejected, JobContext, RowCost, RowRef
+from inference.rows.core import EMBEDDINGS, InputRejected, JobContext, JobOptions, RowCost, RowRef
 from inference.rows.embeddings import END_OF_TEXT_TOKENS, embedding_input, embedding_row
 from inference.tokens import token_counter
 
@@ -107,14 +106,14 @@ class EmbedKind(TaskKind[EmbedRow, EmbedOutcome, EmbedRunner]):
     parquet: ClassVar[ParquetReading | None] = EmbedParquet()
     tokens_per_second = 50_000
 
-    def fields_problem(self, model: CatalogModel, fields: SubmitFields) -> str | None:
-        refused = fields_refused(fields, GENERATION_FIELDS,
+    def fields_problem(self, model: CatalogModel, options: JobOptions) -> str | None:
+        refused = fields_refused(options, GENERATION_FIELDS,
                                  f"the embedding model '{model.id}': it returns vectors, not "
                                  "generated text")
         if refused:
             return refused
-        if fields.dimensions is not None:
-            return self.dimensions_problem(model, fields.dimensions)
+        if options.dimensions is not None:
+            return self.dimensions_problem(model, options.dimensions)
         return None
 
     def dimensions_problem(self, model: CatalogModel, dimensions: int) -> str | None:

@@ -36,7 +36,7 @@ class RowMeter:
         if model is not None and set(model.modalities) - {"text"}:
             # No output cap and no text tokens: the row passed every check while
             # estimating; here its media are only counted, never refused again.
-            self.context = JobContext(JobOptions(model=model, video_fps=job.video_fps),
+            self.context = JobContext(JobOptions(model=model.id, video_fps=job.video_fps),
                                       uncounted, None, kind_for(model))
 
     def _media(self, count: Any) -> RowCost | None:

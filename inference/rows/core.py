@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Protocol
 
-from inference.catalog import CatalogLimits, CatalogModel, catalog_limits
+from inference.catalog import CatalogLimits, CatalogModel, catalog_limits, model_get
 from inference.pricing import Usage
 from inference.token_pieces import PieceCounts
 
@@ -54,11 +54,23 @@ def line_max_bytes(model: CatalogModel, limits: CatalogLimits) -> int:
     return TEXT_MAX_BYTES + (media + 2) // 3 * 4
 
 
+# The job-level fields that reach rows, by their names in POST /jobs (JobOptions' fields).
+OPTION_FIELDS = ("max_output_tokens", "reasoning", "reasoning_budget", "reasoning_effort",
+                 "response_format", "dimensions", "video_fps")
+
+
 @dataclass(frozen=True)
 class JobOptions:
-    """The job-level fields of POST /jobs that reach rows, already shape-checked at submit."""
+    """A job's model and the job-level fields of POST /jobs, as requested and already
+    shape-checked: the one value of them. The API's serializer and the console's form build
+    it (jobs.serializers.JobCreateIn.options, console.forms.JobSubmitForm.options), a job
+    stores it (jobs.models.Job.options_columns) and gives it back (Job.options()), a
+    preflight check keeps it (to_json), and the kinds and the row checks take it.
 
-    model: CatalogModel
+    `model` is the id as given: admission (jobs.services.submission) decides whether it is
+    one the caller may use; the row checks read its catalog entry (`catalog_model`)."""
+
+    model: str
     max_output_tokens: int | None = None
     reasoning: bool | None = None
     reasoning_budget: int | None = None
@@ -66,6 +78,28 @@ class JobOptions:
     response_format: dict[str, object] | None = None
     dimensions: int | None = None
     video_fps: float | None = None
+    # The body said max_tokens, the former name of max_output_tokens: refusals and the job
+    # answer in its own words.
+    max_tokens_alias: bool = False
+
+    def given(self, name: str) -> bool:
+        return getattr(self, name) is not None
+
+    def catalog_model(self) -> CatalogModel:
+        """The model's catalog entry; only an admitted model (or a job's) is asked for."""
+        model = model_get(self.model)
+        if model is None:
+            raise LookupError(f"model {self.model!r} is not in the catalog")
+        return model
+
+    def to_json(self) -> dict[str, object]:
+        """The fields that reach rows, as a preflight check stores them (not the model,
+        which the check keeps in a column of its own)."""
+        return {name: getattr(self, name) for name in OPTION_FIELDS}
+
+    @classmethod
+    def from_json(cls, model: str, data: Mapping[str, object]) -> JobOptions:
+        return cls(model=model, **{name: data.get(name) for name in OPTION_FIELDS})  # type: ignore[arg-type]
 
 
 class InputRejected(Exception):
@@ -237,7 +271,7 @@ class JobContext:
     def __init__(self, options: JobOptions, count_tokens: CountTokens,
                  probe_content_type: ProbeContentType | None, kind: RowKind) -> None:
         self.options = options
-        self.model = options.model
+        self.model = options.catalog_model()
         self.kind = kind
         self.limits: CatalogLimits = catalog_limits()
         self.line_max_bytes = line_max_bytes(self.model, self.limits)

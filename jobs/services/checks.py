@@ -38,9 +38,6 @@ from jobs.validation import RowError, RowErrors
 
 logger = logging.getLogger(__name__)
 
-# The job fields a check keeps and hands the validator (JobOptions' own names).
-CHECKED_FIELDS = ("max_output_tokens", "reasoning", "reasoning_budget", "reasoning_effort",
-                  "response_format", "dimensions", "video_fps")
 CHECK_FAILED_INTERNALLY = ("The check could not be completed (an internal error, not your "
                            "file): run it again.")
 # A check still reading after this was lost (its worker died, or its message): past the
@@ -69,11 +66,10 @@ def check_create(*, organization: Organization, actor: Actor, request: JobReques
     _rate_limit(organization)
     admitted = job_request_admit(organization=organization, actor=actor, request=request,
                                  host_region=host_region)
-    options = {name: getattr(request, name) for name in CHECKED_FIELDS}
     with transaction.atomic():
         check = PreflightCheck.objects.create(
             organization=organization, input=admitted.input, created_by_key=actor.key,
-            model=admitted.model.id, options=options)
+            model=admitted.model.id, options=request.options.to_json())
         dispatch.send_on_commit("check_run_task", str(check.pk))
     return check
 
@@ -92,8 +88,7 @@ def check_run(*, check_id: uuid.UUID | str) -> CheckStatus | None:
         if model is None:
             errors.add(RowError(CANNOT_PRICE), row=False)
         else:
-            options = JobOptions(model=model, **{name: check.options.get(name)
-                                                 for name in CHECKED_FIELDS})
+            options = JobOptions.from_json(check.model, check.options)
             checked = input_check(item=check.input, options=options, errors=errors)
             rows = checked.report.rows + errors.failed_rows
             if not checked.counted:

@@ -60,9 +60,7 @@ def media_content_type(url: str) -> str | None:
 def needs_sample(job: Job, model: CatalogModel) -> bool:
     """Whether the job is priced from a sampled output length (its kind decides, from what
     the job asked for)."""
-    return kind_for(model).needs_sample(
-        model, max_output_tokens=job.max_output_tokens_requested, reasoning=job.reasoning,
-        reasoning_budget=job.reasoning_budget_requested)
+    return kind_for(model).needs_sample(model, job.options())
 
 
 def _claim(job: Job) -> bool:
@@ -70,15 +68,6 @@ def _claim(job: Job) -> bool:
     worker died before the rows were counted)."""
     return job_transition(job=job, to=JobStatus.ESTIMATING, actor=WORKER) is not None or \
         job_lease_claim(job_id=job.pk, state=JobStatus.ESTIMATING)
-
-
-def _options(job: Job, model: CatalogModel) -> JobOptions:
-    return JobOptions(
-        model=model, max_output_tokens=job.max_output_tokens_requested,
-        reasoning=job.reasoning, reasoning_budget=job.reasoning_budget_requested,
-        reasoning_effort=job.reasoning_effort or None, response_format=job.response_format,
-        dimensions=job.dimensions, video_fps=job.video_fps,
-    )
 
 
 @dataclass(frozen=True)
@@ -96,7 +85,7 @@ def input_check(*, item: Input, options: JobOptions,
     """The one driver of a job's estimate and of a preflight check: every row check runs,
     tokenizer or not, so a row that breaks a rule is refused with its own reason and only
     a file whose rows pass can fail for want of a price (CANNOT_PRICE)."""
-    count_tokens = token_counter(options.model.id)
+    count_tokens = token_counter(options.model)
     report = input_validate(item=item, options=options,
                             count_tokens=count_tokens or uncounted, errors=errors)
     return InputChecked(report=report, counted=count_tokens is not None)
@@ -156,7 +145,7 @@ def _estimate(job: Job) -> JobStatus | None:
         return _failed(job, CANNOT_PRICE)
     assert job.input is not None
     try:
-        checked = input_check(item=job.input, options=_options(job, model))
+        checked = input_check(item=job.input, options=job.options())
         if not checked.counted:
             return _failed(job, CANNOT_PRICE)
         report = checked.report

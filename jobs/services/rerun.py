@@ -140,14 +140,8 @@ def job_rerun(*, job: Job, actor: Actor, include: list[str],
             child = job_submit(
                 organization=job.organization, actor=actor, host_region=host_region,
                 parent=job, rerun_include=include,
-                request=JobRequest(
-                    model=job.model, input_id=str(item.pk),
-                    max_output_tokens=job.max_output_tokens_requested,
-                    max_tokens_alias=job.max_tokens_alias, reasoning=job.reasoning,
-                    reasoning_budget=job.reasoning_budget_requested,
-                    reasoning_effort=job.reasoning_effort or None, video_fps=job.video_fps,
-                    response_format=job.response_format, dimensions=job.dimensions,
-                    data_residency=job.data_residency))
+                request=JobRequest(options=job.options(), input_id=str(item.pk),
+                                   data_residency=job.data_residency))
     except StorageChanged:
         raise Conflict(INPUT_CHANGED) from None
     except BaseException:

@@ -8,7 +8,6 @@ its rows are checked while the job is estimating (jobs.services.estimation).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from django.db import transaction
 
@@ -22,6 +21,7 @@ from console.models import ApiKey, Organization
 from inference.catalog import CatalogModel, model_get
 from inference.kinds import AnyKind, kind_for
 from inference.response_format import response_format_problem
+from inference.rows.core import JobOptions
 from jobs import dispatch
 from jobs.constants import AWAITING_APPROVAL_STATUSES, InputStatus, TaskType
 from jobs.models import Input, Job
@@ -37,23 +37,13 @@ APPROVAL_QUEUE_RETRY_AFTER = 60
 
 @dataclass(frozen=True)
 class JobRequest:
-    """The submit body after its shape was checked (types, ranges)."""
+    """A submit (or preflight check) after its shape was checked: the job's options and
+    where its input is."""
 
-    model: str
+    options: JobOptions
     input_id: str | None = None
     input_s3_uri: str | None = None
-    max_output_tokens: int | None = None
-    max_tokens_alias: bool = False
-    reasoning: bool | None = None
-    reasoning_budget: int | None = None
-    reasoning_effort: str | None = None
-    video_fps: float | None = None
-    response_format: dict[str, Any] | None = None
-    dimensions: int | None = None
     data_residency: str | None = None
-
-    def given(self, name: str) -> bool:
-        return getattr(self, name) is not None
 
 
 def model_for_key(model_id: str, key: ApiKey | None) -> CatalogModel:
@@ -113,14 +103,15 @@ def job_request_admit(*, organization: Organization, actor: Actor, request: JobR
     its field rules (422), response_format's shape (400), residency (403) and the host
     (421), credits (402), then the input (404, 422, 409, 400, 410). Submit and a preflight
     check (POST /checks) both pass through it, so they answer alike."""
-    model = model_for_key(request.model, actor.key)
+    options = request.options
+    model = model_for_key(options.model, actor.key)
     kind = kind_for(model)
     # The reference's per-model-type acceptance rules for the job-level fields.
-    problem = kind.fields_problem(model, request)
+    problem = kind.fields_problem(model, options)
     if problem:
         raise Malformed(problem)
-    if request.response_format is not None:
-        problem = response_format_problem(request.response_format)
+    if options.response_format is not None:
+        problem = response_format_problem(options.response_format)
         if problem:
             raise Invalid(problem)
     residency = residency_resolve(organization=organization, requested=request.data_residency)
@@ -167,21 +158,10 @@ def job_submit(*, organization: Organization, actor: Actor, request: JobRequest,
                 "some, or let them expire, then resubmit.",
                 retry_after=APPROVAL_QUEUE_RETRY_AFTER)
         job = Job.objects.create(
-            organization=organization, input=item, model=model.id,
+            organization=organization, input=item,
             task_type=TaskType(kind.task), format=item.format, data_residency=residency,
-            created_by_key=actor.key,
-            max_output_tokens_requested=request.max_output_tokens,
-            max_output_tokens=request.max_output_tokens if kind.generates else 0,
-            max_tokens_alias=request.max_tokens_alias,
-            reasoning=request.reasoning,
-            reasoning_budget_requested=request.reasoning_budget,
-            reasoning_budget=request.reasoning_budget,
-            reasoning_effort=request.reasoning_effort or "",
-            response_format=request.response_format,
-            dimensions=request.dimensions,
-            video_fps=request.video_fps,
-            parent=parent, rerun_include=rerun_include,
-        )
+            created_by_key=actor.key, parent=parent, rerun_include=rerun_include,
+            **Job.options_columns(request.options, generates=kind.generates))
         if needs_sample(job, model):
             # A sample is free work on the paid workers: none past the organization's
             # hourly allowance (429 here, the job rolled back with it).

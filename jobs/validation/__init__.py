@@ -5,7 +5,7 @@ A pure library: no database, no network of its own. The caller injects the model
 tokenizer (`count_tokens`) and, optionally, the product's SSRF-safe HEAD probe
 (`probe_content_type`, anex/net.py in production).
 
-    report = validate_jsonl(stream, JobOptions(model=model_get("qwen3.8-27b")),
+    report = validate_jsonl(stream, JobOptions(model="qwen3.8-27b"),
                             count_tokens=tokenizer_count)
     price(model, report.usage)
 

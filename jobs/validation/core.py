@@ -35,7 +35,8 @@ class FileContext(JobContext):
 
     def __init__(self, options: JobOptions, count_tokens: CountTokens,
                  probe_content_type: ProbeContentType | None) -> None:
-        super().__init__(options, count_tokens, probe_content_type, kind_for(options.model))
+        super().__init__(options, count_tokens, probe_content_type,
+                         kind_for(options.catalog_model()))
 
 
 @dataclass(frozen=True, slots=True)

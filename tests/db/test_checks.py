@@ -173,17 +173,17 @@ def test_blank_and_overlong_lines_are_reported_and_the_read_goes_on(
     errors = RowErrors(1000)
     from jobs.validation.core import FileContext
 
-    limit = FileContext(JobOptions(model=model), len, None).line_max_bytes
+    limit = FileContext(JobOptions(model=model.id), len, None).line_max_bytes
     huge = b'{"custom_id": "big", "pad": "' + b"x" * (limit + 10) + b'"}\n'
     content = chat_row("a") + b"\n" + chat_row("b") + huge + chat_row("c", [{"type": "x"}])
-    report = validate_jsonl(io.BytesIO(content), JobOptions(model=model), count_tokens=len,
+    report = validate_jsonl(io.BytesIO(content), JobOptions(model=model.id), count_tokens=len,
                             errors=errors)
     assert [(e.line, e.custom_id) for e in errors.items] == [(2, None), (4, None), (5, "c")]
     assert errors.items[1].reason.startswith("Line 4: the line is longer than")
     assert (report.rows, errors.failed_rows) == (2, 2)
     # and without `errors` the same file stops at the first, as a job's estimate does
     with pytest.raises(RowRejected, match="Line 2: the line is blank"):
-        validate_jsonl(io.BytesIO(content), JobOptions(model=model), count_tokens=len)
+        validate_jsonl(io.BytesIO(content), JobOptions(model=model.id), count_tokens=len)
 
 
 @pytest.mark.django_db

@@ -114,7 +114,7 @@ def test_a_text_rows_estimate_is_the_prompt_the_engine_serves(
                                             "chat_template_kwargs": kwargs}}) + b"\n"
                      for i, messages in enumerate(conversations))
     tokens = checkpoint_tokens(checkpoint_dirs["tiny-qwen3"].resolve())
-    report = validate_jsonl(io.BytesIO(lines), JobOptions(model=model), count_tokens=tokens)  # type: ignore[arg-type]
+    report = validate_jsonl(io.BytesIO(lines), JobOptions(model=model.id), count_tokens=tokens)  # type: ignore[arg-type]
     outcomes = chat_engine.generate(
         [ChatRow(messages=messages, chat_template_kwargs=template_kwargs(
             kwargs, reasoning=None, effort=None)) for messages in conversations],
@@ -130,7 +130,7 @@ def test_without_a_template_a_row_is_still_counted_by_its_texts() -> None:
     assert model is not None
     line = orjson.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
                          "body": {"messages": [{"role": "user", "content": "one two three"}]}})
-    report = validate_jsonl(io.BytesIO(line + b"\n"), JobOptions(model=model),
+    report = validate_jsonl(io.BytesIO(line + b"\n"), JobOptions(model=model.id),
                             count_tokens=lambda text: len(text.split()))
     assert report.usage.input_tokens == 3 + 4  # the text, and 4 per message for the template
 

@@ -29,7 +29,7 @@ def model(model_id: str) -> CatalogModel:
 
 
 def options(model_id: str, **fields: Any) -> JobOptions:
-    return JobOptions(model=model(model_id), **fields)
+    return JobOptions(model=model(model_id).id, **fields)
 
 
 def jsonl(rows: Sequence[object]) -> io.BytesIO:
