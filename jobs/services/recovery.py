@@ -32,7 +32,7 @@ from jobs.constants import (
     job_state_fields,
 )
 from jobs.models import Chunk, Input, Job
-from jobs.services.chunks import chunk_fail, chunk_requeue, chunk_send
+from jobs.services.chunks import chunk_requeue, chunk_send
 from jobs.services.inputs import (
     COPY_TIME_LIMIT,
     INGEST_ATTEMPTS,
@@ -42,7 +42,7 @@ from jobs.services.inputs import (
 )
 from jobs.services.lifecycle import RECOVERY, job_fail, job_finish, job_lease_renew
 from jobs.services.purge import job_data_purge
-from jobs.services.running import CHUNK_ATTEMPTS, heartbeat_stale, job_finalize
+from jobs.services.running import CHUNK_ATTEMPTS, chunk_settle, heartbeat_stale, job_finalize
 from jobs.services.sampling import sample_send
 from jobs.services.webhooks import deliveries_sweep
 
@@ -127,8 +127,7 @@ def _chunk_revive(chunk: Chunk) -> None:
 
 def _chunk_give_up(chunk: Chunk) -> None:
     # The job then ends with the rows that finished (running.job_finalize).
-    if chunk_fail(chunk=chunk, reaped=True):
-        job_finalize(job_id=chunk.job_id)
+    chunk_settle(chunk=chunk, to=ChunkStatus.FAILED, reaped=True)
 
 
 def _chunk_resend(chunk: Chunk) -> None:

@@ -193,15 +193,13 @@ def chunk_run(*, chunk_id: uuid.UUID | str) -> ChunkStatus | None:
     job = chunk.job
     if job.status != JobStatus.IN_PROGRESS:
         # Cancelled (or already settled): no new work starts.
-        chunk_skip(chunk_id=chunk.pk)
-        job_finalize(job_id=job.pk)
+        chunk_settle(chunk=chunk, to=ChunkStatus.SKIPPED)
         return ChunkStatus.SKIPPED
     if hold_reached(job):
         # Running further would be work past what approval held: the chunk is not run,
         # and the job ends failed with the rows that finished (charged at most the hold).
         logger.warning("job %s reached its hold; chunk %s not run", job.pk, chunk.index)
-        chunk_fail(chunk=chunk)
-        job_finalize(job_id=job.pk)
+        chunk_settle(chunk=chunk, to=ChunkStatus.FAILED)
         return ChunkStatus.FAILED
     try:
         rows = rows_read(job, chunk)
@@ -217,9 +215,7 @@ def chunk_run(*, chunk_id: uuid.UUID | str) -> ChunkStatus | None:
     counts = {outcome: 0 for outcome in RowOutcome}
     for item in results:
         counts[RowOutcome(item["outcome"])] += 1
-    chunk_complete(chunk_id=chunk.pk, counts=counts, usage=usage)
-    job_progress_notify(job_id=job.pk)  # before finalize: its events come first
-    job_finalize(job_id=job.pk)
+    chunk_settle(chunk=chunk, to=ChunkStatus.DONE, counts=counts, usage=usage)
     return ChunkStatus.DONE
 
 
@@ -227,9 +223,31 @@ def _chunk_retry_or_fail(chunk: Chunk) -> ChunkStatus:
     if chunk.attempts < CHUNK_ATTEMPTS:
         chunk_requeue(chunk=chunk, delay_ms=5_000 * chunk.attempts)
         return ChunkStatus.PENDING
-    chunk_fail(chunk=chunk)
-    job_finalize(job_id=chunk.job_id)
+    chunk_settle(chunk=chunk, to=ChunkStatus.FAILED)
     return ChunkStatus.FAILED
+
+
+def chunk_settle(*, chunk: Chunk, to: ChunkStatus, reaped: bool = False,
+                 counts: dict[RowOutcome, int] | None = None, usage: Usage | None = None) -> bool:
+    """The one way a running chunk ends: it settles (`to` done, with its rows' `counts`
+    and `usage`; failed, its attempts spent or its job's hold reached, or `reaped` by the
+    recovery pass; skipped, its job cancelled), and its job finalizes once its last chunk
+    has. False when the move was not made (a repeat, or a worker that beat the recovery
+    pass to it), and then nothing follows: whoever made it finalizes."""
+    if to == ChunkStatus.DONE:
+        assert counts is not None and usage is not None
+        moved = chunk_complete(chunk_id=chunk.pk, counts=counts, usage=usage)
+        if moved:
+            job_progress_notify(job_id=chunk.job_id)  # before finalize: its events first
+    elif to == ChunkStatus.FAILED:
+        moved = chunk_fail(chunk=chunk, reaped=reaped)
+    elif to == ChunkStatus.SKIPPED:
+        moved = chunk_skip(chunk_id=chunk.pk)
+    else:
+        raise ValueError(f"{to} is not a state a chunk settles in")
+    if moved:
+        job_finalize(job_id=chunk.job_id)
+    return moved
 
 
 def execute(job: Job, rows: list[InputRow]) -> tuple[list[dict[str, Any]], Usage]:
