@@ -13,6 +13,7 @@ from pytest_django import Settings
 from rest_framework.test import APIClient
 
 from console.models import ApiKey, Organization
+from tests.dbtemplate import TEMPLATE_ENV, template_drop, template_start, template_take
 from tests.dispatched import dispatch_catch
 from tests.factories import api_key_make, organization_make
 from tests.launch import Running, make_run_launched
@@ -35,6 +36,7 @@ ENGINE_FIXTURES = {"checkpoint_dirs", "chat_engine", "embedding_engine", "decisi
 # PostgreSQL, Redis, local servers and deadlines, so one more than the two cores pays. On
 # this 2-core machine, quiet: 58 s with 2 workers, 45-48 s with 3, 52 s with 4.
 FAST_WORKERS = 3
+TEMPLATE_KEY = pytest.StashKey[str]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -66,13 +68,36 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
 def pytest_xdist_setupnodes(config: pytest.Config, specs: list[Any]) -> None:
     """Each xdist worker its own Redis database, set in its environment before Django reads
     its settings (its broker, cache and subprocesses all follow REDIS_URL): the tests flush
-    their broker. pytest-django gives each its own test database (test_NAME_gw0, ...)."""
+    their broker. pytest-django gives each its own test database (test_NAME_gw0, ...),
+    made from the template migrated here meanwhile (tests/dbtemplate.py)."""
+    from django.conf import settings
+
+    template = template_start(settings.DATABASES["default"],
+                              Path(os.environ.get("ANEX_RUN_DIR", ".run")))
+    config.stash[TEMPLATE_KEY] = template.get(TEMPLATE_ENV, "")
     base = os.environ.get("REDIS_URL")
-    if not base:
-        return  # the settings refuse to start without one anyway
     for spec in specs:
-        spec.env["REDIS_URL"] = redis_url_for_worker(base, int(spec.id.removeprefix("gw")),
-                                                     len(specs))
+        spec.env.update(template)
+        if base:  # (the settings refuse to start without one anyway)
+            spec.env["REDIS_URL"] = redis_url_for_worker(
+                base, int(spec.id.removeprefix("gw")), len(specs))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    template = config.stash.get(TEMPLATE_KEY, "")
+    if template:
+        from django.conf import settings
+
+        template_drop(settings.DATABASES["default"], template)
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: None) -> None:
+    """An xdist worker's test database is created from the controller's migrated template
+    (tests/dbtemplate.py)."""
+    from django.conf import settings
+
+    template_take(settings.DATABASES["default"])
 
 
 def redis_url_for_worker(url: str, index: int, workers: int) -> str:
