@@ -209,6 +209,14 @@ ANEX_RESULT_RETENTION_DAYS = env.integer("ANEX_RESULT_RETENTION_DAYS", 30, minim
 # Rows per chunk: one engine call each. Larger chunks batch better on a GPU; smaller ones
 # lose less to a dead worker and deliver more on cancel.
 ANEX_CHUNK_ROWS = env.integer("ANEX_CHUNK_ROWS", 256, minimum=1)
+# Fair dispatch (jobs.services.chunks.chunks_release, docs/decisions.md "Fair dispatch"):
+# the chunks of one model in one region that may be sent or running at once, fleet-wide,
+# and of those at most this many of one job. Set the first to about the model's GPU
+# workers times their threads plus a few: the queue then holds no more than those few, so
+# a new job's first chunk is sent as the next chunk ends, however large the running jobs.
+ANEX_DISPATCH_IN_FLIGHT = env.integer("ANEX_DISPATCH_IN_FLIGHT", 8, minimum=1)
+ANEX_DISPATCH_JOB_IN_FLIGHT = env.integer("ANEX_DISPATCH_JOB_IN_FLIGHT",
+                                          ANEX_DISPATCH_IN_FLIGHT, minimum=1)
 # A running chunk whose heartbeat is older than this belongs to a dead worker (the reaper
 # re-queues it); workers beat every few seconds.
 ANEX_HEARTBEAT_STALE_SECONDS = env.integer("ANEX_HEARTBEAT_STALE_SECONDS", 180, minimum=5)

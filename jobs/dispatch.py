@@ -36,6 +36,7 @@ ACTOR_QUEUES = {
     "job_estimate_task": ESTIMATE,
     "check_run_task": ESTIMATE,
     "job_start_task": JOBS,
+    "job_finalize_task": JOBS,
     "chunk_run_task": RUN,
     "job_sample_task": SAMPLE,
 }

@@ -19,7 +19,7 @@ from jobs.services.estimation import job_estimate
 from jobs.services.inputs import input_copy, inputs_expire
 from jobs.services.purge import results_purge_expired
 from jobs.services.recovery import ESTIMATE, SAMPLE, lease_retry, recover
-from jobs.services.running import chunk_run, job_start
+from jobs.services.running import chunk_run, job_finalize, job_start
 from jobs.services.sampling import job_sample
 from jobs.services.webhooks import delivery_attempt
 
@@ -94,6 +94,13 @@ def check_run_task(check_id: str) -> None:
 @dramatiq.actor(queue_name=dispatch.JOBS, max_retries=3, time_limit=START_TIME_LIMIT_MS)
 def job_start_task(job_id: str) -> None:
     job_start(job_id=job_id)
+
+
+# A job whose last chunk settled without a worker's chunk_run to finalize it (a cancel
+# that skipped its unsent chunks); a failure is left to the recovery pass's finalize lease.
+@dramatiq.actor(queue_name=dispatch.JOBS, max_retries=0, time_limit=CHUNK_TIME_LIMIT_MS)
+def job_finalize_task(job_id: str) -> None:
+    job_finalize(job_id=job_id)
 
 
 # Sent to "run.<region>.<model>" queues (jobs.dispatch.run_queue), which only the

@@ -22,16 +22,21 @@ is jobs.services.running's.
 from __future__ import annotations
 
 import uuid
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from django.db.models import F, Q, QuerySet
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from inference.constants import RowOutcome
 from inference.pricing import Usage, usage_json
 from jobs import dispatch
-from jobs.constants import CHUNK_SETTLED, CHUNK_TRANSITIONS, ChunkStatus
-from jobs.models import Chunk
+from jobs.constants import CHUNK_SETTLED, CHUNK_TRANSITIONS, ChunkStatus, JobStatus
+from jobs.models import Chunk, Job
 
 
 def _sources(to: ChunkStatus) -> frozenset[ChunkStatus]:
@@ -158,3 +163,117 @@ def chunk_send(*, chunk: Chunk) -> bool:
 def chunks_send(chunks: QuerySet[Chunk]) -> list[uuid.UUID]:
     """Send these chunks to their model's run queue, noting when; the ids sent."""
     return [chunk.pk for chunk in chunks.select_related("job") if chunk_send(chunk=chunk)]
+
+
+# --- fair dispatch ------------------------------------------------------------------------
+#
+# A job's chunks are planned at its start, all pending, but sent to the model's run queue
+# only as room frees (docs/decisions.md, "Fair dispatch"): a pending chunk with no queued_at
+# is waiting its turn, not lost. At most ANEX_DISPATCH_IN_FLIGHT chunks of one model in one
+# region are sent or running at once, at most ANEX_DISPATCH_JOB_IN_FLIGHT of them one
+# job's, and each free place goes to the organization with the fewest chunks in flight on
+# that model (then its job with the fewest, then the job approved first). The database is
+# the only record: a release is one transaction under a lock per model and region, so two
+# dispatchers at once send nothing twice, and one that dies before its messages leave
+# leaves chunks whose queued_at the recovery pass finds stale and sends again.
+
+# Sent (or taken and lost with a worker: the recovery pass resends it) or being run.
+IN_FLIGHT = Q(status=ChunkStatus.RUNNING) | Q(status=ChunkStatus.PENDING,
+                                              queued_at__isnull=False)
+WAITING = Q(status=ChunkStatus.PENDING, queued_at__isnull=True)
+
+
+@dataclass
+class Waiting:
+    """A running job of the model with chunks waiting to be sent."""
+
+    job_id: uuid.UUID
+    organization_id: uuid.UUID
+    approved_at: datetime | None
+    waiting: int
+    in_flight: int
+
+
+def fair_picks(jobs: list[Waiting], organizations: Counter[uuid.UUID], room: int,
+               job_cap: int) -> list[uuid.UUID]:
+    """Which job each of `room` free places goes to, in order: the organization with the
+    fewest chunks in flight (`organizations`, every one's, updated as places are given),
+    then its job with the fewest, then the one approved first; a job at `job_cap`, or with
+    nothing left waiting, takes no more."""
+    picks: list[uuid.UUID] = []
+    for _ in range(room):
+        open_jobs = [job for job in jobs if job.waiting and job.in_flight < job_cap]
+        if not open_jobs:
+            break
+        job = min(open_jobs, key=lambda job: (
+            organizations[job.organization_id], job.in_flight,
+            job.approved_at or timezone.now(), str(job.job_id)))
+        job.waiting -= 1
+        job.in_flight += 1
+        organizations[job.organization_id] += 1
+        picks.append(job.job_id)
+    return picks
+
+
+def _release_lock(region: str, model: str) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
+                       [f"anex.chunks_release:{region}:{model}"])
+
+
+def chunks_release(*, region: str, model: str) -> list[uuid.UUID]:
+    """Send the model's waiting chunks in this region as far as there is room, fairly
+    across organizations; the ids sent."""
+    with transaction.atomic():
+        _release_lock(region, model)
+        # A cancelling job's running chunks hold their places until they end.
+        model_chunks = Chunk.objects.filter(
+            job__data_residency=region, job__model=model,
+            job__status__in=[JobStatus.IN_PROGRESS, JobStatus.CANCELLING])
+        flying = Counter(dict(model_chunks.filter(IN_FLIGHT).values_list(
+            "job__organization_id").annotate(n=Count("pk")).values_list(
+            "job__organization_id", "n")))
+        room = settings.ANEX_DISPATCH_IN_FLIGHT - sum(flying.values())
+        if room <= 0:
+            return []
+        jobs = [Waiting(job_id=row["pk"], organization_id=row["organization_id"],
+                        approved_at=row["approved_at"], waiting=row["waiting"],
+                        in_flight=row["in_flight"])
+                for row in Job.objects.filter(
+                    status=JobStatus.IN_PROGRESS, data_residency=region, model=model).annotate(
+                    waiting=Count("chunks", filter=Q(chunks__status=ChunkStatus.PENDING,
+                                                     chunks__queued_at__isnull=True)),
+                    in_flight=Count("chunks", filter=Q(chunks__status=ChunkStatus.RUNNING) | Q(
+                        chunks__status=ChunkStatus.PENDING,
+                        chunks__queued_at__isnull=False))).filter(waiting__gt=0).values(
+                    "pk", "organization_id", "approved_at", "waiting", "in_flight")]
+        picks = Counter(fair_picks(jobs, flying, room, settings.ANEX_DISPATCH_JOB_IN_FLIGHT))
+        released: list[uuid.UUID] = []
+        now = timezone.now()
+        for job_id, count in picks.items():
+            # Each job's next chunks in row order, so its results come back front first.
+            ids = list(Chunk.objects.filter(WAITING, job_id=job_id).order_by("index")
+                       .values_list("pk", flat=True)[:count])
+            Chunk.objects.filter(WAITING, pk__in=ids).update(queued_at=now)
+            released.extend(ids)
+    # Sent once their queued_at is committed (a caller holds no transaction of its own: a
+    # start, a chunk's end, the recovery pass). A dispatcher that dies here leaves them
+    # sent-looking but unsent: the recovery pass sends them again once that goes stale.
+    for chunk_id in released:
+        dispatch.chunk_send(chunk_id=chunk_id, region=region, model=model)
+    return released
+
+
+def chunks_waiting_models() -> list[tuple[str, str]]:
+    """The (region, model) pairs with chunks waiting to be sent: what the recovery pass
+    releases, in case no chunk's end did (a start or a dispatcher that died)."""
+    return list(Job.objects.filter(status=JobStatus.IN_PROGRESS).filter(
+        Exists(Chunk.objects.filter(WAITING, job=OuterRef("pk")))).values_list(
+        "data_residency", "model").distinct())
+
+
+def chunks_skip_waiting(*, job_id: uuid.UUID) -> int:
+    """pending -> skipped, a cancelling job's chunks that were never sent: no message of
+    theirs will come to skip them."""
+    return chunks_transition(Q(job_id=job_id) & WAITING, to=ChunkStatus.SKIPPED,
+                             sources=frozenset({ChunkStatus.PENDING}))

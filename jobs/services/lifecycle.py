@@ -43,7 +43,7 @@ from jobs.constants import (
 )
 from jobs.models import Job, JobEvent
 from jobs.services import webhooks
-from jobs.services.chunks import chunks_skip_pending
+from jobs.services.chunks import IN_FLIGHT, chunks_skip_pending, chunks_skip_waiting
 from jobs.services.purge import job_data_purge
 
 logger = logging.getLogger(__name__)
@@ -253,8 +253,13 @@ def job_cancel(*, job: Job, actor: Actor) -> Job:
     if status == JobStatus.IN_PROGRESS and chunk_states & {ChunkStatus.RUNNING,
                                                            ChunkStatus.DONE}:
         # Rows are running: no new work starts, running rows finish, and the runner settles
-        # the job as cancelled with the finished rows as a partial result.
+        # the job as cancelled with the finished rows as a partial result. Its chunks never
+        # sent (fair dispatch) are skipped now; with none in flight either, nothing would
+        # end to finalize it, so that is sent.
         moved = job_transition(job=locked, to=JobStatus.CANCELLING, actor=actor)
+        chunks_skip_waiting(job_id=locked.pk)
+        if not locked.chunks.filter(IN_FLIGHT).exists():
+            dispatch.send_on_commit("job_finalize_task", str(locked.pk))
     else:
         # No work in flight: it stops now, and any hold is released in full.
         chunks_skip_pending(job_id=locked.pk)

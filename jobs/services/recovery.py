@@ -32,7 +32,12 @@ from jobs.constants import (
     job_state_fields,
 )
 from jobs.models import Chunk, Input, Job
-from jobs.services.chunks import chunk_requeue, chunk_send
+from jobs.services.chunks import (
+    chunk_requeue,
+    chunk_send,
+    chunks_release,
+    chunks_waiting_models,
+)
 from jobs.services.inputs import (
     COPY_TIME_LIMIT,
     INGEST_ATTEMPTS,
@@ -185,10 +190,12 @@ CHUNK_QUEUED = Lease(
     # Its message went with a dead worker (taken, never acknowledged), and Redis would
     # redeliver it only after its own long maintenance interval. Waiting behind other
     # jobs in the model's queue is not a failure: sent again, never given up.
+    # A chunk not sent yet (no queued_at) is waiting its turn (fair dispatch): the release
+    # below sends it.
     "chunk, queued", lambda: Chunk.objects.filter(
-        status=ChunkStatus.PENDING,
+        status=ChunkStatus.PENDING, queued_at__isnull=False,
         job__status__in=[JobStatus.IN_PROGRESS, JobStatus.CANCELLING]),
-    "queued_at", heartbeat_stale, _chunk_resend, null_is_due=True)
+    "queued_at", heartbeat_stale, _chunk_resend)
 INGEST_QUEUED = Lease(
     "ingest, never taken", lambda: Input.objects.filter(status=InputStatus.PENDING),
     "created_at", lambda: timedelta(seconds=30), input_copy_resend)
@@ -233,6 +240,10 @@ def recover() -> dict[str, int]:
     webhook outbox, whose deliveries carry their own lease and attempt cap."""
     now = timezone.now()
     counts = {lease.what: lease_recover(lease, now) for lease in LEASES}
+    # Chunks waiting to be sent, in case no chunk's end released them (a dispatcher or a
+    # start that died between its commit and its release).
+    counts["chunk release"] = sum(len(chunks_release(region=region, model=model))
+                                  for region, model in chunks_waiting_models())
     counts["webhook delivery"] = deliveries_sweep()
     return counts
 

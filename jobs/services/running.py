@@ -33,13 +33,14 @@ from jobs.jsonl import line_dumps
 from jobs.models import Chunk, Job
 from jobs.results import chunk_key, result_write
 from jobs.services.chunks import (
+    IN_FLIGHT,
     chunk_claim,
     chunk_complete,
     chunk_fail,
     chunk_heartbeat,
     chunk_requeue,
     chunk_skip,
-    chunks_send,
+    chunks_release,
 )
 from jobs.services.inputs import INPUT_CHANGED
 from jobs.services.lifecycle import (
@@ -116,7 +117,8 @@ def _input_unchanged(job: Job, planned: list[Chunk]) -> bool:
 
 
 def job_start(*, job_id: uuid.UUID | str) -> int:
-    """Plan an in_progress job's chunks (once) and send every pending one to its queue.
+    """Plan an in_progress job's chunks (once) and release them to the dispatcher, which
+    sends what its model has room for; how many of the job's chunks are then in flight.
     A job whose input is not what it was estimated on fails unbilled, never run."""
     job = Job.objects.select_related("input").get(pk=job_id)
     if job.status not in (JobStatus.IN_PROGRESS, JobStatus.CANCELLING):
@@ -137,7 +139,9 @@ def job_start(*, job_id: uuid.UUID | str) -> int:
     if not job.chunks.exists():  # an input with no rows left to run: finish at once
         job_finalize(job_id=job.pk)
         return 0
-    return len(chunks_send(job.chunks.filter(status=ChunkStatus.PENDING)))
+    # Sent as room frees on its model, fairly across organizations (chunks_release).
+    chunks_release(region=job.data_residency, model=job.model)
+    return job.chunks.filter(IN_FLIGHT).count()
 
 
 def job_usage(job: Job) -> Usage:
@@ -246,6 +250,10 @@ def chunk_settle(*, chunk: Chunk, to: ChunkStatus, reaped: bool = False,
     else:
         raise ValueError(f"{to} is not a state a chunk settles in")
     if moved:
+        # Its place on the model goes to the next chunk first: a long merge below must
+        # not hold the fleet's work back.
+        job = chunk.job
+        chunks_release(region=job.data_residency, model=job.model)
         job_finalize(job_id=chunk.job_id)
     return moved
 
