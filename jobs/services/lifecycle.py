@@ -146,6 +146,13 @@ def job_lease_claim(*, job_id: uuid.UUID | str, state: JobState) -> bool:
         claimed=True, leased_at=timezone.now()) == 1
 
 
+def job_lease_beat(*, job_id: uuid.UUID | str, state: JobState) -> bool:
+    """The worker holding the job's claimed work is alive (a long finalize's merge): its
+    lease starts again, so the recovery pass does not hand the work out to a second one."""
+    return Job.objects.filter(pk=job_id, claimed=True, **job_state_fields(state)).update(
+        leased_at=timezone.now()) == 1
+
+
 def job_lease_renew(*, job: Job) -> bool:
     """The recovery pass hands the job's work out again: one more attempt and a new lease,
     unclaimed. Only while the job is in the state and on the lease it was read with, so

@@ -14,11 +14,12 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import Sum
 
 from billing.services import hold_open_cents
@@ -47,6 +48,7 @@ from jobs.services.lifecycle import (
     WORKER,
     job_fail,
     job_finish,
+    job_lease_beat,
     job_lease_claim,
     job_transition,
 )
@@ -167,17 +169,26 @@ def hold_reached(job: Job, usage: Usage | None = None) -> bool:
 
 
 class _Heartbeat:
-    """Touches the chunk while its engine call runs, from its own thread and connection."""
+    """Beats (`beat`: a chunk's heartbeat, a finalize's lease) while the work it guards
+    runs, from its own thread and connection."""
 
-    def __init__(self, chunk_id: uuid.UUID) -> None:
-        self.chunk_id = chunk_id
+    def __init__(self, beat: Callable[[], object]) -> None:
+        self.beat = beat
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._beat, daemon=True)
 
     def _beat(self) -> None:
         try:
             while not self.stopped.wait(heartbeat_every().total_seconds()):
-                chunk_heartbeat(chunk_id=self.chunk_id)
+                try:
+                    self.beat()
+                except DatabaseError:
+                    # PostgreSQL restarting, or a failover: the next beat reconnects. A
+                    # beat missed is not a death; only a run of them past the stale window
+                    # hands the work out again.
+                    logger.warning("heartbeat failed; reconnecting for the next one",
+                                   exc_info=True)
+                    connection.close()
         finally:
             connection.close()
 
@@ -207,7 +218,7 @@ def chunk_run(*, chunk_id: uuid.UUID | str) -> ChunkStatus | None:
         return ChunkStatus.FAILED
     try:
         rows = rows_read(job, chunk)
-        with _Heartbeat(chunk.pk):
+        with _Heartbeat(lambda: chunk_heartbeat(chunk_id=chunk.pk)):
             results, usage = execute(job, rows)
         lines = (line_dumps(item) for item in results)
         storage_for(job.data_residency).write_stream(chunk_key(job, chunk.index), lines,
@@ -308,7 +319,10 @@ def job_finalize(*, job_id: uuid.UUID | str) -> JobStatus | None:
     # what the result's per-row costs add up to.
     cost = min(price(model, usage).cents if model is not None else 0,
                hold_open_cents(job=job))
-    key, delivered = result_write(job, done, charge=cost)
+    # The merge streams every row once (10M rows take minutes on S3): its lease is renewed
+    # meanwhile, so the recovery pass hands the finalize out only when this worker died.
+    with _Heartbeat(lambda: job_lease_beat(job_id=job.pk, state=JobStatus.FINALIZING)):
+        key, delivered = result_write(job, done, charge=cost)
     totals = Chunk.objects.filter(pk__in=[c.pk for c in done]).aggregate(
         success=Sum("success_rows"), errors=Sum("error_rows"),
         truncated=Sum("truncated_rows"), format_errors=Sum("format_error_rows"))

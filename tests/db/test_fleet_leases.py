@@ -1,0 +1,89 @@
+"""Leases that hold on a fleet: a finalize whose merge outlasts the stale window keeps its
+lease (the worker renews it while merging), and a heartbeat whose database connection
+dies (PostgreSQL restarting, a failover) reconnects at its next beat instead of stopping."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+from pytest_django import Settings
+
+from jobs.constants import ChunkStatus, JobStatus
+from jobs.models import Chunk, Job
+from jobs.services import running
+from jobs.services.chunks import chunk_claim, chunk_heartbeat
+from jobs.services.recovery import FINALIZE, recover
+from jobs.services.running import _Heartbeat, job_finalize, job_start
+from tests.db.test_fair_dispatch import approved_job, finish
+from tests.dispatched import dispatch_catch
+from tests.factories import organization_make
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def short_leases(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings.ANEX_CHUNK_ROWS = 1
+    settings.ANEX_FREE_GRANT_CENTS = 10_000
+    # A worker is dead after 2 s without a beat; it beats every third of a second.
+    settings.ANEX_HEARTBEAT_STALE_SECONDS = 2
+    dispatch_catch(monkeypatch, lambda message: None, "chunk_run_task", "job_start_task")
+
+
+def test_a_merge_longer_than_the_stale_window_keeps_its_finalize(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    job = approved_job(organization_make(), rows=2)
+    job_start(job_id=job.pk)
+    merging = threading.Event()
+    write = running.result_write
+
+    def slow_write(*args: Any, **kwargs: Any) -> tuple[str, int]:
+        merging.set()
+        time.sleep(3.5)  # a 10M-row merge, in miniature: past the 2 s window
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(running, "result_write", slow_write)
+    for chunk in Chunk.objects.filter(job=job).order_by("index")[:1]:
+        finish(str(chunk.pk))
+    last = Chunk.objects.get(job=job, index=1)
+    finisher = threading.Thread(target=lambda: (finish(str(last.pk)), connection.close()))
+    finisher.start()
+    assert merging.wait(10)
+    time.sleep(2.8)  # the lease taken at the claim is stale by now, had it not been renewed
+    assert Job.objects.get(pk=job.pk).status == JobStatus.FINALIZING
+    assert not FINALIZE.due(timezone.now()).filter(pk=job.pk).exists()
+    assert recover()["finalize"] == 0
+    finisher.join(20)
+    job.refresh_from_db()
+    assert job.status == JobStatus.DONE and job.attempts == 0
+    assert job_finalize(job_id=job.pk) is None  # finalized once, charged once
+
+
+def test_a_heartbeat_reconnects_after_its_connection_is_killed() -> None:
+    job = approved_job(organization_make(), rows=1)
+    Chunk.objects.create(job=job, index=0, first_row=0, row_count=1, queued_at=timezone.now())
+    chunk = Chunk.objects.get(job=job)
+    assert chunk_claim(chunk_id=chunk.pk)
+    pids: list[int] = []
+
+    def beat() -> None:
+        pids.append(connection.connection.info.backend_pid if connection.connection else 0)
+        chunk_heartbeat(chunk_id=chunk.pk)
+
+    with _Heartbeat(beat):
+        time.sleep(0.8)
+        assert pids and pids[-1]
+        # What the worker sees when PostgreSQL restarts: its session is gone.
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pids[-1]])
+        killed_at = timezone.now()
+        time.sleep(1.5)
+    beat_at = Chunk.objects.get(pk=chunk.pk).heartbeat_at
+    assert beat_at is not None and beat_at > killed_at
+    assert len(set(pids)) >= 2  # it came back on a new connection
+    assert Chunk.objects.get(pk=chunk.pk).status == ChunkStatus.RUNNING
