@@ -17,8 +17,15 @@ import uuid
 from typing import Any
 
 import dramatiq
+import redis
 from django.conf import settings
 from django.db import transaction
+from dramatiq.brokers.redis import RedisBroker
+
+from anex.errors import Unavailable
+
+BROKER_DOWN = ("The job queue is unavailable right now, so nothing was done: retry after "
+               "the seconds in the Retry-After header.")
 
 # The fixed queues: CPU work, apart from the per-model GPU queues below.
 INGEST = "ingest"
@@ -80,8 +87,24 @@ def send(actor: str, *args: str, queue: str | None = None,
 def send_on_commit(actor: str, *args: str, queue: str | None = None,
                    delay_ms: int | None = None) -> None:
     """send() once the current transaction commits (at once outside one), so the worker
-    finds the row the message names."""
-    transaction.on_commit(lambda: send(actor, *args, queue=queue, delay_ms=delay_ms))
+    finds the row the message names. The work is committed by then: a broker that fails
+    here is logged (robust), never a 500 for work that was done, and the recovery pass
+    sends the message again from the row's lease (jobs.services.recovery)."""
+    transaction.on_commit(lambda: send(actor, *args, queue=queue, delay_ms=delay_ms),
+                          robust=True)
+
+
+def broker_require() -> None:
+    """Unavailable (503, Retry-After) when the broker does not answer: called before a
+    submit or an approval does anything, so with the broker down they change nothing
+    (docs/decisions.md, "Failover")."""
+    broker = dramatiq.get_broker()
+    if not isinstance(broker, RedisBroker):
+        return
+    try:
+        broker.client.ping()
+    except redis.RedisError:
+        raise Unavailable(BROKER_DOWN) from None
 
 
 def chunk_send(*, chunk_id: uuid.UUID, region: str, model: str,

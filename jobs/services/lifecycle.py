@@ -210,6 +210,10 @@ def job_approve(*, job: Job, actor: Actor, spend_key: ApiKey | None = None) -> J
     key = actor.key or spend_key
     if key is not None:
         _approving_key_check(job, key)
+    if actor is not AUTO_APPROVE:
+        # 503 before anything is held. Auto-approval runs on a worker that was just handed
+        # its message: a broker lost since is left to the start's recovery lease.
+        dispatch.broker_require()
     approved = job_transition(job=job, to=JobStatus.IN_PROGRESS, actor=actor,
                               approved_by_key=key, approved_by_user=actor.user)
     if approved is None:

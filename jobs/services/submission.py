@@ -144,6 +144,7 @@ def job_submit(*, organization: Organization, actor: Actor, request: JobRequest,
     """
     admitted = job_request_admit(organization=organization, actor=actor, request=request,
                                  host_region=host_region)
+    dispatch.broker_require()  # 503 before anything is written
     model, kind, residency, item = (admitted.model, admitted.kind, admitted.residency,
                                     admitted.input)
     with transaction.atomic():
