@@ -51,7 +51,14 @@ def test_a_merge_longer_than_the_stale_window_keeps_its_finalize(
     for chunk in Chunk.objects.filter(job=job).order_by("index")[:1]:
         finish(str(chunk.pk))
     last = Chunk.objects.get(job=job, index=1)
-    finisher = threading.Thread(target=lambda: (finish(str(last.pk)), connection.close()))
+
+    def finish_last() -> None:
+        try:
+            finish(str(last.pk))
+        finally:
+            connection.close()
+
+    finisher = threading.Thread(target=finish_last)
     finisher.start()
     assert merging.wait(10)
     time.sleep(2.8)  # the lease taken at the claim is stale by now, had it not been renewed
