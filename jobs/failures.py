@@ -6,9 +6,16 @@ changed) is the service's own outcome, never this."""
 
 from __future__ import annotations
 
+import logging
+import random
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from enum import StrEnum
+
+logger = logging.getLogger(__name__)
 
 
 class ClaimedWorkFailed(Exception):
@@ -30,3 +37,126 @@ def claimed_work(what: str, *, job_id: uuid.UUID) -> Iterator[None]:
         raise
     except Exception as error:
         raise ClaimedWorkFailed(what, job_id=job_id) from error
+
+
+# --- what a chunk's failure was: its class decides what it costs the chunk ---------------
+
+
+class FailureClass(StrEnum):
+    """Why a chunk's run failed (docs/decisions.md, "Failure classes and the breaker").
+
+    infrastructure  storage, the database or the broker did not answer: the chunk waits,
+                    backing off with jitter, and keeps its attempt
+    engine          the worker's engine is dead or could not be built: not the chunk's
+                    fault either; it goes back for another worker, and the breaker counts it
+    unexpected      anything else (the chunk's own rows, a bug): one of its attempts spent
+    """
+
+    INFRASTRUCTURE = "infrastructure"
+    ENGINE = "engine"
+    UNEXPECTED = "unexpected"
+
+
+# vLLM's own names for an engine that stopped (vllm.v1.engine.exceptions), read by name so
+# that this module does not import vLLM.
+_ENGINE_ERRORS = frozenset({"EngineDeadError", "EngineGenerateError", "EngineNotConfigured",
+                            "EngineBuildFailed"})
+
+
+def failure_class(error: BaseException) -> FailureClass:
+    """The class of a chunk's failure, from the exception and what caused it."""
+    from botocore.exceptions import BotoCoreError, ClientError
+    from django.db import DatabaseError
+    from redis import RedisError
+
+    seen: BaseException | None = error
+    while seen is not None:
+        if type(seen).__name__ in _ENGINE_ERRORS:
+            return FailureClass.ENGINE
+        if isinstance(seen, DatabaseError | RedisError | BotoCoreError | ConnectionError
+                      | TimeoutError):
+            return FailureClass.INFRASTRUCTURE
+        if isinstance(seen, ClientError):
+            status = seen.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+            code = seen.response.get("Error", {}).get("Code", "")
+            if status >= 500 or code in ("SlowDown", "Throttling", "RequestTimeout"):
+                return FailureClass.INFRASTRUCTURE
+        seen = seen.__cause__ or seen.__context__
+    return FailureClass.UNEXPECTED
+
+
+def backoff_ms(failures: int, *, base_ms: int, cap_ms: int) -> int:
+    """The wait before the `failures`-th retry: doubling from base_ms up to cap_ms, with
+    full jitter on its upper half, so a fleet retrying one outage does not come back at
+    once."""
+    ceiling = min(cap_ms, base_ms * 2 ** max(failures - 1, 0))
+    return ceiling // 2 + random.randint(0, ceiling // 2)  # noqa: S311 - not a secret
+
+
+class Breaker:
+    """One per model in a worker process: after `threshold` engine failures in a row it
+    opens, and the worker takes none of that model's chunks for `cooldown` seconds (their
+    messages go back to the queue, for another worker, with no attempt spent); then one
+    chunk is let through, and a success closes it. Its state is logged when it changes."""
+
+    def __init__(self, model: str, *, threshold: int = 3, cooldown: float = 60.0) -> None:
+        self.model = model
+        self.threshold = threshold
+        self.cooldown = cooldown
+        self.failures = 0
+        self.opened_at: float | None = None
+        self.lock = threading.Lock()
+
+    def allows(self) -> bool:
+        """Whether a chunk may be taken now (a half-open breaker lets one through)."""
+        with self.lock:
+            if self.opened_at is None:
+                return True
+            if time.monotonic() - self.opened_at >= self.cooldown:
+                self.opened_at = time.monotonic()  # the next try waits a cooldown again
+                return True
+            return False
+
+    def failed(self) -> None:
+        with self.lock:
+            self.failures += 1
+            if self.failures >= self.threshold:
+                if self.opened_at is None:
+                    logger.error("the %s engine failed %s times in a row: this worker takes "
+                                 "none of its chunks for %.0f s", self.model, self.failures,
+                                 self.cooldown)
+                self.opened_at = time.monotonic()
+
+    def succeeded(self) -> None:
+        with self.lock:
+            if self.opened_at is not None:
+                logger.warning("the %s engine answers again: taking its chunks", self.model)
+            self.failures = 0
+            self.opened_at = None
+
+    @property
+    def open(self) -> bool:
+        return self.opened_at is not None
+
+
+_BREAKERS: dict[str, Breaker] = {}
+_BREAKERS_LOCK = threading.Lock()
+
+
+def breaker_for(model: str) -> Breaker:
+    with _BREAKERS_LOCK:
+        if model not in _BREAKERS:
+            _BREAKERS[model] = Breaker(model)
+        return _BREAKERS[model]
+
+
+def breakers_open() -> list[str]:
+    """The models whose breaker is open in this process (for readiness and the logs)."""
+    with _BREAKERS_LOCK:
+        return sorted(model for model, breaker in _BREAKERS.items() if breaker.open)
+
+
+def breakers_reset() -> None:
+    """Every breaker closed (a test's process starts each test with none)."""
+    with _BREAKERS_LOCK:
+        _BREAKERS.clear()

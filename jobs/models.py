@@ -307,6 +307,9 @@ class Chunk(models.Model):
     status = models.CharField(max_length=8, choices=ChunkStatus.choices,
                               default=ChunkStatus.PENDING, db_index=True)
     attempts = models.PositiveSmallIntegerField(default=0)
+    # Runs that failed for the infrastructure or the engine, not the chunk (jobs.failures):
+    # each gave its attempt back and waited longer; past a cap they count as attempts.
+    deferrals = models.PositiveSmallIntegerField(default=0)
     # When its message was last sent: a pending chunk whose message a dead worker had
     # taken is sent again once this is stale.
     queued_at = models.DateTimeField(null=True, blank=True)

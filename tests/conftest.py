@@ -239,6 +239,16 @@ def api(key_pair: tuple[ApiKey, str], client_for: Callable[[str], APIClient]) ->
 
 
 @pytest.fixture(autouse=True)
+def breakers_closed() -> Iterator[None]:
+    """A worker's breakers (jobs.failures) are per process: one test's dead engine must not
+    keep the next test's chunks from being taken."""
+    from jobs.failures import breakers_reset
+
+    yield
+    breakers_reset()
+
+
+@pytest.fixture(autouse=True)
 def fast_password_hasher(settings: Settings) -> None:
     """Django's default hasher spends a quarter of a second of CPU on each password, by
     design; the tests' passwords guard nothing, and the fast tier hashes dozens of them."""

@@ -34,6 +34,11 @@ class EngineBuilder(Protocol):
     def engine_build(self, model: CatalogModel, checkpoint: Path) -> Engine: ...
 
 
+class EngineBuildFailed(RuntimeError):
+    """The model's engine could not be built in this process: the worker's fault, not a
+    row's (jobs.failures reads it as an engine failure)."""
+
+
 _engines: dict[str, Engine] = {}
 _lock = threading.Lock()
 
@@ -49,7 +54,13 @@ def engine_cached(model_id: str, kind: EngineBuilder) -> Engine:
     with _lock:
         engine = _engines.get(model_id)
         if engine is None:
-            engine = _engines[model_id] = kind.engine_build(model, _checkpoint(model_id))
+            checkpoint = _checkpoint(model_id)
+            try:
+                engine = kind.engine_build(model, checkpoint)
+            except Exception as error:  # out of GPU memory, a bad checkpoint, a driver
+                raise EngineBuildFailed(f"the engine for '{model_id}' could not be "
+                                        f"built: {type(error).__name__}") from error
+            _engines[model_id] = engine
     # What estimates read for their start-up part (inference/warmth.py).
     engine_used(model_id=model_id, load_seconds=engine.load_seconds)
     return engine

@@ -29,7 +29,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet
+from django.db.models import Count, Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from inference.constants import RowOutcome
@@ -129,12 +129,17 @@ def chunks_skip_pending(*, job_id: uuid.UUID) -> int:
                              sources=frozenset({ChunkStatus.PENDING}))
 
 
-def chunk_requeue(*, chunk: Chunk, delay_ms: int | None = None, reaped: bool = False) -> bool:
+def chunk_requeue(*, chunk: Chunk, delay_ms: int | None = None, reaped: bool = False,
+                  deferred: bool = False) -> bool:
     """running -> pending, and its message sent again (after `delay_ms`): its engine call
     failed and it has attempts left, or (`reaped`) its worker died and the recovery pass
-    takes it back. The claim that runs it next counts one more attempt."""
+    takes it back. The claim that runs it next counts one more attempt. `deferred`: the
+    failure was the infrastructure's or the engine's, so this run's attempt is given back
+    and counted as a deferral instead (jobs.failures.FailureClass)."""
     where = _reaped(chunk) if reaped else Q(pk=chunk.pk)
-    if chunks_transition(where, to=ChunkStatus.PENDING, sources=_RUNNING) != 1:
+    refund = {"attempts": F("attempts") - 1, "deferrals": F("deferrals") + 1} \
+        if deferred else {}
+    if chunks_transition(where, to=ChunkStatus.PENDING, sources=_RUNNING, **refund) != 1:
         return False
     _send(chunk, delay_ms=delay_ms)
     return True
@@ -148,21 +153,17 @@ def _send(chunk: Chunk, *, delay_ms: int | None = None) -> None:
                         model=chunk.job.model, delay_ms=delay_ms)
 
 
-def chunk_send(*, chunk: Chunk) -> bool:
-    """Send a pending chunk's message (again), noting when: its job started, or the message
-    went with a dead worker (the recovery pass). Only while it is pending and its last
-    send is the one read, so two passes at once send it once."""
+def chunk_send(*, chunk: Chunk, delay_ms: int | None = None) -> bool:
+    """Send a pending chunk's message (again), noting when: the message went with a dead
+    worker (the recovery pass), or a worker whose breaker is open hands it back unclaimed
+    (after `delay_ms`). Only while it is pending and its last send is the one read, so two
+    passes at once send it once."""
     if Chunk.objects.filter(pk=chunk.pk, status=ChunkStatus.PENDING,
                             queued_at=chunk.queued_at).update(
             queued_at=timezone.now()) != 1:
         return False
-    _send(chunk)
+    _send(chunk, delay_ms=delay_ms)
     return True
-
-
-def chunks_send(chunks: QuerySet[Chunk]) -> list[uuid.UUID]:
-    """Send these chunks to their model's run queue, noting when; the ids sent."""
-    return [chunk.pk for chunk in chunks.select_related("job") if chunk_send(chunk=chunk)]
 
 
 # --- fair dispatch ------------------------------------------------------------------------

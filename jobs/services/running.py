@@ -30,6 +30,7 @@ from inference.kinds.base import InputRow
 from inference.kinds.metering import RowMeter
 from inference.pricing import Usage, price, usage_cost_usd, usage_json
 from jobs.constants import CHUNK_SETTLED, ChunkStatus, FailureCode, JobStatus
+from jobs.failures import FailureClass, backoff_ms, breaker_for, failure_class
 from jobs.jsonl import line_dumps
 from jobs.models import Chunk, Job
 from jobs.results import chunk_key, result_write
@@ -40,6 +41,7 @@ from jobs.services.chunks import (
     chunk_fail,
     chunk_heartbeat,
     chunk_requeue,
+    chunk_send,
     chunk_skip,
     chunks_release,
 )
@@ -68,6 +70,13 @@ def heartbeat_stale() -> timedelta:
     return timedelta(seconds=settings.ANEX_HEARTBEAT_STALE_SECONDS)
 
 CHUNK_ATTEMPTS = 3
+# Failures that are not the chunk's (jobs.failures.FailureClass): how many it waits out
+# before they count as attempts, and how it waits (15 s doubling to 10 min: about an hour).
+CHUNK_DEFERRALS = 10
+INFRA_RETRY_BASE_MS = 15_000
+INFRA_RETRY_CAP_MS = 10 * 60_000
+# A chunk an open breaker hands back is offered again after about this long.
+BREAKER_RESEND_MS = 10_000
 
 
 # --- starting ---------------------------------------------------------------------------
@@ -202,6 +211,17 @@ class _Heartbeat:
 
 
 def chunk_run(*, chunk_id: uuid.UUID | str) -> ChunkStatus | None:
+    waiting = Chunk.objects.select_related("job").filter(
+        pk=chunk_id, status=ChunkStatus.PENDING).first()
+    if waiting is None:
+        return None  # taken already, or settled: a duplicate message
+    breaker = breaker_for(waiting.job.model)
+    if not breaker.allows():
+        # This worker's engine for the model keeps failing: the chunk goes back, unclaimed
+        # and no attempt spent, for a worker whose engine answers (or this one, later).
+        chunk_send(chunk=waiting, delay_ms=backoff_ms(1, base_ms=BREAKER_RESEND_MS,
+                                                      cap_ms=BREAKER_RESEND_MS))
+        return None
     if not chunk_claim(chunk_id=chunk_id):
         return None
     chunk = Chunk.objects.select_related("job", "job__input").get(pk=chunk_id)
@@ -223,10 +243,14 @@ def chunk_run(*, chunk_id: uuid.UUID | str) -> ChunkStatus | None:
         lines = (line_dumps(item) for item in results)
         storage_for(job.data_residency).write_stream(chunk_key(job, chunk.index), lines,
                                                      max_bytes=2**62)
-    except Exception:
-        logger.exception("chunk %s of job %s failed (attempt %s)", chunk.index, job.pk,
-                         chunk.attempts)
-        return _chunk_retry_or_fail(chunk)
+    except Exception as error:
+        failure = failure_class(error)
+        logger.exception("chunk %s of job %s failed (%s, attempt %s)", chunk.index, job.pk,
+                         failure, chunk.attempts)
+        if failure == FailureClass.ENGINE:
+            breaker.failed()
+        return _chunk_retry_or_fail(chunk, failure)
+    breaker.succeeded()
     counts = {outcome: 0 for outcome in RowOutcome}
     for item in results:
         counts[RowOutcome(item["outcome"])] += 1
@@ -234,7 +258,18 @@ def chunk_run(*, chunk_id: uuid.UUID | str) -> ChunkStatus | None:
     return ChunkStatus.DONE
 
 
-def _chunk_retry_or_fail(chunk: Chunk) -> ChunkStatus:
+def _chunk_retry_or_fail(chunk: Chunk,
+                         failure: FailureClass = FailureClass.UNEXPECTED) -> ChunkStatus:
+    """A failed run's chunk again, or failed for good. The infrastructure's or the engine's
+    failure costs no attempt (up to CHUNK_DEFERRALS of them): it waits, backing off with
+    jitter (an S3 outage of a minute is waited out, not counted three times in 15 s); the
+    chunk's own failure spends one of its CHUNK_ATTEMPTS."""
+    if failure != FailureClass.UNEXPECTED and chunk.deferrals < CHUNK_DEFERRALS:
+        base = INFRA_RETRY_BASE_MS if failure == FailureClass.INFRASTRUCTURE \
+            else BREAKER_RESEND_MS
+        chunk_requeue(chunk=chunk, deferred=True, delay_ms=backoff_ms(
+            chunk.deferrals + 1, base_ms=base, cap_ms=INFRA_RETRY_CAP_MS))
+        return ChunkStatus.PENDING
     if chunk.attempts < CHUNK_ATTEMPTS:
         chunk_requeue(chunk=chunk, delay_ms=5_000 * chunk.attempts)
         return ChunkStatus.PENDING
