@@ -140,6 +140,10 @@ LOGIN_REDIRECT_URL = "/console/"
 # The console (console/accounts.py): a sign-up creates the user's organization, with the
 # free grant; optional TOTP two-factor with recovery codes (allauth's MFA, /accounts/2fa/).
 ACCOUNT_ADAPTER = "console.accounts.ConsoleAccountAdapter"
+# Sign-up hashes the password whether or not the address has an account (console.accounts),
+# so its timing does not tell them apart; allauth's sign-up limit (20 a minute per IP
+# address) bounds how fast addresses can be tried at all.
+ACCOUNT_FORMS = {"signup": "console.accounts.ConsoleSignupForm"}
 ACCOUNT_EMAIL_SUBJECT_PREFIX = "[anex] "
 ACCOUNT_LOGOUT_REDIRECT_URL = "/"
 MFA_SUPPORTED_TYPES = ["totp", "recovery_codes"]
