@@ -332,7 +332,8 @@ LOG_LEVEL = env.choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"request_id": {"()": "anex.requestid.RequestIdLogFilter"}},
+    "filters": {"request_id": {"()": "anex.requestid.RequestIdLogFilter"},
+                "secrets": {"()": "anex.logmask.SecretsLogFilter"}},
     "formatters": {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"},
     },
@@ -340,7 +341,7 @@ LOGGING = {
         "console": {
             "class": "logging.StreamHandler",
             "formatter": "plain",
-            "filters": ["request_id"],
+            "filters": ["request_id", "secrets"],
         },
     },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
