@@ -120,3 +120,20 @@ def test_an_answer_past_the_step_budget_is_the_rows_format_error(make_run: Runni
     with pytest.raises(rf.EvaluationBudgetSpent):
         rf.json_schema_satisfied(answer, schema)
     assert rows["plain"]["error"] is None
+
+
+# -- L7: an invitation link's token stays out of the server's logs ---------------------------
+
+@pytest.mark.timeout(300)
+def test_an_invitation_links_token_is_masked_in_the_servers_log(make_run: Running) -> None:
+    # when a link with a token is opened on the running server (signed out, and a guess)
+    token = "e2e-Invitation-TOKEN-4f9c"
+    opened = requests.get(f"http://localhost:{make_run.port}/console/invitations/{token}",
+                          timeout=30, allow_redirects=False)
+    assert opened.status_code == 404
+    # then gunicorn's access line and Django's request log name the path, not the token
+    deadline = time.monotonic() + 30
+    while "/console/invitations/…" not in make_run.log.read_text():
+        assert time.monotonic() < deadline, make_run.log.read_text()[-4000:]
+        time.sleep(0.5)
+    assert token not in make_run.log.read_text()
