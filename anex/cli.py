@@ -9,21 +9,30 @@ address), speaks only HTTP (requests; tqdm draws the bars on stderr), and needs 
 the server's code or settings. Every POST carries an Idempotency-Key, so a retry after a
 dropped connection or a 502/503 never does the work twice. `--json` prints one JSON object
 on stdout for a script; the exit code says how it went (EXIT_* below).
+
+What the server answers is not trusted to name files or drive the terminal: an id it
+answers must look like one (it names the result file, and only as a file name), a text it
+answers is printed without control characters, and the key is sent over plain http only to
+this machine unless --insecure says otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import ipaddress
 import json
 import os
+import re
 import sys
 import time
+import unicodedata
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, NoReturn
+from urllib.parse import urlsplit
 
 import requests
 from tqdm import tqdm
@@ -45,6 +54,14 @@ RETRIES = 5
 RETRY_STATUSES = frozenset({502, 503, 504})
 TIMEOUT_SECONDS = 60
 CHUNK_BYTES = 1024 * 1024
+# What an id the server answers may be (a UUID; the tests' servers answer "j1"): it goes into
+# URL paths and names the default result file.
+ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain"})
+# Bidirectional overrides and isolates reorder what a terminal shows; they are Cf, kept out
+# with the control characters (Cc: escape sequences, carriage returns, bells).
+_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e"
+                  "\u2066\u2067\u2068\u2069")
 
 
 class CliError(Exception):
@@ -54,6 +71,62 @@ class CliError(Exception):
         self.message = message
         self.code = code
         self.status = status
+
+
+# --- what the server answers ---------------------------------------------------------------
+
+
+def printable(text: object) -> str:
+    """A server's text as it may reach the terminal: every control character (escape
+    sequences, carriage returns, newlines) and bidirectional override dropped."""
+    return "".join(char for char in str(text) if char not in _BIDI
+                   and unicodedata.category(char) != "Cc")
+
+
+def server_id(value: object, what: str) -> str:
+    """An id the server answered, refused unless it looks like one."""
+    if not isinstance(value, str) or not ID_PATTERN.fullmatch(value):
+        raise CliError(f"The server answered an invalid {what} id ({printable(value)[:80]!r}); "
+                       "is ANEX_BASE_URL an anex API?")
+    return value
+
+
+def result_path(job_id: str) -> Path:
+    """The default result file: the job id as a file name only, in this directory."""
+    name = Path(job_id).name
+    return Path(f"{name if name not in ('', '.', '..') else 'result'}.jsonl")
+
+
+def transport_problem(url: str, *, insecure: bool) -> str | None:
+    """Why a URL may not be used: plain http to another machine sends the key (or the
+    file, or the result) readable on the way, so it needs --insecure."""
+    parts = urlsplit(url)
+    if parts.scheme == "https" or (parts.scheme == "http" and (
+            insecure or _loopback(parts.hostname or ""))):
+        return None
+    if parts.scheme != "http":
+        return f"{printable(url)[:200]} is not an http(s) URL."
+    return (f"{printable(url)[:200]} is plain http to another machine: the API key and your "
+            "data would cross the network unencrypted. Use https, or pass --insecure.")
+
+
+def _loopback(host: str) -> bool:
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def checked_url(url: object, *, insecure: bool) -> str:
+    """An upload or result URL the server answered, held to the same rule as the base."""
+    if not isinstance(url, str):
+        raise CliError("The server answered no URL; is ANEX_BASE_URL an anex API?")
+    problem = transport_problem(url, insecure=insecure)
+    if problem:
+        raise CliError(f"The server answered {problem}")
+    return url
 
 
 # --- HTTP -------------------------------------------------------------------------------
@@ -66,8 +139,9 @@ def base_url(raw: str) -> str:
 
 
 class Api:
-    def __init__(self, base: str, key: str) -> None:
+    def __init__(self, base: str, key: str, *, insecure: bool = False) -> None:
         self.base = base_url(base)
+        self.insecure = insecure
         self.session = requests.Session()
         self.session.headers.update({"Authorization": f"Bearer {key}",
                                      "User-Agent": "anex-cli/0.1"})
@@ -124,7 +198,7 @@ def _retrying(send: Callable[[], requests.Response]) -> requests.Response:
 def _refused(response: requests.Response) -> CliError:
     body = _json(response)
     detail = body.get("detail") if isinstance(body, dict) else None
-    return CliError(f"{response.status_code}: {detail or response.reason}",
+    return CliError(f"{response.status_code}: {printable(detail or response.reason)}",
                     status=response.status_code)
 
 
@@ -201,12 +275,13 @@ def upload(api: Api, path: Path, *, quiet: bool) -> str:
         raise CliError(f"{path}: no such file.", EXIT_USAGE)
     fmt = "parquet" if path.suffix.lower() == ".parquet" else "jsonl"
     target = api.call("POST", "/inputs", {"format": fmt})
+    upload_url = checked_url(target.get("upload_url"), insecure=api.insecure)
     with bar_make(quiet, total=path.stat().st_size, unit="B", unit_scale=True,
                   unit_divisor=1024, desc="upload") as bar:
         body = FormBody(target["fields"], path, bar)
         try:
             # Not retried: a used upload target refuses a second file; run the command again.
-            response = requests.post(target["upload_url"], data=body, timeout=(30, 600),
+            response = requests.post(upload_url, data=body, timeout=(30, 600),
                                      headers={"Content-Type": body.content_type})
         except requests.ConnectionError as exc:
             raise CliError(f"The upload failed: {exc.__class__.__name__}.") from None
@@ -214,8 +289,8 @@ def upload(api: Api, path: Path, *, quiet: bool) -> str:
             body.close()
     if response.status_code >= 300:
         raise CliError(f"The upload was refused ({response.status_code}): "
-                       f"{response.text.strip()[:500]}")
-    return str(target["id"])
+                       f"{printable(response.text.strip()[:500])}")
+    return server_id(target.get("id"), "input")
 
 
 def download(url: str, out: Path, *, quiet: bool) -> None:
@@ -237,7 +312,12 @@ def download(url: str, out: Path, *, quiet: bool) -> None:
 
 def say(message: str, *, quiet: bool) -> None:
     if not quiet:
-        print(message, file=sys.stderr, flush=True)
+        print(printable(message), file=sys.stderr, flush=True)
+
+
+def show(message: str) -> None:
+    """A line on stdout, as say() on stderr."""
+    print(printable(message))
 
 
 def credits(cents: int | None) -> str:
@@ -259,7 +339,7 @@ def _spinner(desc: str, *, quiet: bool) -> Iterator[Callable[[str], None]]:
     with bar_make(quiet, total=None, desc=desc, bar_format="{desc} {elapsed}",
                   leave=False) as bar:
         def tick(state: str) -> None:
-            bar.set_description_str(state)
+            bar.set_description_str(printable(state))
             bar.update(0)
 
         yield tick
@@ -297,7 +377,8 @@ def wait_done(api: Api, job_id: str, *, quiet: bool) -> dict[str, Any]:
                 bar.total = progress["total_rows"]
             bar.update(progress["done_rows"] - bar.n)
             eta = progress["eta_seconds"]
-            bar.set_postfix_str(f"{job['status']}, eta {eta if eta is not None else '?'} s")
+            bar.set_postfix_str(printable(
+                f"{job['status']}, eta {eta if eta is not None else '?'} s"))
             if job["status"] in TERMINAL:
                 return job
             time.sleep(POLL_SECONDS)
@@ -306,8 +387,8 @@ def wait_done(api: Api, job_id: str, *, quiet: bool) -> dict[str, Any]:
 def fetch_result(api: Api, job_id: str, out: Path | None, *,
                  quiet: bool) -> tuple[Path, dict[str, Any]]:
     link = api.call("GET", f"/jobs/{job_id}/result")
-    target = out or Path(f"{job_id}.jsonl")
-    download(link["result_url"], target, quiet=quiet)
+    target = out or result_path(job_id)
+    download(checked_url(link.get("result_url"), insecure=api.insecure), target, quiet=quiet)
     return target, link
 
 
@@ -318,7 +399,7 @@ def cmd_submit(api: Api, args: argparse.Namespace) -> int:
     body: dict[str, Any] = {"input_id": input_id, "model": args.model}
     if args.max_output_tokens is not None:
         body["max_output_tokens"] = args.max_output_tokens
-    job_id = api.call("POST", "/jobs", body)["id"]
+    job_id = server_id(api.call("POST", "/jobs", body).get("id"), "job")
     job = wait_estimate(api, job_id, quiet=quiet)
     report: dict[str, Any] = {"id": job_id, "input_id": input_id, "estimate": job}
     if job["status"] != "cost_ready":
@@ -350,8 +431,8 @@ def _ended(api: Api, args: argparse.Namespace, job: dict[str, Any],
     status = job["status"]
     report["status"] = status
     if status == "done" or job.get("partial"):
-        path, link = fetch_result(api, job["id"], Path(args.output) if args.output else None,
-                                  quiet=quiet)
+        path, link = fetch_result(api, server_id(job.get("id"), "job"),
+                                  Path(args.output) if args.output else None, quiet=quiet)
         report["result_file"] = str(path)
         report["row_count"] = link["row_count"]
         say(f"{status}: {job.get('success_rows')} rows answered, {job.get('error_rows')} "
@@ -375,8 +456,9 @@ def cmd_check(api: Api, args: argparse.Namespace) -> int:
                          expect=(200, 202))
     except CliError as refused:
         raise _not_deployed(refused, "input checks (POST /batch/v1/checks)") from None
+    check_id = server_id(check.get("id"), "check")
     with _spinner("checking", quiet=quiet) as tick:
-        while (check := api.call("GET", f"/checks/{check['id']}"))["status"] not in (
+        while (check := api.call("GET", f"/checks/{check_id}"))["status"] not in (
                 "passed", "failed"):
             tick(check["status"])
             time.sleep(POLL_SECONDS)
@@ -385,7 +467,7 @@ def cmd_check(api: Api, args: argparse.Namespace) -> int:
         print(json.dumps(check))
     else:
         for row in errors:
-            print(f"line {row.get('line')}: {row.get('custom_id')}: {row.get('reason')}")
+            show(f"line {row.get('line')}: {row.get('custom_id')}: {row.get('reason')}")
         say(f"{check['status']}: {len(errors)} failing row{'s' if len(errors) != 1 else ''}",
             quiet=False)
     return EXIT_OK if check["status"] == "passed" else EXIT_UNSUCCESSFUL
@@ -397,25 +479,28 @@ def cmd_status(api: Api, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**job, "progress": progress}))
         return EXIT_OK
-    print(f"job {job['id']}: {job['status']} ({job['model']})")
+    show(f"job {job['id']}: {job['status']} ({job['model']})")
     if job.get("est_cost_cents") is not None:
-        print(f"  estimate:  {credits(job['est_cost_cents'])}, about "
-              f"{job.get('est_processing_seconds')} s")
+        show(f"  estimate:  {credits(job['est_cost_cents'])}, about "
+             f"{job.get('est_processing_seconds')} s")
     eta = progress["eta_seconds"]
-    print(f"  rows:      {progress['done_rows']} of {progress['total_rows'] or '?'} done"
-          + (f", about {eta} s left" if eta else ""))
+    show(f"  rows:      {progress['done_rows']} of {progress['total_rows'] or '?'} done"
+         + (f", about {eta} s left" if eta else ""))
     if job["status"] in TERMINAL:
-        print(f"  outcome:   {job.get('success_rows')} answered, {job.get('error_rows')} "
-              f"failed, {job.get('truncated_rows')} truncated")
+        show(f"  outcome:   {job.get('success_rows')} answered, {job.get('error_rows')} "
+             f"failed, {job.get('truncated_rows')} truncated")
     if job.get("failure_reason"):
-        print(f"  reason:    {job['failure_reason']}")
+        show(f"  reason:    {job['failure_reason']}")
     return EXIT_OK
 
 
 def _state_command(verb: str) -> Callable[[Api, argparse.Namespace], int]:
     def run(api: Api, args: argparse.Namespace) -> int:
         state = api.call("POST", f"/jobs/{args.job}/{verb}")
-        print(json.dumps(state) if args.json else f"job {state['id']}: {state['status']}")
+        if args.json:
+            print(json.dumps(state))
+        else:
+            show(f"job {state['id']}: {state['status']}")
         return EXIT_OK
 
     return run
@@ -427,7 +512,7 @@ def cmd_result(api: Api, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**link, "result_file": str(path)}))
     else:
-        print(f"{link['row_count']} rows{' (partial)' if link['partial'] else ''} in {path}")
+        show(f"{link['row_count']} rows{' (partial)' if link['partial'] else ''} in {path}")
     return EXIT_OK
 
 
@@ -439,7 +524,10 @@ def cmd_rerun(api: Api, args: argparse.Namespace) -> int:
                          {"include": include} if include else None, expect=(200, 201, 202))
     except CliError as refused:
         raise _not_deployed(refused, "reruns (POST /batch/v1/jobs/{id}/rerun)") from None
-    print(json.dumps(child) if args.json else f"rerun as job {child['id']}: {child['status']}")
+    if args.json:
+        print(json.dumps(child))
+    else:
+        show(f"rerun as job {child['id']}: {child['status']}")
     return EXIT_OK
 
 
@@ -455,6 +543,8 @@ def parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true",
                         help="print one JSON object on stdout, and no bars or prompts' noise")
+    common.add_argument("--insecure", action="store_true",
+                        help="allow plain http:// to a machine other than this one")
     commands = top.add_subparsers(dest="command", required=True)
 
     submit = commands.add_parser("submit", parents=[common],
@@ -497,7 +587,7 @@ def fail(error: CliError, *, as_json: bool) -> NoReturn:
     if as_json:
         print(json.dumps({"error": {"status": error.status, "message": error.message}}))
     else:
-        print(f"anex: {error.message}", file=sys.stderr)
+        print(f"anex: {printable(error.message)}", file=sys.stderr)
     raise SystemExit(error.code)
 
 
@@ -508,7 +598,11 @@ def main(argv: list[str] | None = None) -> int:
         if not key:
             raise CliError("Set ANEX_API_KEY to an API key (make run prints its demo key; "
                            "the console's Keys page makes others).", EXIT_USAGE)
-        api = Api(os.environ.get("ANEX_BASE_URL") or DEFAULT_BASE_URL, key)
+        base = os.environ.get("ANEX_BASE_URL") or DEFAULT_BASE_URL
+        problem = transport_problem(base_url(base), insecure=args.insecure)
+        if problem:
+            raise CliError(f"ANEX_BASE_URL {problem}", EXIT_USAGE)
+        api = Api(base, key, insecure=args.insecure)
         code: int = args.run(api, args)
     except CliError as error:
         fail(error, as_json=args.json)

@@ -32,7 +32,8 @@ from urllib.parse import urlsplit, urlunsplit
 BASE_DIR = Path(__file__).resolve().parent.parent
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # gunicorn's default access line carries the query string and the Referer, where a signed
-# download link's token lives: the path alone is logged, never the query.
+# download link's token lives: the path alone is logged, never the query, and an invitation
+# token in a path is masked (anex.accesslog).
 ACCESS_LOG_FORMAT = '%(h)s %(t)s "%(m)s %(U)s %(H)s" %(s)s %(b)s %(L)s'
 
 
@@ -308,7 +309,8 @@ def cmd_run(services: Services, stopper: Stopper) -> int:
             [sys.executable, "-m", "gunicorn", "anex.wsgi:application",
              "--bind", f"{host}:{port}", "--workers", "2", "--threads", "16",
              "--graceful-timeout", "10", "--access-logfile", "-",
-             "--access-logformat", ACCESS_LOG_FORMAT],
+             "--access-logformat", ACCESS_LOG_FORMAT,
+             "--logger-class", "anex.accesslog.MaskedAccessLogger"],
             env=env, cwd=BASE_DIR,
         ),
         "dramatiq": subprocess.Popen(

@@ -140,6 +140,10 @@ LOGIN_REDIRECT_URL = "/console/"
 # The console (console/accounts.py): a sign-up creates the user's organization, with the
 # free grant; optional TOTP two-factor with recovery codes (allauth's MFA, /accounts/2fa/).
 ACCOUNT_ADAPTER = "console.accounts.ConsoleAccountAdapter"
+# Sign-up hashes the password whether or not the address has an account (console.accounts),
+# so its timing does not tell them apart; allauth's sign-up limit (20 a minute per IP
+# address) bounds how fast addresses can be tried at all.
+ACCOUNT_FORMS = {"signup": "console.accounts.ConsoleSignupForm"}
 ACCOUNT_EMAIL_SUBJECT_PREFIX = "[anex] "
 ACCOUNT_LOGOUT_REDIRECT_URL = "/"
 MFA_SUPPORTED_TYPES = ["totp", "recovery_codes"]
@@ -336,7 +340,8 @@ LOG_LEVEL = env.choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"request_id": {"()": "anex.requestid.RequestIdLogFilter"}},
+    "filters": {"request_id": {"()": "anex.requestid.RequestIdLogFilter"},
+                "secrets": {"()": "anex.logmask.SecretsLogFilter"}},
     "formatters": {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"},
     },
@@ -344,7 +349,7 @@ LOGGING = {
         "console": {
             "class": "logging.StreamHandler",
             "formatter": "plain",
-            "filters": ["request_id"],
+            "filters": ["request_id", "secrets"],
         },
     },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},

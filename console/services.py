@@ -24,6 +24,8 @@ from console.keys import key_generate, secret_hash
 from console.models import ApiKey, Invitation, Membership, Organization
 
 INVITATION_VALIDITY = timedelta(days=7)
+# Invitations an organization may send in 24 hours (each is a mail to any address).
+INVITATIONS_PER_DAY = 50
 
 
 @transaction.atomic
@@ -135,6 +137,14 @@ def invitation_create(*, organization: Organization, actor: Actor, email: str,
                               code="member")
     token = secrets.token_urlsafe(32)
     with transaction.atomic():
+        # Counted under the organization's row lock: two owners at once cannot both pass.
+        Organization.objects.select_for_update().filter(pk=organization.pk).first()
+        sent = Invitation.objects.for_org(organization).filter(
+            created_at__gt=timezone.now() - timedelta(days=1)).count()
+        if sent >= INVITATIONS_PER_DAY:
+            raise ValidationError(
+                f"{organization.name} has sent {INVITATIONS_PER_DAY} invitations in the last "
+                "24 hours, the most a day allows; invite more tomorrow.", code="rate")
         invitation = Invitation.objects.create(
             organization=organization, email=email, role=role,
             token_hash=_invitation_token_hash(token), invited_by=actor.user,

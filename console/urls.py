@@ -16,6 +16,7 @@ from console.views.keys import key_revoke_page, keys_page
 from console.views.organization import (
     audit_page,
     invitation_page,
+    invitation_pending_page,
     members_page,
     organization_switch,
     settings_page,
@@ -37,6 +38,7 @@ urlpatterns = [
     path("settings", settings_page, name="console-settings"),
     path("members", members_page, name="console-members"),
     path("invitations/<str:token>", invitation_page, name="console-invitation"),
+    path("invitation", invitation_pending_page, name="console-invitation-pending"),
     path("organization", organization_switch, name="console-organization-switch"),
     path("audit", audit_page, name="console-audit"),
     path("billing", billing_page, name="console-billing"),

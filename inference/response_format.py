@@ -9,22 +9,25 @@ unsatisfiable schema still reaches the model (and its rows may end as format err
 A schema is also customer code that the worker runs (docs/decisions.md, "Customer JSON
 schemas"), so besides its shape the check refuses what would let it reach outside the
 schema or run without bound: a size and a nesting cap, a `$ref` that does not start with
-`#` (another document: a URL or a file), and a pattern RE2 cannot compile. The evaluator
-below never retrieves a document and matches every pattern with RE2, in linear time.
+`#` (another document: a URL or a file), a pattern RE2 cannot compile, and a schema whose
+branches and references fan out past an evaluation cost bound (CWE-407: a few KB of `oneOf`
+over `$ref`s can visit 2**41 subschemas). The evaluator below never retrieves a document,
+matches every pattern with RE2, in linear time, and stops at a step budget per answer.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
 import re2
 from jsonschema import Draft202012Validator, ValidationError, validators
 from referencing import Registry, Resource
 from referencing.exceptions import NoSuchResource
-from referencing.jsonschema import lookup_recursive_ref
+from referencing.jsonschema import DRAFT202012, lookup_recursive_ref, specification_with
 
 TYPES = ("json_schema", "json_object")
 # The whole response_format, compact JSON, in UTF-8 bytes. A real schema is a few KB;
@@ -39,6 +42,25 @@ REFERENCE_KEYWORDS = ("$ref", "$dynamicRef", "$recursiveRef")
 # RE2 compiles a pattern into an automaton of at most this much memory, or refuses it.
 _RE2_MAX_MEM = 8 * 1024 * 1024
 _QUOTE_CHARS = 100
+# The evaluation cost bound at submit: the subschemas one evaluation visits when every
+# keyword applies once (each property present, one array item), a `$ref` counted as the
+# schema it points to, and a reference back into a schema being counted (recursion) counted
+# once. A structured-output schema has tens to a few thousand (OpenAI's own bound is 5,000
+# object properties); each `$ref` or branch reused in several places multiplies its target's
+# count. About 0.1 s of one core at the rate below.
+MAX_EVALUATION_COST = 10_000
+# The budget of one answer's evaluation, in keyword evaluations (a `type`, a `properties`, a
+# `$ref` each count one). Recursion and arrays multiply the bound above by the answer's shape,
+# so this is what holds. jsonschema takes about 12 us a step: 1.2 s of one core per answer,
+# 5 minutes for a chunk of 256 rows that all spend it, far inside the chunk's 60-minute
+# limit. A 32,768-token answer of 16,000 integers takes about 32,000. Past it the answer is
+# unsatisfied (the row's format_error).
+MAX_EVALUATION_STEPS = 100_000
+# Keywords whose value is one subschema, a list of them, or an object of them.
+_ONE_SCHEMA = ("not", "if", "then", "else", "contains", "additionalItems", "additionalProperties",
+               "propertyNames", "unevaluatedItems", "unevaluatedProperties", "items")
+_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+_SCHEMA_OBJECTS = ("properties", "patternProperties", "dependentSchemas", "dependencies")
 
 
 def response_format_problem(value: Any) -> str | None:
@@ -96,7 +118,83 @@ def _schema_problem(schema: dict[str, Any]) -> str | None:
                 problem = _pattern_problem(str(pattern), f"{where} key")
                 if problem:
                     return problem
+    if _evaluation_cost(json.dumps(schema, ensure_ascii=False, separators=(",", ":"),
+                                   default=str)) > MAX_EVALUATION_COST:
+        return (f"response_format.json_schema.schema would visit more than "
+                f"{MAX_EVALUATION_COST:,} subschemas to check one answer: its oneOf, anyOf, "
+                "allOf and $ref branches multiply. Refer to each shared definition from fewer "
+                "places.")
     return None
+
+
+@functools.lru_cache(maxsize=256)
+def _evaluation_cost(text: str) -> int:
+    """The bound above for one schema (its compact JSON: every row of a file may carry the
+    same one), saturating just past MAX_EVALUATION_COST. Memoized per subschema over the
+    reference graph, without recursion: a chain of thousands of `$ref`s is a legal schema."""
+    schema = json.loads(text)
+    dialect = schema.get("$schema") if isinstance(schema, dict) else None
+    specification = specification_with(dialect if isinstance(dialect, str) else "",
+                                       default=DRAFT202012)
+    resolver = _NO_RETRIEVAL.resolver_with_root(specification.create_resource(schema))
+    saturated = MAX_EVALUATION_COST + 1
+    cost: dict[int, int] = {}
+    children: dict[int, list[Any]] = {}
+    open_: set[int] = set()
+    stack: list[tuple[Any, Any]] = [(schema, resolver)]
+    while stack:
+        node, here = stack[-1]
+        key = id(node)
+        if key in cost:
+            stack.pop()
+        elif key not in open_:
+            open_.add(key)
+            pairs = _subschemas(node, here, specification)
+            children[key] = [child for child, _ in pairs]
+            # a child already open is a reference back (recursion): counted once, below
+            stack.extend(pair for pair in pairs if id(pair[0]) not in open_)
+        else:
+            stack.pop()
+            cost[key] = min(saturated, 1 + sum(cost.get(id(child), 1)
+                                               for child in children.pop(key)))
+            if cost[key] >= saturated:
+                return saturated
+    return cost[id(schema)]
+
+
+def _subschemas(node: Any, resolver: Any, specification: Any) -> list[tuple[Any, Any]]:
+    """The subschemas evaluating `node` may visit at once: its applicators' and what its
+    references resolve to (one that does not resolve visits nothing; it fails the answer)."""
+    if not isinstance(node, dict):
+        return []
+    resolver = resolver.in_subresource(specification.create_resource(node))
+    found: list[Any] = []
+    for keyword in _ONE_SCHEMA:
+        if isinstance(node.get(keyword), dict | bool):
+            found.append(node[keyword])
+    for keyword in _SCHEMA_LISTS:
+        if isinstance(node.get(keyword), list):
+            found.extend(node[keyword])
+    for keyword in _SCHEMA_OBJECTS:
+        if isinstance(node.get(keyword), dict):
+            found.extend(node[keyword].values())
+    pairs = [(child, resolver) for child in found if isinstance(child, dict | bool)]
+    for keyword in REFERENCE_KEYWORDS:
+        ref = node.get(keyword)
+        if not isinstance(ref, str):
+            continue
+        resolved = _resolved(resolver, keyword, ref)
+        if resolved is not None:
+            pairs.append((resolved.contents, resolved.resolver))
+    return pairs
+
+
+def _resolved(resolver: Any, keyword: str, ref: str) -> Any:
+    try:
+        return (lookup_recursive_ref(resolver) if keyword == "$recursiveRef"
+                else resolver.lookup(ref))
+    except Exception:  # unresolvable: the evaluation raises, the answer fails
+        return None
 
 
 def _keywords(schema: dict[str, Any], root: str) -> Iterator[tuple[str, str, Any]]:
@@ -136,19 +234,50 @@ def _regex(pattern: str) -> Any:
 
 # -- evaluation -------------------------------------------------------------------------------
 
-def json_schema_satisfied(value: Any, schema: dict[str, Any]) -> bool:
+def json_schema_satisfied(value: Any, schema: dict[str, Any], *,
+                          steps: int = MAX_EVALUATION_STEPS) -> bool:
     """Whether a parsed answer satisfies the row's schema.
 
     Refs resolve inside the schema only (the registry never retrieves: jsonschema's default
-    one fetches any other URI with urlopen), and every regex runs on RE2. A schema the
-    check above refuses, or anything the evaluation raises, is the caller's to treat as
+    one fetches any other URI with urlopen), every regex runs on RE2, and every keyword
+    evaluated spends one of `steps` (EvaluationBudgetSpent past them). A schema the check
+    above refuses, or anything the evaluation raises, is the caller's to treat as
     unsatisfied."""
     problem = _schema_problem(schema)
     if problem:
         raise ValueError(problem)
     base = validators.validator_for(schema, default=Draft202012Validator)
     validator = _safe(base)(schema, registry=_NO_RETRIEVAL)
-    return bool(validator.is_valid(value))
+    token = _steps_left.set([steps])
+    try:
+        return bool(validator.is_valid(value))
+    finally:
+        _steps_left.reset(token)
+
+
+class EvaluationBudgetSpent(ValueError):
+    """An answer's evaluation took more than its step budget."""
+
+
+# The steps the evaluation running in this thread may still take (one mutable cell).
+_steps_left: ContextVar[list[int] | None] = ContextVar("schema_steps_left", default=None)
+
+
+def _step() -> None:
+    left = _steps_left.get()
+    if left is None:
+        return
+    left[0] -= 1
+    if left[0] < 0:
+        raise EvaluationBudgetSpent(
+            f"checking the answer took more than {MAX_EVALUATION_STEPS:,} schema steps")
+
+
+def _counted(keyword: Callable[..., Any]) -> Callable[..., Any]:
+    def counted(validator: Any, value: Any, instance: Any, schema: Any) -> Any:
+        _step()
+        return keyword(validator, value, instance, schema)
+    return counted
 
 
 def _never_retrieve(uri: str) -> Resource[Any]:
@@ -209,6 +338,7 @@ def _evaluated_keys(validator: Any, instance: dict[str, Any], schema: Any) -> li
     $recursiveRef), with patternProperties matched by RE2: the library's own uses `re`."""
     if validator.is_type(schema, "boolean"):
         return []
+    _step()
     keys: list[str] = []
     resolved_schemas = []
     for keyword in ("$ref", "$dynamicRef"):
@@ -283,7 +413,8 @@ _SAFE_KEYWORDS = {
 @functools.cache
 def _safe(base: Any) -> Any:
     """The draft's validator with every regex keyword on RE2 (only the keywords the draft
-    has: unevaluatedProperties means nothing before 2019-09)."""
-    overrides = {keyword: function for keyword, function in _SAFE_KEYWORDS.items()
-                 if keyword in base.VALIDATORS}
-    return validators.extend(base, overrides)
+    has: unevaluatedProperties means nothing before 2019-09), each keyword counting a step."""
+    keywords = {**base.VALIDATORS, **{keyword: function for keyword, function
+                                      in _SAFE_KEYWORDS.items() if keyword in base.VALIDATORS}}
+    return validators.extend(base, {keyword: _counted(function)
+                                    for keyword, function in keywords.items()})

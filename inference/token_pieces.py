@@ -15,7 +15,10 @@ for such a tokenizer, and for any whose piecewise counts differ from its whole c
 probe corpus: the caller then counts whole texts. Exactness is held by
 tests/unit/test_token_pieces.py on the local checkpoints.
 
-One PieceCounts per file checked (JobContext), never shared: its memo is that file's.
+One PieceCounts per file checked (JobContext), never shared: its memo is that file's. It
+remembers only short pieces, and only so many characters of them: a file of unique long
+messages would otherwise keep its whole text (several times its size) in the estimate's
+memory.
 """
 
 from __future__ import annotations
@@ -28,9 +31,15 @@ from itertools import chain
 import numpy as np
 from tokenizers import Tokenizer
 
-# The memo is emptied when it holds this many pieces (a file's repeated pieces come back at
-# once; its unique ones would otherwise pile up).
+# The memo is emptied when it holds this many pieces, or this many characters of them (a
+# file's repeated pieces come back at once; its unique ones would otherwise pile up): at
+# most 8 Mi characters, 32 MiB of text at 4 bytes a character, plus the entries.
 MEMO_PIECES = 65_536
+MEMO_CHARS = 8 * 1024 * 1024
+# A piece longer than this is counted each time it comes and never remembered: what repeats
+# across a file's rows (a system prompt, the role headers) is shorter, and one tokenizing of
+# a long piece costs little beside its own length.
+MEMO_PIECE_CHARS = 16_384
 # Texts the self-check at load counts both ways: added tokens at the edges, inside words,
 # beside spaces and newlines, twice in a row, and non-ASCII text.
 _PROBES = (
@@ -52,6 +61,7 @@ class PieceCounts:
         self._tokenizer = tokenizer
         self._split = split
         self._memo: dict[str, int] = {"": 0}
+        self._memo_chars = 0
 
     @classmethod
     def splitter(cls, tokenizer: Tokenizer) -> Callable[[str], list[str]] | None:
@@ -83,10 +93,17 @@ class PieceCounts:
                          np.fromiter(map(len, pieces), np.int64, len(pieces)))
 
     def _learn(self, counted: dict[str, int]) -> None:
-        if len(self._memo) + len(counted) > MEMO_PIECES:
-            self._memo.clear()
-            self._memo[""] = 0
-        self._memo.update(counted)
+        memo = self._memo
+        for piece, count in counted.items():
+            size = len(piece)
+            if size > MEMO_PIECE_CHARS:
+                continue
+            if len(memo) >= MEMO_PIECES or self._memo_chars + size > MEMO_CHARS:
+                memo.clear()
+                memo[""] = 0
+                self._memo_chars = 0
+            memo[piece] = count
+            self._memo_chars += size
 
 
 class PiecePlan:

@@ -7,7 +7,9 @@ committing. So:
 
 - the same key with the same request within 24 hours answers the stored status and body
   (with `Idempotent-Replayed: true`) and does nothing again;
-- the same key with another request (another endpoint, another job, another body) is 422;
+- the same key with another request (another endpoint, another job, another body, sent
+  with another API key or to the other region's host) is 422: a key never replays an
+  answer its own scopes or budget would not have given;
 - a duplicate that arrives while the first is still running waits on the unique index
   for the first's transaction to end, then replays its response: the work is done once.
   Past WAIT_SECONDS it is answered 409 with Retry-After instead, as Stripe answers a
@@ -40,6 +42,7 @@ from rest_framework.response import Response
 from anex.api.errors import ApiError, error_response
 from anex.crypto import DecryptionFailed, secret_decrypt, secret_encrypt
 from anex.errors import Conflict, Malformed
+from anex.regions import request_region
 from console.models import ApiKey, Organization
 from jobs.models import IdempotencyRecord
 
@@ -61,7 +64,8 @@ _UNIQUE_KEY = "idempotency_unique_key"
 BAD_KEY_DETAIL = (f"{HEADER} must be 1 to {KEY_MAX_LENGTH} printable ASCII characters "
                   "(a UUID is a good key).")
 MISMATCH_DETAIL = (f"This {HEADER} was already used in the last 24 hours for a different "
-                   "request (another endpoint, job or body): use a new key for a new request.")
+                   "request (another endpoint, job or body, or another API key or API host): "
+                   "use a new key for a new request.")
 IN_FLIGHT_DETAIL = (f"A request with this {HEADER} is still being processed. Retry after the "
                     "seconds in the Retry-After header to get its response.")
 UNREADABLE_DETAIL = (f"The response kept under this {HEADER} can no longer be read (the "
@@ -84,18 +88,22 @@ IN_FLIGHT_DESCRIPTION = "a request with the same Idempotency-Key still in progre
 Handler = TypeVar("Handler", bound=Callable[..., Response])
 
 
-def fingerprint_of(method: str, path: str, data: Any) -> str:
-    """What makes two requests "the same": method, path and the body's JSON with its keys
-    sorted (whitespace and key order do not matter; any value does)."""
+def fingerprint_of(method: str, path: str, data: Any, *, api_key: ApiKey, region: str) -> str:
+    """What makes two requests "the same": method, path, the body's JSON with its keys
+    sorted (whitespace and key order do not matter; any value does), the API key that sent
+    it and the region of the host it reached. Another key (other scopes, another budget)
+    or the other region's host never replays this one's answer."""
     body = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(f"{method} {path}\n{body}".encode()).hexdigest()
+    return hashlib.sha256(
+        f"{method} {path}\n{api_key.pk} {region}\n{body}".encode()).hexdigest()
 
 
-def request_fingerprint(request: Request) -> str:
+def request_fingerprint(request: Request, api_key: ApiKey) -> str:
     data: Any = request.data
     if isinstance(data, QueryDict):
         data = {name: data.getlist(name) for name in data}
-    return fingerprint_of(request.method or "", request.path, data)
+    return fingerprint_of(request.method or "", request.path, data, api_key=api_key,
+                          region=request_region(request))
 
 
 def _key_valid(key: str) -> bool:
@@ -194,7 +202,7 @@ def idempotent(handler: Handler) -> Handler:
         # The decorated views authenticate by API key first (anex.api.authentication).
         assert isinstance(request.auth, ApiKey), "an Idempotency-Key view without an API key"
         organization = request.auth.organization
-        fingerprint = request_fingerprint(request)
+        fingerprint = request_fingerprint(request, request.auth)
         try:
             with transaction.atomic():
                 record = idempotency_claim(organization=organization, key=key,

@@ -8,6 +8,7 @@ from typing import cast
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
+from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
@@ -141,12 +142,38 @@ def members_page(request: HttpRequest, console: Console) -> HttpResponse:
                 invitations=invitation_open_list(organization=console.organization))
 
 
+# An invitation's token, kept in the session while its invitee signs in or up: the sign-in
+# page's ?next= then names the token-less page (console-invitation-pending).
+SESSION_INVITATION = "anex_invitation_token"
+
+
+@require_http_methods(["GET", "POST"])
+def invitation_page(request: HttpRequest, token: str) -> HttpResponse:
+    """The link in an invitation mail: accept it signed in with the invited address. A
+    visitor not signed in is sent to sign in with the token in the session, not in ?next=
+    (the link's path is masked in the logs, anex.logmask)."""
+    if not request.user.is_authenticated:
+        if invitation_for_token(token) is None:
+            raise Http404("This invitation has been used, has expired, or never existed.")
+        request.session[SESSION_INVITATION] = token
+        return redirect_to_login(reverse("console-invitation-pending"))
+    return _invitation(request, token)
+
+
 @require_http_methods(["GET", "POST"])
 @login_required
-def invitation_page(request: HttpRequest, token: str) -> HttpResponse:
-    """The link in an invitation mail: accept it signed in with the invited address."""
+def invitation_pending_page(request: HttpRequest) -> HttpResponse:
+    """The invitation whose link was opened before signing in (its token in the session)."""
+    token = request.session.get(SESSION_INVITATION)
+    if not isinstance(token, str):
+        raise Http404("No invitation is waiting: open the link in the invitation mail.")
+    return _invitation(request, token)
+
+
+def _invitation(request: HttpRequest, token: str) -> HttpResponse:
     invitation = invitation_for_token(token)
     if invitation is None:
+        request.session.pop(SESSION_INVITATION, None)
         raise Http404("This invitation has been used, has expired, or never existed.")
     user = cast(User, request.user)
     if request.method == "POST":
@@ -155,7 +182,8 @@ def invitation_page(request: HttpRequest, token: str) -> HttpResponse:
         except (PermissionDenied, ValidationError) as error:
             messages.error(request, str(error.messages[0] if isinstance(error, ValidationError)
                                         else error))
-            return redirect("console-invitation", token=token)
+            return redirect(request.path)
+        request.session.pop(SESSION_INVITATION, None)
         request.session[SESSION_ORGANIZATION] = str(membership.organization_id)
         messages.success(request, f"You joined {membership.organization.name}.")
         return redirect("console-jobs")

@@ -111,6 +111,14 @@ class EmbeddingEngine:
         return encoded
 
     def _refusal(self, row: EmbedRow) -> RowError | None:
+        if isinstance(row.text, list):
+            # The row checks take content parts on a VL model (priced at the media rate),
+            # but this engine embeds text: until media serving exists the row is refused,
+            # unbilled, rather than embedding the list's Python text.
+            return RowError.invalid_request(
+                f"This row's input is a list of content parts (images, video or text parts): "
+                f"model '{self.model_id}' is served for text only for now. Send the input "
+                "as a single string.", param="input")
         if not isinstance(row.text, str) or not row.text:
             return RowError.invalid_request("embeddings input must be a non-empty string",
                                             param="input")

@@ -100,7 +100,9 @@ class ChatOutcome:
 
 @dataclass(frozen=True)
 class EmbedRow:
-    """One /v1/embeddings row: the text, verbatim, and the row's dimensions (None: native)."""
+    """One /v1/embeddings row: the text, verbatim, and the row's dimensions (None: native).
+    A row's input that is not a string (content parts) reaches the engine as it is, and the
+    engine refuses it."""
 
     text: str
     dimensions: int | None = None

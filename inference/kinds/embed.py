@@ -134,9 +134,10 @@ class EmbedKind(TaskKind[EmbedRow, EmbedOutcome, EmbedRunner]):
 
 
     def engine_request(self, job: ServedJob, body: dict[str, Any]) -> EmbedRow:
-        # A row's own dimensions win over the job's.
-        return EmbedRow(text=str(body["input"]),
-                        dimensions=body.get("dimensions") or job.dimensions)
+        # A row's own dimensions win over the job's. The input goes as it is: a list of
+        # content parts (a VL model's media row) is refused by the engine, never embedded as
+        # the Python text of the list.
+        return EmbedRow(text=body["input"], dimensions=body.get("dimensions") or job.dimensions)
 
     def engine_run(self, job: ServedJob, requests: list[EmbedRow]) -> list[EmbedOutcome]:
         return self.engine(job.model).embed(requests)

@@ -35,7 +35,10 @@ def job_result_link(*, job: Job) -> dict[str, object]:
 
 def job_data_delete(*, job: Job, actor: Actor) -> tuple[Job, bool]:
     """DELETE /jobs/{id}/data. Returns the job and whether its data is gone now (200)
-    or will go once it has stopped (202). Idempotent."""
+    or will go once it has stopped (202). Idempotent.
+
+    A re-run's input is its parent's rows, copied (jobs.services.rerun): deleting the
+    parent's data deletes each re-run's the same way, a re-run still running cancelled."""
     with transaction.atomic():
         Job.objects.filter(pk=job.pk).update(data_delete_requested=True)
         job.refresh_from_db()
@@ -44,7 +47,10 @@ def job_data_delete(*, job: Job, actor: Actor) -> tuple[Job, bool]:
     if job.status in TERMINAL_STATUSES:
         # A job that stopped just now was purged on the cancel's commit; this purge keeps
         # that first time (and covers a job that was already terminal).
-        return job_data_purge(job=job), True
+        job = job_data_purge(job=job)
+        for child in Job.objects.filter(parent=job).select_related("input"):
+            job_data_delete(job=child, actor=actor)
+        return job, True
     # Still stopping, or still estimating (a job_transition into any terminal state purges
     # it: cancelled when its estimate is ready, or failed).
     return job, False

@@ -34,6 +34,7 @@ from inference.constants import InputFormat
 from jobs import dispatch
 from jobs.constants import InputStatus
 from jobs.models import Input
+from jobs.services.purge import input_quotes_purge
 from jobs.services.webhooks import delivery_enqueue, webhook_secret_new
 from jobs.storage import StorageTooLarge, storage_for
 
@@ -408,5 +409,6 @@ def inputs_expire() -> int:
         Input.objects.filter(pk=item.pk).update(
             status=InputStatus.EXPIRED if item.status == InputStatus.READY else item.status,
             deleted_at=now)
+        input_quotes_purge(input_id=item.pk)
         count += 1
     return count

@@ -1,15 +1,18 @@
 """A stopped job's data removed from storage: on request (DELETE /jobs/{id}/data, a cancel
 that asked for it) and 30 days after it ended. The job record (statuses, counts, cost,
-dates) stays; its input object, result object and every intermediate (chunk results) go.
+dates) stays; its input object, result object and every intermediate (chunk results) go,
+and so do the failing rows quoted by the checks of its input (input_quotes_purge).
 """
 
 from __future__ import annotations
+
+import uuid
 
 from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
 from jobs.constants import TERMINAL_STATUSES, InputStatus
-from jobs.models import Input, Job
+from jobs.models import Input, Job, PreflightCheck
 from jobs.results import chunk_key
 from jobs.services.rows import parquet_cache_purge
 from jobs.storage import storage_for
@@ -42,11 +45,18 @@ def job_data_purge(*, job: Job) -> Job:
             status=Case(When(status=InputStatus.READY, then=Value(InputStatus.EXPIRED)),
                         default=F("status")),
             deleted_at=timezone.now())
+        input_quotes_purge(input_id=job.input.pk)
     parquet_cache_purge(job_id=job.pk)
     Job.objects.filter(pk=job.pk, data_deleted_at__isnull=True).update(
         data_deleted_at=timezone.now())
     job.refresh_from_db()
     return job
+
+
+def input_quotes_purge(*, input_id: uuid.UUID) -> None:
+    """A deleted input's rows are not kept elsewhere: its checks' `errors` quote them (a
+    reason names a row's custom_id and its content), so they go with it; the counts stay."""
+    PreflightCheck.objects.filter(input_id=input_id).exclude(errors=[]).update(errors=[])
 
 
 def results_purge_expired() -> int:

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 import numpy as np
-import orjson
 
 from inference.rows.core import (
     ENDPOINTS,
@@ -33,6 +32,7 @@ from inference.rows.core import (
     listing,
     thousands,
 )
+from jobs.jsonl import line_loads
 from jobs.validation.core import CountBatch, FileContext, RowError, RowErrors, Tally
 from jobs.validation.ids import IdSet
 
@@ -41,25 +41,6 @@ _NEWLINE = ord("\n")
 # A block: about 2,500 short chat rows, decoded together by the fast lane (a few MB of
 # Python objects at a time, whatever the file holds).
 _READ_BYTES = 256 * 1024
-
-
-def _no_constants(name: str) -> object:
-    raise ValueError(f"{name} is not JSON")
-
-
-# One decoder for the whole read (json.loads builds a new one per call); NaN and Infinity,
-# which Python's json accepts, are not JSON and would not survive the row's serving.
-_DECODER = json.JSONDecoder(parse_constant=_no_constants)
-
-
-def _loads(line: bytes) -> object:
-    """orjson, and where it refuses a line, the standard decoder, whose answer (a value
-    orjson will not take, such as an integer wider than 64 bits) or message is the one
-    the checker has always given."""
-    try:
-        return orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return _DECODER.decode(line.decode("utf-8"))
 
 
 def validate_jsonl(stream: BinaryIO, options: JobOptions, *, count_tokens: CountTokens,
@@ -190,7 +171,8 @@ class _LineCheck:
         if not line:
             return line, None
         try:
-            return line, _loads(line)
+            # The run's own reader (jobs.jsonl): NaN, Infinity and lone surrogates refused
+            return line, line_loads(line)
         except ValueError as error:  # JSONDecodeError, and UnicodeDecodeError for non-UTF-8
             detail = f" ({error.msg} at column {error.colno})" \
                 if isinstance(error, json.JSONDecodeError) else ""

@@ -398,3 +398,45 @@ def test_a_check_whose_read_was_lost_is_failed_by_the_sweep(
         {"line": None, "custom_id": None, "reason": CHECK_FAILED_INTERNALLY}])
     assert api.get(f"{CHECKS}/{fresh}").json()["status"] == "checking"
     assert check_run(check_id=lost) is None  # a late worker changes nothing
+
+
+# -- issue 22, L10: a check's quoted rows go with its input's data ------------------------
+
+
+def secret_row(custom_id: str) -> bytes:
+    return chat_row(custom_id, [{"type": "hologram", "text": "my card is 4111 1111"}])
+
+
+@pytest.mark.django_db
+def test_deleting_a_jobs_data_deletes_the_rows_its_inputs_checks_quote(
+        api: APIClient, organization: Organization) -> None:
+    # given a check of an input whose failing rows it quotes, and a finished job on it
+    item = input_ready(organization, chat_row("fine") + secret_row("card-row"))
+    body = checked(api, check_start(api, str(item.pk))["id"])
+    assert [error["custom_id"] for error in body["errors"]] == ["card-row"]
+    job = job_make(organization, status=JobStatus.DONE)
+    Job.objects.filter(pk=job.pk).update(input=item)
+    # when the job's data is deleted
+    assert api.delete(f"{JOBS}/{job.pk}/data").status_code == 200
+    # then the check no longer quotes the rows (its verdict and counts stay)
+    after = api.get(f"{CHECKS}/{body['id']}").json()
+    assert after["errors"] == []
+    assert (after["status"], after["error_count"], after["row_count"]) == ("failed", 1, 2)
+    assert "card-row" not in json.dumps(after) and "4111" not in json.dumps(after)
+
+
+@pytest.mark.django_db
+def test_an_expired_inputs_checks_lose_their_quoted_rows(
+        api: APIClient, organization: Organization) -> None:
+    from jobs.models import Input
+    from jobs.services.inputs import inputs_expire
+
+    item = input_ready(organization, secret_row("card-row"))
+    check_id = checked(api, check_start(api, str(item.pk))["id"])["id"]
+    other = input_ready(organization, secret_row("kept-row"))
+    kept_id = checked(api, check_start(api, str(other.pk))["id"])["id"]
+    Input.objects.filter(pk=item.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert inputs_expire() == 1
+    assert api.get(f"{CHECKS}/{check_id}").json()["errors"] == []
+    assert [e["custom_id"] for e in api.get(f"{CHECKS}/{kept_id}").json()["errors"]] == [
+        "kept-row"]

@@ -164,3 +164,131 @@ def test_check_prints_every_failing_row_and_exits_3(anex: Any, server: LocalServ
     assert err == "failed: 2 failing rows\n"
     sent = json.loads(next(s.body for s in server.requests if s.path == "/batch/v1/checks"))
     assert sent == {"input_id": "i1", "model": "laya"}
+
+
+# -- issue 22, L2: what a server answers does not name files or drive the terminal ----------
+
+class AnyJob(dict[str, Any]):
+    """A fake server's routes that answer any job path as the job `job`: the path the
+    client builds from an id like '../x' is then answered too, as a hostile server would."""
+
+    def __init__(self, server: LocalServer, job: dict[str, Any]) -> None:
+        super().__init__()
+        self.server, self.job = server, job
+
+    def get(self, path: str, default: Any = None) -> Any:
+        answers = {"/batch/v1/inputs": {"id": "i1", "upload_url": self.server.url("/upload"),
+                                        "fields": {}},
+                   "/batch/v1/jobs": {"id": self.job.get("created", "j1"),
+                                      "status": "submitted"}}
+        if path in ("/upload", "/result"):
+            body = b"" if path == "/upload" else b'{"custom_id":"r1"}\n'
+            return lambda handler: reply(handler, 204 if path == "/upload" else 200, body)
+        if path.endswith("/result"):
+            answer: dict[str, Any] = {"result_url": self.server.url("/result"),
+                                      "row_count": 1, "partial": False}
+        elif path.endswith("/progress"):
+            answer = {"done_rows": 1, "total_rows": 1, "eta_seconds": None}
+        else:
+            answer = answers.get(path, {"status": "done", **self.job, "id": self.job.get(
+                "id", self.job.get("created"))})
+        return lambda handler: reply(handler, body=json.dumps(answer).encode())
+
+
+@pytest.mark.parametrize("job", [
+    {"created": "../../../escaped"},  # the id POST /jobs answers
+    {"id": "../../../escaped", "status": "done"},  # the id the job then reads
+    {"id": "{tmp_path}/escaped", "status": "done"},  # an absolute path
+])
+def test_a_servers_job_id_never_names_a_file_outside_the_directory(
+        anex: Any, server: LocalServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        job: dict[str, Any]) -> None:
+    # given a server that answers a path for a job id, and a client run three levels down
+    job = {key: value.replace("{tmp_path}", str(tmp_path)) for key, value in job.items()}
+    server.routes = AnyJob(server, job)
+    here = tmp_path / "a" / "b" / "c"
+    here.mkdir(parents=True)
+    (here / "rows.jsonl").write_bytes(ROW)
+    monkeypatch.chdir(here)
+    monkeypatch.setenv("ANEX_BASE_URL", server.url())
+    # when a job is submitted, to be waited on and its result written by default name
+    code, _, err = anex("submit", "rows.jsonl", "--model", "laya", "--approve", "--wait")
+    # then the id is refused, and nothing was written anywhere
+    assert code == cli.EXIT_ERROR
+    assert "The server answered an invalid job id" in err
+    assert sorted(path.name for path in tmp_path.rglob("*")) == ["a", "b", "c", "rows.jsonl"]
+
+
+def test_the_default_result_file_is_the_id_as_a_file_name_only() -> None:
+    assert cli.result_path("6f1c0c9e-7d6e-4b1e-9d36-0d1f8f0b9a1e") == Path(
+        "6f1c0c9e-7d6e-4b1e-9d36-0d1f8f0b9a1e.jsonl")
+    assert cli.result_path("../../x") == Path("x.jsonl")
+    assert cli.result_path("/etc/cron.d/x") == Path("x.jsonl")
+    assert cli.result_path("..") == Path("result.jsonl")
+
+
+def test_control_characters_from_the_server_never_reach_the_terminal(
+        anex: Any, server: LocalServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    # given a server whose texts carry escape sequences (clear the screen, set the title),
+    # a carriage return that overwrites the line, a bell, and a bidirectional override
+    evil = "\x1b[2J\x1b]0;owned\x07fine\rforged \u202eevil\x9b31m"
+    server.routes["/batch/v1/jobs/j1"] = lambda handler: reply(handler, body=json.dumps({
+        "id": "j1", "status": "failed", "model": evil, "failure_reason": evil}).encode())
+    server.routes["/batch/v1/jobs/j1/progress"] = lambda handler: reply(
+        handler, body=b'{"done_rows": 0, "total_rows": 1, "eta_seconds": null}')
+    server.routes["/batch/v1/jobs/j1/approve"] = lambda handler: reply(
+        handler, 409, json.dumps({"detail": evil}).encode())
+    monkeypatch.setenv("ANEX_BASE_URL", server.url())
+    # when its job is shown, and an action it refuses is tried
+    code, out, _ = anex("status", "j1")
+    refused, _, err = anex("approve", "j1")
+    # then what is printed has the text without any control character
+    assert code == cli.EXIT_OK and refused == cli.EXIT_ERROR
+    for printed in (out, err):
+        assert not any(char in printed for char in "\x1b\x07\r\u202e\x9b"), repr(printed)
+        assert "[2J]0;ownedfineforged evil31m" in printed
+    assert err == "anex: 409: [2J]0;ownedfineforged evil31m\n"
+    # and --json keeps the server's text whole, escaped
+    _, out, _ = anex("status", "j1", "--json")
+    assert json.loads(out)["failure_reason"] == evil and "\x1b" not in out
+
+
+@pytest.mark.parametrize("base", ["http://anex.invalid", "http://198.51.100.7:8000",
+                                  "ftp://localhost"])
+def test_plain_http_to_another_machine_needs_insecure(
+        anex: Any, server: LocalServer, monkeypatch: pytest.MonkeyPatch, base: str) -> None:
+    # given ANEX_BASE_URL in plain http to another machine (the key would travel readable)
+    monkeypatch.setenv("ANEX_BASE_URL", base)
+    # then the command is refused before anything is sent
+    code, _, err = anex("status", "j1")
+    assert code == cli.EXIT_USAGE
+    assert err.startswith(f"anex: ANEX_BASE_URL {base}/batch/v1 is ")
+    if base.startswith("http:"):
+        assert "Use https, or pass --insecure." in err
+    if base == "http://anex.invalid":
+        # and --insecure lets it try (the name resolves nowhere: it cannot reach it)
+        monkeypatch.setattr(cli, "RETRIES", 1)
+        code, _, err = anex("status", "j1", "--insecure")
+        assert code == cli.EXIT_ERROR and "Cannot reach the anex API" in err
+
+
+def test_this_machine_over_http_and_any_https_are_allowed() -> None:
+    for url in ("http://localhost:8000/batch/v1", "http://127.0.0.1/batch/v1",
+                "http://[::1]:9/batch/v1", "https://api.anex.example/batch/v1"):
+        assert cli.transport_problem(url, insecure=False) is None
+
+
+def test_an_upload_target_in_plain_http_elsewhere_is_refused(
+        anex: Any, server: LocalServer, monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    # given a local server that sends the file to another machine over plain http
+    server.routes["/batch/v1/inputs"] = lambda handler: reply(handler, body=json.dumps({
+        "id": "i1", "upload_url": "http://198.51.100.7/upload", "fields": {}}).encode())
+    monkeypatch.setenv("ANEX_BASE_URL", server.url())
+    source = tmp_path / "rows.jsonl"
+    source.write_bytes(ROW)
+    code, _, err = anex("check", str(source), "--model", "laya")
+    assert code == cli.EXIT_ERROR
+    assert err == ("anex: The server answered http://198.51.100.7/upload is plain http to "
+                   "another machine: the API key and your data would cross the network "
+                   "unencrypted. Use https, or pass --insecure.\n")

@@ -280,7 +280,7 @@ def test_a_duplicate_waits_for_the_first_then_409_past_the_wait(
     # given a first request that holds its key in a transaction that has not ended
     monkeypatch.setattr(idempotency, "WAIT_SECONDS", 1)
     organization = organization_make()
-    _, plaintext = api_key_make(organization)
+    api_key, plaintext = api_key_make(organization)
     holding, release = threading.Event(), threading.Event()
 
     def first() -> None:
@@ -288,7 +288,8 @@ def test_a_duplicate_waits_for_the_first_then_409_past_the_wait(
             with transaction.atomic():
                 IdempotencyRecord.objects.create(
                     organization=organization, key="slow",
-                    fingerprint=fingerprint_of("POST", INPUTS, {"format": "jsonl"}),
+                    fingerprint=fingerprint_of("POST", INPUTS, {"format": "jsonl"},
+                                               api_key=api_key, region="world"),
                     status_code=200,
                     body_encrypted=secret_encrypt('{"id": "the first answer"}'),
                     expires_at=timezone.now() + timedelta(hours=24))
@@ -314,3 +315,45 @@ def test_a_duplicate_waits_for_the_first_then_409_past_the_wait(
     late = keyed(_client(plaintext), INPUTS, {"format": "jsonl"}, "slow")
     assert (late.status_code, late.json()) == (200, {"id": "the first answer"})
 
+
+
+# --- issue 22, L1: a key is bound to the API key that used it and the host's region -----
+
+
+@pytest.mark.django_db
+def test_another_api_key_cannot_replay_an_answer_past_its_own_scopes(
+        organization: Organization) -> None:
+    # given a job approved by an unscoped key under an Idempotency-Key
+    job = job_make(organization, model="laya")
+    _, first = api_key_make(organization)
+    approved = keyed(_client(first), f"{JOBS}/{job.pk}/approve", None, "approve-once")
+    assert approved.status_code == 200
+    # when a key of the same organization scoped to another model sends the same request
+    # under the same key
+    _, narrow = api_key_make(organization, model_scopes=["qwen3.8-27b"])
+    replayed = keyed(_client(narrow), f"{JOBS}/{job.pk}/approve", None, "approve-once")
+    # then it is not handed the first key's answer: the key is another request's
+    assert (replayed.status_code, replayed.json()) == (422, {"detail": MISMATCH_DETAIL})
+    assert "Idempotent-Replayed" not in replayed
+    # and without the header its own scopes answer, as they always did
+    own = _client(narrow).post(f"{JOBS}/{job.pk}/approve")
+    assert own.status_code == 403, own.json()
+    # while the first key still replays its own answer
+    again = keyed(_client(first), f"{JOBS}/{job.pk}/approve", None, "approve-once")
+    assert (again.status_code, again.json(), again["Idempotent-Replayed"]) == (
+        200, approved.json(), "true")
+
+
+@pytest.mark.django_db
+def test_the_other_regions_host_cannot_replay_an_answer(organization: Organization) -> None:
+    # given an input created on the world host under an Idempotency-Key
+    _, plaintext = api_key_make(organization)
+    client = _client(plaintext)
+    created = keyed(client, INPUTS, {"format": "jsonl"}, "input-once")
+    assert created.status_code == 200
+    # when the same key, request and API key reach the EU host
+    eu = client.post(INPUTS, {"format": "jsonl"}, format="json",
+                     HTTP_IDEMPOTENCY_KEY="input-once", HTTP_HOST="api-eu.anex.sh")
+    # then the world host's answer (its upload target, its region) is not replayed there
+    assert (eu.status_code, eu.json()) == (422, {"detail": MISMATCH_DETAIL})
+    assert Input.objects.for_org(organization).count() == 1

@@ -346,3 +346,30 @@ def test_the_cli_reruns_with_include(anex: Any, organization: Organization) -> N
     child = Job.objects.filter(parent=parent).order_by("-created_at").first()
     assert child is not None and child.rerun_include == ["error"]
     assert (code, out) == (0, f"rerun as job {child.pk}: submitted\n")
+
+
+def test_deleting_a_parents_data_deletes_its_reruns_copies_of_its_rows(
+        api: APIClient, organization: Organization) -> None:
+    # Issue 22, L10: a re-run's input is a copy of its parent's rows; it outlived the
+    # parent's DELETE /jobs/{id}/data.
+    # given a parent with a finished re-run and one waiting at its estimate
+    parent = parent_done(organization)
+    finished = approve_and_run(api, rerun(api, parent)["id"],
+                               lambda ident: RowOutcome.SUCCESS, "first")
+    waiting = Job.objects.get(pk=rerun(api, parent)["id"])
+    assert job_estimate(job_id=waiting.pk) == JobStatus.COST_READY
+    copies = [local_path(child.input.object_key)
+              for child in Job.objects.filter(parent=parent).select_related("input")
+              if child.input is not None]
+    assert len(copies) == 2 and all(path.exists() for path in copies)
+    # when the parent's data is deleted
+    assert api.delete(f"{JOBS}/{parent.pk}/data").status_code == 200
+    # then no copy of its rows is left: each re-run's data is deleted too, the waiting one
+    # cancelled first
+    assert not any(path.exists() for path in copies)
+    finished.refresh_from_db()
+    waiting.refresh_from_db()
+    assert finished.data_deleted_at is not None and waiting.data_deleted_at is not None
+    assert waiting.status == JobStatus.CANCELLED
+    assert not local_path(finished.result_key).exists()
+    assert api.get(f"{JOBS}/{finished.pk}/result").status_code == 410

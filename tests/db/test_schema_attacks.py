@@ -54,6 +54,29 @@ def assert_untouched(server: LocalServer) -> None:
     assert (server.accepted, server.requests) == (0, [])
 
 
+def while_other_work_ticks(check: Any) -> tuple[Any, float, int]:
+    """What check() answers, in how many seconds, and how often other work on another
+    thread ran meanwhile."""
+    ticks = 0
+    done = threading.Event()
+
+    def other_work() -> None:
+        nonlocal ticks
+        while not done.is_set():
+            ticks += 1
+            time.sleep(0.001)
+
+    other = threading.Thread(target=other_work)
+    other.start()
+    started = time.monotonic()
+    try:
+        result = check()
+    finally:
+        done.set()
+        other.join()
+    return result, time.monotonic() - started, ticks
+
+
 # -- at submit: 400, nothing created, nothing fetched --------------------------------------
 
 @pytest.mark.django_db
@@ -107,23 +130,28 @@ def test_a_schema_with_local_refs_and_re2_patterns_is_accepted(
 
 # -- in the row checks: the job fails naming the row, unbilled, nothing fetched -------------
 
-@pytest.mark.django_db
-@pytest.mark.parametrize("which", [0, 1, 2])
-def test_a_rows_own_schema_that_refers_outside_itself_fails_the_job_naming_the_row(
-        api: APIClient, organization: Organization, server: LocalServer, checkpoints: Path,
-        which: int) -> None:
-    schema = remote_refs(server)[which]
+def job_with_an_evil_row(api: APIClient, organization: Organization,
+                         schema: dict[str, Any]) -> str:
+    """A job submitted on two rows, the second ('evil') with its own schema."""
     line = {"method": "POST", "url": "/v1/chat/completions"}
     messages = [{"role": "user", "content": "hi"}]
     rows = [{**line, "custom_id": "fine", "body": {"messages": messages}},
             {**line, "custom_id": "evil", "body": {"messages": messages,
                                                    "response_format": json_schema(schema)}}]
     item = input_ready(organization, b"".join(json.dumps(r).encode() + b"\n" for r in rows))
-    before = credits_summary(organization=organization)
     response = api.post(JOBS, {"input_id": str(item.pk), "model": "gemma4-12b",
                                "max_output_tokens": 100}, format="json")
     assert response.status_code == 200, response.content
-    job_id = response.json()["id"]
+    return str(response.json()["id"])
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("which", [0, 1, 2])
+def test_a_rows_own_schema_that_refers_outside_itself_fails_the_job_naming_the_row(
+        api: APIClient, organization: Organization, server: LocalServer, checkpoints: Path,
+        which: int) -> None:
+    before = credits_summary(organization=organization)
+    job_id = job_with_an_evil_row(api, organization, remote_refs(server)[which])
     assert job_estimate(job_id=job_id) == JobStatus.FAILED
     body = api.get(f"{JOBS}/{job_id}").json()
     assert (body["status"], body["failure_code"]) == ("failed", "invalid_input")
@@ -164,27 +192,12 @@ def test_refs_that_resolve_against_a_remote_id_are_not_fetched(server: LocalServ
 ])
 def test_a_catastrophic_schema_does_not_freeze_the_engine_check(
         schema: dict[str, Any], content: str) -> None:
-    # given another customer's work on the same worker process, ticking while the check runs
-    ticks = 0
-    done = threading.Event()
-
-    def other_work() -> None:
-        nonlocal ticks
-        while not done.is_set():
-            ticks += 1
-            time.sleep(0.001)
-
-    other = threading.Thread(target=other_work)
-    other.start()
-    # when the attack's answer is checked
-    started = time.monotonic()
-    try:
-        result = _satisfies(content, json_schema(schema))
-    finally:
-        done.set()
-        other.join()
+    # given another customer's work on the same worker process, ticking while the check
+    # runs, when the attack's answer is checked
+    result, took, ticks = while_other_work_ticks(
+        lambda: _satisfies(content, json_schema(schema)))
     # then it is answered at once, and the other work ran meanwhile
-    assert time.monotonic() - started < 2
+    assert took < 2
     assert isinstance(result, bool)
     assert ticks > 0
 
@@ -228,3 +241,129 @@ def test_the_engine_refuses_such_rows_alone_and_fetches_nothing(
     assert plain.error is None and plain.content is not None
     assert_untouched(server)
 
+
+
+# -- issue 22, H2: a schema whose branches fan out (CWE-407) --------------------------------
+
+def fan_out(levels: int, leaf: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The review's schema: each level's oneOf refers twice to the next, 2**(levels+1) - 1
+    subschemas to check one answer from a few KB of JSON."""
+    defs: dict[str, Any] = {f"d{i}": {"oneOf": [{"$ref": f"#/$defs/d{i + 1}"},
+                                                {"$ref": f"#/$defs/d{i + 1}"}]}
+                            for i in range(levels)}
+    defs[f"d{levels}"] = leaf or {"type": "integer"}
+    return {"$defs": defs, "$ref": "#/$defs/d0"}
+
+
+def deep_recursion() -> dict[str, Any]:
+    """Under the submit bound (the recursion is counted once), exponential in the answer's
+    depth: each object level evaluates the next level twice."""
+    level = {"type": "object", "properties": {"a": {"$ref": "#/$defs/n"}}}
+    return {"$defs": {"n": {"oneOf": [level, dict(level)]}}, "$ref": "#/$defs/n"}
+
+
+def nested(depth: int) -> str:
+    return '{"a":' * depth + "{}" + "}" * depth
+
+
+@pytest.mark.django_db
+def test_a_job_level_schema_that_fans_out_is_400_at_once(
+        api: APIClient, organization: Organization) -> None:
+    ready = input_ready(organization, b'{"custom_id":"r1","body":{}}\n')
+    schema = fan_out(40)
+    assert len(json.dumps(schema)) < 3_000
+    started = time.monotonic()
+    response = api.post(JOBS, {"input_id": str(ready.pk), "model": "qwen3.8-27b",
+                               "response_format": json_schema(schema)}, format="json")
+    assert time.monotonic() - started < 2
+    assert response.status_code == 400
+    assert response.json()["detail"] == (
+        f"response_format.json_schema.schema would visit more than "
+        f"{rf.MAX_EVALUATION_COST:,} subschemas to check one answer: its oneOf, anyOf, allOf "
+        "and $ref branches multiply. Refer to each shared definition from fewer places.")
+    assert not Job.objects.exists()
+
+
+def test_the_bound_counts_reuse_and_recursion_once() -> None:
+    def cost(schema: dict[str, Any]) -> int:
+        return rf._evaluation_cost(json.dumps(schema))
+
+    # the root, then each level: its oneOf and two $ref objects, each visiting the next level
+    d2 = 1 + 2 * (1 + 1)
+    d1 = 1 + 2 * (1 + d2)
+    assert cost(fan_out(3)) == 1 + (1 + 2 * (1 + d1))
+    assert cost(fan_out(200)) == rf.MAX_EVALUATION_COST + 1  # saturated, not 2**201
+    # a chain of thousands of references is legal and costs what it visits
+    chain = {f"c{i}": {"$ref": f"#/$defs/c{i + 1}"} for i in range(3_000)}
+    chain["c3000"] = {"type": "string"}
+    assert cost({"$defs": chain, "$ref": "#/$defs/c0"}) == 3_002
+    assert cost(deep_recursion()) == 8
+    # the root, x, and x's reference back to itself counted once
+    assert cost({"$defs": {"x": {"$ref": "#/$defs/x"}}, "$ref": "#/$defs/x"}) == 3
+    assert cost({"$ref": "#/$defs/missing"}) == 1
+
+
+def test_a_schema_under_the_bound_with_shared_definitions_is_accepted() -> None:
+    address = {"type": "object", "properties": {
+        key: {"type": "string", "maxLength": 80} for key in ("street", "city", "zip")}}
+    person = {"type": "object", "properties": {
+        "name": {"type": "string"}, "home": {"$ref": "#/$defs/address"},
+        "work": {"$ref": "#/$defs/address"}}, "required": ["name"]}
+    schema = {"$defs": {"address": address, "person": person}, "type": "object",
+              "properties": {"people": {"type": "array", "items": {"$ref": "#/$defs/person"}},
+                             "owner": {"$ref": "#/$defs/person"}}}
+    assert rf.response_format_problem(json_schema(schema)) is None
+    answer = {"people": [{"name": "A", "home": {"city": "X"}}] * 50,
+              "owner": {"name": "B", "work": {"zip": "1"}}}
+    assert _satisfies(json.dumps(answer), json_schema(schema)) is True
+    assert rf.response_format_problem(json_schema(fan_out(10))) is None
+    assert rf.response_format_problem(json_schema(fan_out(12))) is not None
+
+
+@pytest.mark.django_db
+def test_a_rows_own_schema_that_fans_out_fails_the_job_naming_the_row(
+        api: APIClient, organization: Organization, checkpoints: Path) -> None:
+    before = credits_summary(organization=organization)
+    job_id = job_with_an_evil_row(api, organization, fan_out(40))
+    started = time.monotonic()
+    assert job_estimate(job_id=job_id) == JobStatus.FAILED
+    assert time.monotonic() - started < 10
+    body = api.get(f"{JOBS}/{job_id}").json()
+    assert (body["status"], body["failure_code"]) == ("failed", "invalid_input")
+    assert body["failure_reason"].startswith(
+        "Row 'evil': response_format.json_schema.schema would visit more than 10,000 "
+        "subschemas")
+    assert credits_summary(organization=organization) == before
+
+
+def test_the_engine_check_refuses_a_fan_out_that_reached_it_at_once() -> None:
+    # As if a row had reached the engine without the checks (an older job, a sample).
+    result, took, ticks = while_other_work_ticks(
+        lambda: _satisfies("1", json_schema(fan_out(40))))
+    assert (result, took < 2, ticks > 0) == (False, True, True)
+
+
+def test_an_answer_past_the_step_budget_is_unsatisfied_and_bounded() -> None:
+    schema = json_schema(deep_recursion())
+    assert rf.response_format_problem(schema) is None  # passes every check before the engine
+    # a shallow answer is checked as usual
+    assert _satisfies(nested(3), schema) is False  # both branches match: not oneOf
+    # when the answer is deep enough to take 2**40 steps
+    result, took, ticks = while_other_work_ticks(lambda: _satisfies(nested(40), schema))
+    # then the check stops at its budget: the row's format_error, in about a second, and
+    # other work ran meanwhile
+    assert result is False
+    assert took < 10
+    assert ticks > 0
+    with pytest.raises(rf.EvaluationBudgetSpent):
+        rf.json_schema_satisfied(json.loads(nested(40)), deep_recursion())
+
+
+def test_the_budget_is_per_answer_and_an_answer_within_it_is_checked_in_full() -> None:
+    schema = {"type": "array", "items": {"type": "integer"}}
+    assert rf.json_schema_satisfied(list(range(16_000)), schema) is True
+    assert rf.json_schema_satisfied([*range(16_000), "x"], schema) is False
+    with pytest.raises(rf.EvaluationBudgetSpent):
+        rf.json_schema_satisfied(list(range(16_000)), schema, steps=1_000)
+    # the spent budget was that answer's only: the next starts afresh
+    assert rf.json_schema_satisfied(list(range(16_000)), schema) is True

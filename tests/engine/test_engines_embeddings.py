@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -86,3 +87,31 @@ def test_a_refused_row_fails_alone(embedding_engine: EmbeddingEngine) -> None:
         assert outcome.error.param == param
     assert outcomes[4].error is not None
     assert "256-token context" in outcomes[4].error.message
+
+
+def test_a_media_row_is_refused_unbilled_never_embedded_as_its_python_text(
+        embedding_engine: EmbeddingEngine) -> None:
+    # Issue 22, C1: a VL model's row of content parts passes the row checks (at the media
+    # rate); the engine embedded str(input), the Python text of the list, and billed it.
+    from types import SimpleNamespace
+
+    from inference.constants import RowOutcome
+    from inference.kinds.base import InputRow
+    from inference.kinds.embed import EmbedKind
+    from inference.kinds.metering import RowMeter
+
+    kind = EmbedKind()
+    job: Any = SimpleNamespace(pk=None, model="qwen3-vl-embedding-8b", dimensions=None,
+                               video_fps=None)
+    body = {"input": [{"type": "text", "text": "a cat"},
+                      {"type": "image_url", "image_url": {"url": "https://example.com/c.png"}}]}
+    media, text = embedding_engine.embed([kind.engine_request(job, body),
+                                          kind.engine_request(job, {"input": "a cat"})])
+    assert (media.vector, media.prompt_tokens) == (None, 0)
+    assert media.error is not None and media.error.param == "input"
+    assert media.error.message.startswith("This row's input is a list of content parts")
+    served = kind.served(job, InputRow(index=0, ident="m", body=body), media,
+                         RowMeter(job, None))
+    assert (served.outcome, served.status_code, served.usage.is_empty) == (
+        RowOutcome.ERROR, 400, True)
+    assert len(vector(text)) == 384

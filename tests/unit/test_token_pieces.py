@@ -98,3 +98,27 @@ def test_the_local_checkpoints_count_piecewise_exactly(
                                           {"role": "user", "content": text[::-1]}], {})
                   for text in texts(specials, 200, 4)]
     assert counting.count_batch(batch) == tokens.count_batch(batch)
+
+
+def test_a_file_of_unique_long_messages_is_not_kept_in_the_memo(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 22, M3: the memo kept every unique piece, so a 2 GiB input of unique long
+    # messages held its whole text several times over. Smaller bounds, the same attack.
+    monkeypatch.setattr(token_pieces, "MEMO_CHARS", 20_000)
+    monkeypatch.setattr(token_pieces, "MEMO_PIECE_CHARS", 2_000)
+    specials = ["<|im_start|>", "<|im_end|>"]
+    tokenizer = trained(pre_tokenizers.ByteLevel(add_prefix_space=False), specials)
+    split = PieceCounts.splitter(tokenizer)
+    assert split is not None
+    counts = PieceCounts(tokenizer, split)
+    rng = random.Random(7)
+    words = ["the", "quick", "héllo", "日本", "batch", "🎉", "dog"]
+    header = "<|im_start|>system\nAnswer briefly.<|im_end|>\n<|im_start|>user\n"
+    for size in (1_500, 2_500, 50_000):  # short, over the piece bound, far over both
+        batch = [header + " ".join(rng.choice(words) for _ in range(size // 5))
+                 + f" {n}<|im_end|>" for n in range(40)]
+        assert counts.count_batch(batch) == whole(tokenizer, batch)
+        assert counts._memo_chars == sum(map(len, counts._memo)) <= 20_000
+        assert all(len(piece) <= 2_000 for piece in counts._memo)
+    # the shared header pieces are still remembered (the memo's purpose)
+    assert "system\nAnswer briefly." in counts._memo
