@@ -48,13 +48,18 @@ TICKET = {
                         "criteria": ["calm", "annoyed", "angry"]}}}
 
 
+# What the web tier and the engine server share (serve_realtime refuses to start without).
+ENGINE_SECRET = "engine-test-secret"
+
+
 @pytest.fixture(scope="session")
 def realtime_server(checkpoint_dirs: dict[str, Path],  # noqa: F811
                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One realtime engine server for the session, as `make run` starts it: the engines
     load once, then every test's requests reach them warm."""
     log = tmp_path_factory.mktemp("realtime") / "serve.log"
-    env = {**os.environ, "ANEX_CHECKPOINTS": anex_checkpoints_value(checkpoint_dirs)}
+    env = {**os.environ, "ANEX_CHECKPOINTS": anex_checkpoints_value(checkpoint_dirs),
+           "ANEX_REALTIME_ENGINE_SECRET": ENGINE_SECRET}
     with log.open("wb") as stderr:
         process = subprocess.Popen(
             [sys.executable, str(Path(django_settings.BASE_DIR) / "manage.py"),
@@ -83,6 +88,7 @@ def realtime(settings: Settings, realtime_server: str,
                                  MINILM: checkpoint_dirs["minilm"],
                                  "laya": checkpoint_dirs["tiny-qwen3"]}
     settings.ANEX_REALTIME_ENGINES = {MINILM: realtime_server, "laya": realtime_server}
+    settings.ANEX_REALTIME_ENGINE_SECRET = ENGINE_SECRET
 
 
 def cosine(a: list[float], b: list[float]) -> float:
