@@ -979,3 +979,30 @@ def test_the_settlement_lag_is_shown_to_staff(organization: Organization,
     page = staff.get("/admin/realtime/realtimeusage/").content.decode()
     assert "Realtime usage (settlement lag: 9" in page  # 90 s and the test's own seconds
     assert staff.get("/admin/realtime/realtimeusagedaily/").status_code == 200
+
+
+# -- the official OpenAI client, unchanged ------------------------------------------------
+
+@pytest.mark.django_db(transaction=True)
+def test_the_openai_client_lists_and_embeds_with_and_without_encoding_format(
+        settings: Settings, server: LocalServer, live_server: Any) -> None:
+    from openai import OpenAI
+
+    settings.ANEX_REALTIME_ENGINES = {MINILM: server.url(""), "laya": server.url("")}
+    server.routes["/v1/embeddings"] = vector_answer
+    _key, plaintext = api_key_make(organization_make())
+    client = OpenAI(base_url=f"{live_server.url}/realtime/v1", api_key=plaintext)
+    assert {MINILM, "laya"} <= {model.id for model in client.models.list()}
+    unit = [1.0] + [0.0] * 383
+    # The SDK's default call: it asks for base64 and decodes it to floats.
+    assert client.embeddings.create(model=MINILM, input="a query").data[0].embedding == unit
+    assert json.loads(server.requests[-1].body)["input"] == ["a query"]
+    floats = client.embeddings.create(model=MINILM, input=["a", "b"], encoding_format="float")
+    assert [item.embedding for item in floats.data] == [unit, unit]
+    # A caller who asks for base64 gets the string, as OpenAI sends it.
+    asked = client.embeddings.create(model=MINILM, input="a query", encoding_format="base64")
+    encoded = asked.data[0].embedding
+    assert isinstance(encoded, str)
+    raw = base64.b64decode(encoded)
+    assert list(struct.unpack(f"<{len(raw) // 4}f", raw)) == unit
+    assert RealtimeUsage.objects.count() == 3
