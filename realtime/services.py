@@ -467,7 +467,8 @@ def realtime_embeddings_create(*, key: ApiKey, host_region: Region,
                    endpoint=Endpoint.EMBEDDINGS, body=checked.forward(model.id)
                    ) as (answer, admission):
         items = answer.get("data")
-        if not isinstance(items, list) or len(items) != len(checked.rows):
+        if not isinstance(items, list) or len(items) != len(checked.rows) \
+                or not all(isinstance(item, dict) for item in items):
             raise EngineFailed(ENGINE_FAILED_DETAIL.format(what="embedding"))
         read = [min(int(item.get("prompt_tokens") or 0), model.context_tokens)
                 for item in items]
