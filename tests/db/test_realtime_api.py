@@ -45,6 +45,7 @@ from realtime.selectors import realtime_frozen_forget
 from realtime.services import (
     realtime_charges_settle,
     realtime_charges_settle_all,
+    realtime_credits_forget,
     realtime_switch_set,
     realtime_usage_record,
 )
@@ -847,6 +848,27 @@ def test_a_reservation_is_held_while_its_request_runs_and_given_back_after(
     assert api.post(EMBED, {"model": MINILM, "input": "x"}, format="json").status_code == 200
     assert seen == [1]
     assert reservations_in_flight(organization_id=organization.pk) == 0
+
+
+def test_past_the_unsettled_cap_realtime_is_503_until_the_settlement_catches_up(
+        settings: Settings, api: APIClient, engine: LocalServer,
+        organization: Organization, api_key: ApiKey) -> None:
+    from anex.redis import redis_client
+    from realtime.concurrency import NANO_PER_CREDIT, _metered_keys, realtime_settled_add
+
+    # given a balance of 100 credits, a cap of 1, and a credit's worth of usage unsettled
+    settings.ANEX_REALTIME_UNSETTLED_CAP_CREDITS = 1
+    for counter in _metered_keys(organization.pk, api_key.pk):
+        redis_client().incrby(counter, NANO_PER_CREDIT)
+    response = api.post(EMBED, {"model": MINILM, "input": "x"}, format="json")
+    body = refused(response, 503, engine)
+    assert "has reached its cap of 1 credits" in body["detail"]
+    assert response["Retry-After"] == "30"
+    # when the settlement charges it, the next request is served
+    realtime_settled_add(organization_id=organization.pk, key_id=api_key.pk,
+                         amount=NANO_PER_CREDIT)
+    realtime_credits_forget()
+    assert api.post(EMBED, {"model": MINILM, "input": "x"}, format="json").status_code == 200
 
 
 def test_without_redis_a_realtime_request_is_refused_503(
