@@ -784,6 +784,8 @@ def test_64_concurrent_maximal_requests_on_one_credit_never_overdraw(
     # given one credit to spend: the organization's only credit, or a key's budget of one
     settings.ANEX_FREE_GRANT_CENTS = 1 if holder == "organization" else 100
     settings.ANEX_REALTIME_ENGINES = {"laya": server.url("")}
+    # All 64 in this one process at once: its own realtime cap is not what is tested here.
+    settings.ANEX_REALTIME_PROCESS_CONCURRENCY = 64
     arrived = threading.Semaphore(0)
     server.routes["/v1/systemone"] = held(server, arrived, decision_answer)
     organization = organization_make()
@@ -803,7 +805,7 @@ def test_64_concurrent_maximal_requests_on_one_credit_never_overdraw(
 
     # when 64 maximal decisions (each most of a credit) arrive at once, the admitted ones
     # held in the engine until every other has been answered
-    with ThreadPoolExecutor(16) as pool:
+    with ThreadPoolExecutor(64) as pool:
         futures = [pool.submit(call) for _ in range(64)]
         assert arrived.acquire(timeout=30)
         deadline = time.monotonic() + 60
