@@ -358,17 +358,23 @@ def realtime_engines_start(env: dict[str, str]) -> dict[str, subprocess.Popen[by
 
     engines: dict[str, subprocess.Popen[bytes]] = {}
     addresses = []
+    # The secret the web server signs its requests to the engines with, new for each run.
+    env.setdefault("ANEX_REALTIME_ENGINE_SECRET", secrets.token_hex(32))
     for item in env["ANEX_CHECKPOINTS"].split(";"):
         model = model_get(item.partition("=")[0].strip())
         if (model is None or not kind_for(model).realtime
                 or model.price.realtime_input_per_mtok is None):
             continue
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            engine_port = probe.getsockname()[1]
-        engines[f"realtime {model.id}"] = subprocess.Popen(
-            [sys.executable, str(BASE_DIR / "manage.py"), "serve_realtime", "--model",
-             model.id, "--port", str(engine_port)], env=env, cwd=BASE_DIR)
+        # Bound here and handed to the engine server as it is: no port is probed, closed
+        # and then bound by whichever local process is quickest.
+        with socket.socket() as listening:
+            listening.bind(("127.0.0.1", 0))
+            listening.listen(256)
+            engine_port = listening.getsockname()[1]
+            engines[f"realtime {model.id}"] = subprocess.Popen(
+                [sys.executable, str(BASE_DIR / "manage.py"), "serve_realtime", "--model",
+                 model.id, "--fd", str(listening.fileno())], env=env, cwd=BASE_DIR,
+                pass_fds=[listening.fileno()])
         addresses.append(f"{model.id}=http://127.0.0.1:{engine_port}")
     env["ANEX_REALTIME_ENGINES"] = ";".join(addresses)
     return engines

@@ -6,6 +6,7 @@ start the embedded services; a deployment sets them explicitly.
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -260,22 +261,57 @@ ANEX_RETRY_AFTER_SECONDS = env.integer("ANEX_RETRY_AFTER_SECONDS", 5, minimum=1)
 ANEX_API_MAX_BODY_BYTES = env.integer("ANEX_API_MAX_BODY_BYTES", 2 * 1024 * 1024,
                                       minimum=64 * 1024)
 
-# The realtime API (realtime/, docs/realtime.md): the warm engine server answering each
+# The realtime API (realtime/, docs/realtime.md): the warm engine servers answering each
 # realtime model, "model-id=http://127.0.0.1:8101;…" (`make run` starts one per local model
-# and sets this); a model with a realtime rate but no engine here answers 501.
-ANEX_REALTIME_ENGINES: dict[str, str] = {}
+# and sets this), several per model as "model-id=URL,URL" (or the model named again), each
+# request sent to the next in turn; a model with a realtime rate but no engine here answers
+# 501. An engine on another machine is reached over https://; plain http:// only on this
+# one (a loopback address), where nothing crosses a network.
+ANEX_REALTIME_ENGINES: dict[str, tuple[str, ...]] = {}
+
+
+def _loopback_host(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 for _item in env.string("ANEX_REALTIME_ENGINES", "").split(";"):
     if not _item.strip():
         continue
-    _model, _sep, _url = (part.strip() for part in _item.partition("="))
-    _parts = urlsplit(_url)
-    if not _sep or not _model or _parts.scheme != "http" or not _parts.hostname \
-            or _parts.path not in ("", "/") or _parts.query:
-        raise ImproperlyConfigured(
-            f"ANEX_REALTIME_ENGINES: {_item.strip()!r} is not model-id=http://host:port.")
-    ANEX_REALTIME_ENGINES[_model] = _url.rstrip("/")
+    _model, _sep, _urls = (part.strip() for part in _item.partition("="))
+    for _url in (url.strip() for url in _urls.split(",")):
+        _parts = urlsplit(_url)
+        if not _sep or not _model or _parts.scheme not in ("http", "https") \
+                or not _parts.hostname or _parts.path not in ("", "/") or _parts.query:
+            raise ImproperlyConfigured(
+                f"ANEX_REALTIME_ENGINES: {_item.strip()!r} is not "
+                "model-id=https://host:port (or http://127.0.0.1:port).")
+        if _parts.scheme == "http" and not _loopback_host(_parts.hostname):
+            raise ImproperlyConfigured(
+                f"ANEX_REALTIME_ENGINES: {_url!r} is plain http:// to another machine: use "
+                "https:// (plain http:// is only for an engine on a loopback address).")
+        ANEX_REALTIME_ENGINES[_model] = (*ANEX_REALTIME_ENGINES.get(_model, ()),
+                                         _url.rstrip("/"))
+# The secret every request to a realtime engine server is signed with (HMAC-SHA256,
+# realtime/engine_client.py), shared by the web tier and its engine servers: an engine
+# server refuses a request without it (`make run` makes one per run).
+ANEX_REALTIME_ENGINE_SECRET = env.string("ANEX_REALTIME_ENGINE_SECRET", "")
 # Realtime requests one organization may have in flight at once (past it: 429).
 ANEX_REALTIME_CONCURRENCY = env.integer("ANEX_REALTIME_CONCURRENCY", 64, minimum=1)
+# Realtime requests one web process serves at once (past it: 503 with Retry-After): below
+# its threads (`make run`: 16 a process), so a slow engine never holds every thread and the
+# batch API, the console and /healthz keep answering.
+ANEX_REALTIME_PROCESS_CONCURRENCY = env.integer("ANEX_REALTIME_PROCESS_CONCURRENCY", 12,
+                                                minimum=1)
+# The most realtime spend of one organization that may wait for the settlement (metered,
+# not yet in the ledger, and reserved by requests in flight), in credits: past it, 503.
+ANEX_REALTIME_UNSETTLED_CAP_CREDITS = env.integer("ANEX_REALTIME_UNSETTLED_CAP_CREDITS",
+                                                  1000, minimum=1)
+# Settled realtime usage rows are purged after this many days (their daily sums are kept).
+ANEX_REALTIME_USAGE_RETENTION_DAYS = env.integer("ANEX_REALTIME_USAGE_RETENTION_DAYS", 7,
+                                                 minimum=1)
 # How long a realtime request waits for its engine before answering 502.
 ANEX_REALTIME_TIMEOUT_SECONDS = env.integer("ANEX_REALTIME_TIMEOUT_SECONDS", 30, minimum=1)
 # POST /realtime/v1/embeddings may carry 2,097,152 characters, which JSON can spell in up to

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -71,6 +72,21 @@ def wait_for(url: str, process: subprocess.Popen[bytes], timeout: float = 300) -
         except OSError:
             time.sleep(0.5)
     raise SystemExit(f"{url} did not answer in {timeout:.0f} s")
+
+
+# What the web server and the engine servers share; the direct side signs with it too.
+SECRET = secrets.token_hex(16)
+
+
+def signed(headers: dict[str, str], path: str, body: dict[str, Any]) -> dict[str, str]:
+    """Headers for a request straight to an engine server, signed as the web tier signs
+    (good for ENGINE_SIGNATURE_SECONDS: one level's run)."""
+    from realtime.engine_client import engine_signature
+
+    timestamp = str(int(time.time()))
+    return {**headers, "X-Anex-Timestamp": timestamp,
+            "X-Anex-Signature": engine_signature(SECRET, timestamp=timestamp, path=path,
+                                                 body=json.dumps(body).encode())}
 
 
 @contextmanager
@@ -198,7 +214,8 @@ def main() -> None:
     credits_grant(organization=organization, cents=100_000, reason="bench", actor=system)
     _key, plaintext = api_key_create(organization=organization, actor=system, name="bench")
     env = {**os.environ, "ANEX_CHECKPOINTS": checkpoints,
-           "ANEX_REALTIME_CONCURRENCY": "1000"}
+           "ANEX_REALTIME_CONCURRENCY": "1000", "ANEX_REALTIME_ENGINE_SECRET": SECRET,
+           "ANEX_REALTIME_PROCESS_CONCURRENCY": "1000"}
     print(f"realtime latency, {os.cpu_count()} CPUs, {seconds:g} s per level, "
           f"Django {django.get_version()}, DEBUG={settings.DEBUG}")
     with stack(env) as (engines, web):
@@ -219,7 +236,9 @@ def main() -> None:
             engine = direct_url.rsplit("/v1/", 1)[0]
             for clients in CONCURRENCY:
                 before = batching(engine)
-                direct = load(direct_url, direct_body, plain, clients, seconds)
+                path = "/v1/" + direct_url.rsplit("/v1/", 1)[1]
+                direct = load(direct_url, direct_body, signed(plain, path, direct_body),
+                              clients, seconds)
                 middle = batching(engine)
                 ours = load(anex_url, anex_body, auth, clients, seconds)
                 after = batching(engine)

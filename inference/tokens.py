@@ -52,6 +52,18 @@ class ModelTokens:
         return [encoding.ids for encoding in
                 self.tokenizer.encode_batch_fast(list(texts), add_special_tokens=True)]
 
+    def prompt_counts(self, texts: Sequence[str]) -> list[int]:
+        """Each text's tokens as an embedding engine reads it (inference.engines.embeddings):
+        with the tokenizer's own markers, or, where it adds none, one end-of-text token
+        appended. What a realtime embedding request is counted and billed by, before any
+        engine sees it."""
+        marked = [len(ids) for ids in self.encode_batch_marked(texts)]
+        return [count + 1 for count in marked] if self._adds_no_markers else marked
+
+    @cached_property
+    def _adds_no_markers(self) -> bool:
+        return self.encode_batch_marked(["x"]) == self.encode_batch(["x"])
+
     def count_batch(self, texts: Sequence[str]) -> list[int]:
         """Each text's count, in one call (the Rust tokenizer's batch, no offsets kept)."""
         return [len(encoding) for encoding in

@@ -10,8 +10,13 @@ from django.forms import ModelForm
 from django.http import HttpRequest
 
 from console.admin import ReadOnlyAdmin
-from realtime.models import RealtimeSettlement, RealtimeSwitch, RealtimeUsage
-from realtime.services import realtime_switch_set
+from realtime.models import (
+    RealtimeSettlement,
+    RealtimeSwitch,
+    RealtimeUsage,
+    RealtimeUsageDaily,
+)
+from realtime.services import realtime_settlement_lag_seconds, realtime_switch_set
 
 
 @admin.register(RealtimeSwitch)
@@ -45,6 +50,22 @@ class RealtimeSettlementAdmin(ReadOnlyAdmin):
 @admin.register(RealtimeUsage)
 class RealtimeUsageAdmin(ReadOnlyAdmin):
     list_display = ("created_at", "organization", "api_key", "endpoint", "model",
+                    "input_tokens", "cost_usd", "settled")
+    list_filter = ("settled", "endpoint", "model")
+    list_select_related = ("organization", "api_key")
+
+    def changelist_view(self, request: HttpRequest,
+                        extra_context: dict[str, Any] | None = None) -> Any:
+        # The settlement's lag, the age of the oldest unsettled row, above the list.
+        lag = realtime_settlement_lag_seconds()
+        return super().changelist_view(request, {
+            **(extra_context or {}),
+            "title": f"Realtime usage (settlement lag: {lag:,.0f} s)"})
+
+
+@admin.register(RealtimeUsageDaily)
+class RealtimeUsageDailyAdmin(ReadOnlyAdmin):
+    list_display = ("day", "organization", "api_key", "endpoint", "model", "requests",
                     "input_tokens", "cost_usd")
     list_filter = ("endpoint", "model")
     list_select_related = ("organization", "api_key")

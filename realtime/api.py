@@ -30,14 +30,17 @@ AUTH_ERRORS = {401: "Invalid or inactive key", 422: "Malformed request",
 REQUEST_ERRORS = {
     **AUTH_ERRORS,
     400: "Over a limit, media content, or the model sent to the wrong endpoint",
-    402: "No credits, or the key's spend budget is used up",
+    402: "No credits, or the key's spend budget is used up, or either cannot cover this "
+         "request beside the realtime spend not yet settled",
     403: "The EU host, for an organization without EU data routing",
     413: "Request body over its cap",
     421: "An EU-routed organization on the main host",
     429: "Too many concurrent realtime requests, or rate limited",
     501: "The model exists but is not served in realtime",
-    502: "The engine failed to answer",
-    503: "The realtime API is frozen, or the balance could not be read",
+    502: "The engine failed to answer (or took the request and did not answer in time: "
+         "billed)",
+    503: "The realtime API is frozen, the balance could not be read, the engine or this "
+         "server is at capacity, or the organization's unsettled spend is at its cap",
 }
 
 
@@ -55,9 +58,8 @@ class ModelsView(APIView):
 
 
 class EmbeddingsView(APIView):
-    # The key's rate is counted with the concurrency slot, in one Redis call
-    # (realtime/concurrency.py): DRF's throttle would count it again.
-    throttle_classes = ()
+    # The key's rate is counted by the API's throttle, as on the batch API, before the body
+    # is parsed: a refused request counts against it as an answered one does.
 
     @extend_schema(operation_id="createRealtimeEmbeddings", request=EmbeddingsIn,
                    responses={200: EmbeddingsOut, **_responses(REQUEST_ERRORS)},
@@ -74,8 +76,6 @@ class EmbeddingsView(APIView):
 
 
 class DecisionView(APIView):
-    throttle_classes = ()  # counted with the concurrency slot, as EmbeddingsView's
-
     @extend_schema(operation_id="createRealtimeDecision", request=DecisionIn,
                    responses={200: DecisionOut, **_responses(
                        {**REQUEST_ERRORS, 422: "Malformed request, or a question the model "

@@ -18,7 +18,7 @@ from inference.catalog import CatalogModel
 from inference.kinds import AnyKind, kind_for, kinds_all
 from jobs.services.submission import model_for_key
 from realtime.constants import ENCODING_FORMATS
-from realtime.selectors import realtime_engine_url
+from realtime.selectors import realtime_engine_urls
 
 KindT = TypeVar("KindT", bound=AnyKind)
 
@@ -29,9 +29,9 @@ def realtime_path(kind: AnyKind) -> str:
 
 
 def realtime_model_require(*, model_id: str, key: ApiKey, kind: type[KindT]
-                           ) -> tuple[CatalogModel, KindT, str]:
+                           ) -> tuple[CatalogModel, KindT, tuple[str, ...]]:
     """The catalog model this key may use on the endpoint of `kind`, its kind, and its
-    engine's URL."""
+    engines' URLs."""
     model = model_for_key(model_id, key)  # 422 for an unknown id or one out of scope
     its = kind_for(model)
     if not its.realtime:
@@ -41,14 +41,14 @@ def realtime_model_require(*, model_id: str, key: ApiKey, kind: type[KindT]
     if not isinstance(its, kind):
         raise Invalid(f"model '{model.id}' is {its.noun}, which this endpoint does not "
                       f"serve: send it to {realtime_path(its)}.")
-    url = realtime_engine_url(model)
-    if url is None:
+    urls = realtime_engine_urls(model)
+    if not urls:
         where = ("it is batch-only" if model.price.realtime_input_per_mtok is None
                  else "this deployment has no realtime engine for it")
         raise NotServed(f"model '{model.id}' is not served in realtime ({where}): use "
                         "the batch API, or a model GET /realtime/v1/models lists with "
                         "\"realtime\": true.")
-    return model, its, url
+    return model, its, urls
 
 
 def encoding_format_check(encoding_format: str | None) -> None:

@@ -45,13 +45,22 @@ class RealtimeUsage(models.Model):
     cost_usd = models.DecimalField(max_digits=30, decimal_places=12)
     request_id = models.CharField(max_length=64, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    # Charged to the ledger (realtime_charges_settle sets it in the statement that sums the
+    # row); a settled row is rolled up into RealtimeUsageDaily and purged after
+    # ANEX_REALTIME_USAGE_RETENTION_DAYS.
+    settled = models.BooleanField(default=False)
 
     objects = OrgScopedQuerySet.as_manager()
 
     class Meta:
         ordering = ["-id"]
         verbose_name_plural = "realtime usage"
-        indexes = [models.Index(fields=["api_key", "id"], name="realtime_usage_key_id")]
+        indexes = [
+            models.Index(fields=["api_key", "id"], name="realtime_usage_key_id"),
+            # What the settlement reads: the unsettled rows alone, however many are settled.
+            models.Index(fields=["api_key", "created_at"], name="realtime_usage_unsettled",
+                         condition=models.Q(settled=False)),
+        ]
 
     def __str__(self) -> str:
         return f"{self.endpoint} {self.model} {self.input_tokens} tokens"
@@ -85,3 +94,33 @@ class RealtimeSettlement(models.Model):
 
     def __str__(self) -> str:
         return f"{self.charged_cents} credits through usage {self.through_usage_id}"
+
+
+class RealtimeUsageDaily(models.Model):
+    """A key's settled realtime usage of one model on one endpoint on one (UTC) day: what
+    the usage rows it sums said, kept once they are purged. Written by the settlement,
+    under the organization lock, as it marks the rows settled."""
+
+    id = models.BigAutoField(primary_key=True)
+    organization = models.ForeignKey("console.Organization", on_delete=models.PROTECT,
+                                     related_name="+")
+    api_key = models.ForeignKey("console.ApiKey", on_delete=models.PROTECT, related_name="+")
+    day = models.DateField()
+    endpoint = models.CharField(max_length=16, choices=Endpoint.choices)
+    model = models.CharField(max_length=100)
+    requests = models.PositiveBigIntegerField(default=0)
+    input_tokens = models.PositiveBigIntegerField(default=0)
+    cost_usd = models.DecimalField(max_digits=30, decimal_places=12, default=0)
+
+    objects = OrgScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-day", "id"]
+        verbose_name_plural = "realtime usage by day"
+        constraints = [
+            models.UniqueConstraint(fields=["api_key", "day", "endpoint", "model"],
+                                    name="realtime_usage_daily_one"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.endpoint} {self.model}: {self.requests} requests"

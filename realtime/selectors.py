@@ -38,13 +38,14 @@ def realtime_frozen_forget() -> None:
     _frozen_read = None
 
 
-def realtime_engine_url(model: CatalogModel) -> str | None:
-    """The engine server answering this model in realtime, or None when it is not served
-    in realtime: it has no realtime rate in the catalog, or no engine in this deployment."""
+def realtime_engine_urls(model: CatalogModel) -> tuple[str, ...]:
+    """The engine servers answering this model in realtime (each request goes to the next
+    in turn), or none when it is not served in realtime: it has no realtime rate in the
+    catalog, or no engine in this deployment."""
     if model.price.realtime_input_per_mtok is None:
-        return None
-    url: str | None = settings.ANEX_REALTIME_ENGINES.get(model.id)
-    return url
+        return ()
+    urls: str | tuple[str, ...] = settings.ANEX_REALTIME_ENGINES.get(model.id, ())
+    return (urls,) if isinstance(urls, str) else tuple(urls)
 
 
 @cache
@@ -74,7 +75,7 @@ def realtime_models(*, key: ApiKey) -> list[ListedModel]:
     engine), in catalog order, that the key may use: a model outside the key's scopes is
     neither listed nor accepted (docs/decisions.md, "Adopted from the peer API")."""
     served = set(settings.ANEX_CHECKPOINTS) | set(settings.ANEX_REALTIME_ENGINES)
-    return [ListedModel(model=model, realtime=realtime_engine_url(model) is not None,
+    return [ListedModel(model=model, realtime=bool(realtime_engine_urls(model)),
                         local=local_stand_in(model))
             for model_id, model in catalog_all().items()
             if model_id in served and key.allows(model_id)]

@@ -78,8 +78,9 @@ class EmbeddingsIn(Constrained, serializers.Serializer):  # type: ignore[type-ar
     encoding_format = DocumentedCharField(
         required=False, allow_null=True, max_length=32,
         openapi={"type": "string", "enum": list(ENCODING_FORMATS)},
-        help_text="float (base64, which the OpenAI SDK sends by default, is answered with "
-                  "floats too).")
+        help_text="float, or base64: each vector as base64 of its little-endian float32 "
+                  "values, as OpenAI answers it (what the OpenAI SDK asks for by default, "
+                  "and decodes to floats).")
     user = DocumentedCharField(required=False, allow_blank=True, max_length=256,
                                openapi={"type": ["string", "number"], "pattern": NO_NUL},
                                help_text="Accepted for OpenAI compatibility; not used (a "
@@ -160,8 +161,11 @@ class ModelListOut(serializers.Serializer):  # type: ignore[type-arg]
 class EmbeddingOut(serializers.Serializer):  # type: ignore[type-arg]
     object = Const("embedding")
     index = serializers.IntegerField()
-    embedding = Verbatim(openapi={"type": "array", "items": {"type": "number"},
-                                  "description": "Unit length."})
+    embedding = Verbatim(openapi={"oneOf": [{"type": "array", "items": {"type": "number"}},
+                                            {"type": "string", "format": "byte"}],
+                                  "description": "Unit length: floats, or with "
+                                                 "encoding_format base64 the base64 of its "
+                                                 "little-endian float32 values."})
 
 
 class EmbeddingsUsageOut(serializers.Serializer):  # type: ignore[type-arg]

@@ -9,8 +9,10 @@ way a batch chunk is one call for many rows. Nothing is loaded per request. What
 means, the engine call and the answer are the model's task kind's (inference/kinds:
 realtime_rows, realtime_run, realtime_reply); the paths are the kinds' batch endpoints.
 
-The protocol, spoken only to the web tier on a loopback address (it has no keys of its
-own; authentication, limits and billing are the web tier's):
+The protocol, spoken only to the web tier: every request but GET /health signed with the
+secret they share (ANEX_REALTIME_ENGINE_SECRET; EngineServer), each with its deadline
+(X-Anex-Timeout-Ms: the engine takes the work only before it). Customers' keys, limits
+and billing are the web tier's:
 
     GET  /health           200 {"models": {"<id>": {"task", "load_seconds", "engine_calls",
                                                  "requests"}}}
@@ -19,18 +21,24 @@ own; authentication, limits and billing are the web tier's):
     POST /v1/systemone     {"model", "state", "questions", "lang"}
          200 {"answers", "input_tokens", "routing"} | {"error": {...}, "routing"}
 
-400 for a body it cannot read, 404 for a model it does not serve, 500 when the engine
-failed (the web tier answers that 502).
+400 for a body it cannot read, 403 for a request not signed by the web tier (or for
+another Host), 404 for a model it does not serve, 500 when the engine failed (the web tier
+answers that 502), 503 with Retry-After when its queue is full or the request's deadline
+passed while it waited (nothing computed).
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import queue
+import socket
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -40,10 +48,22 @@ from inference.catalog import model_get
 from inference.engines import EngineNotConfigured
 from inference.engines.registry import Engine
 from inference.kinds import AnyKind, kind_for
+from realtime.constants import (
+    ENGINE_SIGNATURE_HEADER,
+    ENGINE_SIGNATURE_SECONDS,
+    ENGINE_TIMEOUT_HEADER,
+    ENGINE_TIMESTAMP_HEADER,
+)
+from realtime.engine_client import engine_signature
 
 logger = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 64 * 1024 * 1024
+# The largest body the web tier forwards: an embeddings request's 2,097,152 characters,
+# each at most 6 bytes as JSON escapes them (anex/settings.py), and a margin.
+MAX_BODY_BYTES = 26 * 1024 * 1024
+# How many full engine calls' worth of items may wait: past it a request is refused 503.
+QUEUED_BATCHES = 4
+RETRY_AFTER_SECONDS = 1
 # A request each kind's first engine call is paid with (a forward body, as the web sends).
 WARM_UP: dict[str, Any] = {
     "input": ["warm up"], "state": "warm up",
@@ -55,9 +75,15 @@ class EngineFailed(Exception):
     pass
 
 
+class EngineBusy(Exception):
+    """The request was not taken: the engine's queue is full, or its deadline passed while
+    it waited. Nothing was computed; the web tier answers 503 with Retry-After."""
+
+
 @dataclass
 class _Pending:
     items: list[Any]
+    deadline: float | None = None  # time.monotonic() past which the engine must not take it
     done: threading.Event = field(default_factory=threading.Event)
     results: list[Any] = field(default_factory=list)
     error: BaseException | None = None
@@ -65,36 +91,70 @@ class _Pending:
 
 class Batcher:
     """One engine's queue and the one thread that runs it: each call takes every request
-    waiting (up to max_items items) and answers each with its own slice."""
+    waiting (up to max_items items) and answers each with its own slice.
+
+    The queue is bounded: a request that would put more than max_queued items in it is
+    refused at once (EngineBusy), so a slow engine sheds load instead of piling up work
+    nobody will wait for. A request whose deadline passes while it waits is dropped when
+    its turn comes, uncomputed (EngineBusy): the web tier has given up on it by then."""
 
     def __init__(self, name: str, run: Callable[[list[Any]], list[Any]],
-                 max_items: int) -> None:
+                 max_items: int, max_queued: int | None = None) -> None:
         self.run = run
         self.max_items = max_items
+        self.max_queued = max_queued if max_queued is not None else QUEUED_BATCHES * max_items
         self.queue: queue.SimpleQueue[_Pending] = queue.SimpleQueue()
+        self.queued = 0  # items waiting, under _lock
+        self._lock = threading.Lock()
         self.calls = 0  # engine calls, and the requests they answered (GET /health)
         self.requests = 0
+        self.refused = 0  # requests refused with a full queue, and dropped past deadline
+        self.expired = 0
         self.thread = threading.Thread(target=self._loop, name=f"batcher-{name}", daemon=True)
         self.thread.start()
 
-    def submit(self, items: list[Any]) -> list[Any]:
-        pending = _Pending(items)
+    def submit(self, items: list[Any], deadline: float | None = None) -> list[Any]:
+        pending = _Pending(items, deadline)
+        with self._lock:
+            if self.queued and self.queued + len(items) > self.max_queued:
+                self.refused += 1
+                raise EngineBusy(f"the engine's queue is full ({self.queued} items waiting)")
+            self.queued += len(items)
         self.queue.put(pending)
         pending.done.wait()
+        if isinstance(pending.error, EngineBusy):
+            raise pending.error
         if pending.error is not None:
             raise EngineFailed(str(pending.error)) from pending.error
         return pending.results
 
+    def _take(self, block: bool) -> _Pending | None:
+        """The next request still worth computing, or None when none waits (block=False)."""
+        while True:
+            try:
+                pending = self.queue.get() if block else self.queue.get_nowait()
+            except queue.Empty:
+                return None
+            with self._lock:
+                self.queued -= len(pending.items)
+            if pending.deadline is None or time.monotonic() < pending.deadline:
+                return pending
+            self.expired += 1
+            pending.error = EngineBusy("the request's deadline passed while it waited")
+            pending.done.set()
+
     def _loop(self) -> None:
         while True:
-            batch = [self.queue.get()]
-            size = len(batch[0].items)
+            first = self._take(block=True)
+            assert first is not None  # a blocking take always returns one
+            batch = [first]
+            size = len(first.items)
             while size < self.max_items:
-                try:
-                    batch.append(self.queue.get_nowait())
-                except queue.Empty:
+                pending = self._take(block=False)
+                if pending is None:
                     break
-                size += len(batch[-1].items)
+                batch.append(pending)
+                size += len(pending.items)
             self._answer(batch)
 
     def _answer(self, batch: list[_Pending]) -> None:
@@ -155,20 +215,62 @@ def served_build(model_id: str, kind: AnyKind, engine: Engine) -> Served:
 
 
 class EngineServer(ThreadingHTTPServer):
+    """The engine server. With a `secret`, every request but GET /health must carry the
+    web tier's signature of it (realtime/engine_client.py: an HMAC-SHA256 of its timestamp,
+    path and body, signed within ENGINE_SIGNATURE_SECONDS), else 403; a request for
+    another Host than its own address (or one of `hosts`) is 403 too, so a page in a local
+    browser cannot reach it by DNS rebinding. With `fd`, it serves on a listening socket
+    its parent bound and handed it (`make run`: no port is probed, then bound by another)."""
+
     daemon_threads = True
     # Every web worker thread keeps a pooled connection open: allow a deep accept queue.
     request_queue_size = 256
 
-    def __init__(self, address: tuple[str, int], served: dict[str, Served]) -> None:
-        super().__init__(address, _Handler)
+    def __init__(self, address: tuple[str, int], served: dict[str, Served], *,
+                 secret: str = "", hosts: Collection[str] = (), fd: int | None = None) -> None:
+        super().__init__(address, _Handler, bind_and_activate=fd is None)
+        if fd is not None:
+            self.socket.close()
+            self.socket = socket.socket(fileno=fd)
+            self.server_address = self.socket.getsockname()
         self.served = served
+        self.secret = secret
+        host, port = self.server_address[:2]
+        assert isinstance(host, str)  # an internet socket's address
+        names = {f"[{host}]" if ":" in host else host, *hosts}
+        if host in ("127.0.0.1", "::1"):
+            names.add("localhost")
+        self.hosts = {f"{name}:{port}" for name in names}
+
+    def refusal(self, method: str, path: str, body: bytes,
+                headers: Message) -> str | None:
+        """Why this request is not the web tier's (403), or None."""
+        if headers.get("Host") not in self.hosts:
+            return "this engine server answers only requests for its own address"
+        if not self.secret or (method == "GET" and path == "/health"):
+            return None
+        timestamp = headers.get(ENGINE_TIMESTAMP_HEADER) or ""
+        signature = headers.get(ENGINE_SIGNATURE_HEADER) or ""
+        try:
+            fresh = abs(time.time() - int(timestamp)) <= ENGINE_SIGNATURE_SECONDS
+        except ValueError:
+            fresh = False
+        expected = engine_signature(self.secret, timestamp=timestamp, path=path, body=body)
+        if not fresh or not hmac.compare_digest(signature, expected):
+            return "a request to this engine server must be signed by the web tier"
+        return None
 
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
         return f"http://{host!s}:{port}"
 
-    def answer(self, method: str, path: str, body: bytes) -> tuple[int, dict[str, Any]]:
+    def answer(self, method: str, path: str, body: bytes,
+               headers: Message) -> tuple[int, dict[str, Any]]:
+        refusal = self.refusal(method, path, body, headers)
+        if refusal is not None:
+            return 403, {"detail": refusal}
+        timeout_ms = headers.get(ENGINE_TIMEOUT_HEADER)
         if method == "GET" and path == "/health":
             return 200, {"models": {m.model_id: {"task": m.kind.task,
                                                  "load_seconds": round(m.load_seconds, 1),
@@ -185,10 +287,15 @@ class EngineServer(ThreadingHTTPServer):
             if model is None or model.kind.endpoint != path:
                 return 404, {"detail": f"model {request.get('model')!r} is not served here "
                                        f"on {path}"}
-            return 200, model.kind.realtime_reply(
-                model.batcher.submit(model.kind.realtime_rows(request)))
+            rows = model.kind.realtime_rows(request)
+            deadline = None
+            if timeout_ms is not None:
+                deadline = time.monotonic() + int(timeout_ms) / 1000
+            return 200, model.kind.realtime_reply(model.batcher.submit(rows, deadline))
         except ValueError as exc:
             return 400, {"detail": str(exc)}
+        except EngineBusy as exc:
+            return 503, {"detail": str(exc)}
         except EngineFailed as exc:
             return 500, {"detail": f"the engine failed: {exc}"}
 
@@ -204,14 +311,16 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             length = -1
         if not 0 <= length <= MAX_BODY_BYTES:
-            status, out = 400, {"detail": "a Content-Length up to 64 MiB is needed"}
+            status, out = 400, {"detail": "a Content-Length up to 26 MiB is needed"}
             self.close_connection = True
         else:
             body = self.rfile.read(length) if length else b""
-            status, out = self.server.answer(self.command, self.path, body)
+            status, out = self.server.answer(self.command, self.path, body, self.headers)
         payload = json.dumps(out, separators=(",", ":")).encode()
         head = [f"HTTP/1.1 {status} {self.responses.get(status, ('',))[0]}",
                 "Content-Type: application/json", f"Content-Length: {len(payload)}"]
+        if status == 503:
+            head.append(f"Retry-After: {RETRY_AFTER_SECONDS}")
         if self.close_connection:
             head.append("Connection: close")
         # Head and body in one write: no small packet waits on a delayed ACK.

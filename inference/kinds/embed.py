@@ -7,7 +7,7 @@ and what a checked row becomes when it is served.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
@@ -53,7 +53,7 @@ class EmbedRunner(Protocol):
     def embed(self, rows: list[EmbedRow]) -> list[EmbedOutcome]: ...
 
 
-def embeddings_body(model_id: str, vectors: list[list[float]],
+def embeddings_body(model_id: str, vectors: Sequence[list[float] | str],
                     prompt_tokens: int) -> dict[str, Any]:
     """The embeddings list object, as an OpenAI-compatible server returns it: a batch row's
     one vector, or a realtime request's one per input, in input order."""
@@ -72,6 +72,9 @@ class EmbedRequest:
 
     rows: list[EmbedRow]
     input_tokens: int | None
+    # Each input's tokens as the engine reads them (ModelTokens.prompt_counts), every one
+    # within the model's context; None where this deployment has no tokenizer for it.
+    prompt_tokens: tuple[int, ...] | None = None
 
     def forward(self, model_id: str) -> dict[str, Any]:
         """The body sent to the model's realtime engine server (EmbedKind.realtime_rows)."""
@@ -181,6 +184,11 @@ class EmbedKind(TaskKind[EmbedRow, EmbedOutcome, EmbedRunner]):
             raise RequestMalformed("input must be a string or a list of strings.")
         if not texts:
             raise RequestRefused("input is an empty list: send at least one string.")
+        # The count first: a list of any length costs one len() to refuse, not a walk.
+        if len(texts) > REALTIME_MAX_INPUTS:
+            raise RequestRefused(
+                f"input has {len(texts):,} items, over the {REALTIME_MAX_INPUTS}-input limit "
+                "of one request: split them across requests, or embed them on the batch API.")
         strings: list[str] = []
         for index, text in enumerate(texts):
             if isinstance(text, dict) or (isinstance(text, list) and text
@@ -195,10 +203,6 @@ class EmbedKind(TaskKind[EmbedRow, EmbedOutcome, EmbedRunner]):
                 raise RequestRefused(f"input[{index}] is an empty string: every input needs "
                                      "text.")
             strings.append(text)
-        if len(strings) > REALTIME_MAX_INPUTS:
-            raise RequestRefused(
-                f"input has {len(strings):,} items, over the {REALTIME_MAX_INPUTS}-input limit "
-                "of one request: split them across requests, or embed them on the batch API.")
         total = 0
         for index, text in enumerate(strings):
             if len(text) > REALTIME_MAX_INPUT_CHARS:
@@ -212,10 +216,19 @@ class EmbedKind(TaskKind[EmbedRow, EmbedOutcome, EmbedRunner]):
                 f"{REALTIME_MAX_TOTAL_CHARS:,}-character limit of one request: split it "
                 "across requests, or embed it on the batch API.")
         count = token_counter(model.id) if counted else None
+        prompt = None if count is None else tuple(count.prompt_counts(strings))
+        for index, tokens in enumerate(prompt or ()):
+            if tokens > model.context_tokens:
+                # The engine's own refusal, made here so no engine reads any of the inputs.
+                raise RequestRefused(
+                    f"input[{index}]: This row is {tokens:,} tokens, over the "
+                    f"{model.context_tokens:,}-token context of model '{model.id}'. Shorten "
+                    "or split this row.")
         return EmbedRequest(
             rows=[EmbedRow(text=text, dimensions=dimensions) for text in strings],
             input_tokens=None if count is None else sum(count(text) + END_OF_TEXT_TOKENS
-                                                        for text in strings))
+                                                        for text in strings),
+            prompt_tokens=prompt)
 
     def realtime_rows(self, body: dict[str, Any]) -> list[EmbedRow]:
         texts, dimensions = body.get("input"), body.get("dimensions")

@@ -10,8 +10,10 @@ test_realtime_engines.py.
 
 from __future__ import annotations
 
+import base64
 import json
 import math
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -43,6 +45,7 @@ from realtime.selectors import realtime_frozen_forget
 from realtime.services import (
     realtime_charges_settle,
     realtime_charges_settle_all,
+    realtime_credits_forget,
     realtime_switch_set,
     realtime_usage_record,
 )
@@ -124,12 +127,19 @@ def test_an_embedding_is_forwarded_verbatim_and_billed_once(
     assert usage.cost_usd == Decimal(5) * Decimal("0.002") / 1_000_000
 
 
-def test_the_openai_sdks_default_base64_is_answered_with_floats(
+def test_base64_is_answered_as_openai_answers_it_and_float_as_floats(
         api: APIClient, engine: LocalServer) -> None:
+    # base64 (what the OpenAI SDK asks for when its caller names no encoding_format, and
+    # what a caller asking for base64 decodes): little-endian float32, base64-encoded.
     response = api.post(EMBED, {"model": MINILM, "input": ["a", "b"],
                                 "encoding_format": "base64"}, format="json")
     assert response.status_code == 200, response.content
-    assert [len(item["embedding"]) for item in response.json()["data"]] == [384, 384]
+    for item in response.json()["data"]:
+        raw = base64.b64decode(item["embedding"])
+        assert list(struct.unpack(f"<{len(raw) // 4}f", raw)) == [1.0] + [0.0] * 383
+    response = api.post(EMBED, {"model": MINILM, "input": "a", "encoding_format": "float"},
+                        format="json")
+    assert response.json()["data"][0]["embedding"] == [1.0] + [0.0] * 383
 
 
 def test_a_decision_comes_back_in_the_reference_shape(api: APIClient,
@@ -601,14 +611,16 @@ def test_concurrent_usage_and_settlements_charge_each_credit_once(settings: Sett
     (EMBED, {"model": MINILM, "input": "x"}),
     (DECIDE, {"model": "laya", "state": "x", "questions": QUESTIONS}),
 ])
-def test_an_answered_request_costs_two_queries_and_two_redis_round_trips(
+def test_an_answered_request_costs_two_queries_and_three_redis_round_trips(
         api: APIClient, engine: LocalServer, monkeypatch: pytest.MonkeyPatch, path: str,
         body: dict[str, Any]) -> None:
     """The latency budget (docs/realtime.md, "Latency"): once the process holds this
     second's reads of the switch and the balance, a request reads its key and writes its
-    usage row (no last-used UPDATE while that is fresh), takes its slot and counts its rate
-    in one Redis call, and gives the slot back in another. (Django's connection health
-    check, CONN_HEALTH_CHECKS, adds a SELECT 1 below what the query log sees.)"""
+    usage row (no last-used UPDATE while that is fresh); in Redis it counts its rate before
+    its body is parsed (the API's throttle, one pipelined call), takes its slot and
+    reserves its cost in one Lua call, and gives both back, metering what it cost, in
+    another. (Django's connection health check, CONN_HEALTH_CHECKS, adds a SELECT 1 below
+    what the query log sees.)"""
     import redis.connection
 
     import realtime.selectors
@@ -630,4 +642,391 @@ def test_an_answered_request_costs_two_queries_and_two_redis_round_trips(
         assert api.post(path, body, format="json").status_code == 200
     statements = [query["sql"].split(" ", 1)[0] for query in queries.captured_queries]
     assert statements == ["SELECT", "INSERT"], queries.captured_queries
-    assert [command.split(b"\r\n")[2] for command in sent] == [b"EVALSHA", b"ZREM"]
+    assert [command.split(b"\r\n")[2] for command in sent] == [b"MULTI", b"EVALSHA",
+                                                                b"EVALSHA"]
+
+
+# -- counted before the engine, billed for the work done (issue 23, item 1) ----------------
+
+@pytest.fixture
+def tokenizers(settings: Settings, tokenizer_dir: Path) -> Path:
+    """The realtime models' tokenizer in the web tier, as a deployment's checkpoints carry
+    it (a real tokenizer.json, trained here)."""
+    settings.ANEX_CHECKPOINTS = {MINILM: tokenizer_dir, "laya": tokenizer_dir}
+    return tokenizer_dir
+
+
+def test_an_input_over_the_context_is_400_before_any_engine_reads_the_request(
+        api: APIClient, engine: LocalServer, tokenizers: Path,
+        organization: Organization) -> None:
+    # given the model's tokenizer in the web tier and a request whose second input is past
+    # MiniLM's 256-token context
+    before = ledger_total(organization)
+    response = api.post(EMBED, {"model": MINILM, "input": [
+        "a plain text string", "We were billed twice for March. " * 60]}, format="json")
+    # then it is refused naming that input, and no engine read any of it: nothing to bill
+    body = refused(response, 400, engine)
+    assert body["detail"].startswith("input[1]: This row is ")
+    assert "tokens, over the 256-token context of model 'all-minilm-l6-v2'" in body["detail"]
+    assert not RealtimeUsage.objects.exists() and ledger_total(organization) == before
+
+
+def test_what_the_web_tier_counted_is_billed_when_an_engine_reports_less(
+        api: APIClient, engine: LocalServer, tokenizers: Path) -> None:
+    from inference.tokens import token_counter
+
+    engine.routes["/v1/embeddings"] = lambda handler: reply(handler, body=json.dumps(
+        {"data": [{"embedding": [1.0] + [0.0] * 383, "prompt_tokens": 0}]}).encode())
+    response = api.post(EMBED, {"model": MINILM, "input": "a plain text string"},
+                        format="json")
+    assert response.status_code == 200, response.content
+    count = token_counter(MINILM)
+    assert count is not None
+    counted = count.prompt_counts(["a plain text string"])[0]
+    assert counted > 0
+    assert response.json()["usage"]["prompt_tokens"] == counted
+    assert RealtimeUsage.objects.get().input_tokens == counted
+
+
+@pytest.mark.parametrize("path,body,what", [
+    (EMBED, {"model": MINILM, "input": ["a plain text string", "bugs and outages"]},
+     "embedding"),
+    (DECIDE, {"model": "laya", "state": "We were billed twice for March.",
+              "questions": QUESTIONS}, "decision"),
+])
+def test_a_request_the_engine_took_and_did_not_answer_in_time_is_billed_for_its_work(
+        settings: Settings, api: APIClient, engine: LocalServer, tokenizers: Path,
+        path: str, body: dict[str, Any], what: str) -> None:
+    settings.ANEX_REALTIME_TIMEOUT_SECONDS = 1
+
+    def slow(handler: Any) -> None:
+        engine.release.wait(3)  # the engine works past the web tier's timeout
+
+    engine.routes["/v1/embeddings"] = engine.routes["/v1/systemone"] = slow
+    started = time.monotonic()
+    response = api.post(path, body, format="json")
+    assert response.status_code == 502, response.content
+    assert time.monotonic() - started < 2.5  # answered at the timeout, not the engine's end
+    assert f"The {what} service took this request but did not answer within 1 seconds" \
+        in response.json()["detail"]
+    # The request carried its deadline (the engine takes work only before it), once.
+    assert len(engine.requests) == 1
+    assert 0 < int(engine.requests[0].headers["X-Anex-Timeout-Ms"]) <= 1000
+    # and what the web tier counted is billed: the engine did that work
+    usage = RealtimeUsage.objects.get()
+    assert usage.input_tokens > 0
+    assert f"({usage.input_tokens:,} input tokens)" in response.json()["detail"]
+
+
+def test_an_engine_at_capacity_is_503_with_retry_after_and_bills_nothing(
+        api: APIClient, engine: LocalServer, organization: Organization) -> None:
+    engine.routes["/v1/embeddings"] = lambda handler: reply(
+        handler, 503, b'{"detail": "the engine\'s queue is full (512 items waiting)"}',
+        headers={"Retry-After": "1"})
+    response = api.post(EMBED, {"model": MINILM, "input": "x"}, format="json")
+    assert response.status_code == 503, response.content
+    assert response["Retry-After"] == "1"
+    assert "at capacity and did not take this request" in response.json()["detail"]
+    assert not RealtimeUsage.objects.exists()
+    assert slots_in_flight(organization_id=organization.pk) == 0
+
+
+# -- the rate counted before the body is read (issue 22, L4) ------------------------------
+
+def test_requests_that_fail_validation_count_against_the_keys_rate(
+        organization: Organization, client_for: Callable[[str], APIClient],
+        engine: LocalServer) -> None:
+    _key, plaintext = api_key_make(organization, rate_limit_per_minute=2)
+    client = client_for(plaintext)
+    # given two refused requests of the key this minute
+    assert client.post(EMBED, {"model": MINILM, "input": 7}, format="json").status_code == 422
+    assert client.post(EMBED, {"model": MINILM, "input": [{"type": "x"}] * 200},
+                       format="json").status_code == 400
+    # when a valid one arrives, it is past the key's rate
+    response = client.post(EMBED, {"model": MINILM, "input": "x"}, format="json")
+    assert response.status_code == 429, response.content
+    assert response.json()["error"]["code"] == "rate_limit_exceeded"
+    assert engine.requests == []
+
+
+def test_the_number_of_inputs_is_checked_before_any_input(
+        api: APIClient, engine: LocalServer) -> None:
+    body = refused(api.post(EMBED, {"model": MINILM, "input": [{"type": "x"}] * 129},
+                            format="json"), 400, engine)
+    assert "input has 129 items, over the 128-input limit" in body["detail"]
+
+
+# -- reservations: concurrent requests cannot overdraw (issue 23, item 2) -----------------
+
+MAXIMAL_DECISION = {"model": "laya", "state": "We were billed twice for March. " * 1562,
+                    "questions": {f"q{i}": QUESTIONS["urgent"] for i in range(64)}}
+
+
+def held(server: LocalServer, arrived: threading.Semaphore,
+         answer: Callable[[Any], None]) -> Callable[[Any], None]:
+    """An engine route that holds each request until the server is released."""
+    def route(handler: Any) -> None:
+        arrived.release()
+        server.release.wait(30)
+        answer(handler)
+
+    return route
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("holder", ["organization", "key"])
+def test_64_concurrent_maximal_requests_on_one_credit_never_overdraw(
+        settings: Settings, server: LocalServer, tokenizers: Path, holder: str) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from realtime.concurrency import NANO_PER_CREDIT, reservations_in_flight, unsettled_nano
+
+    # given one credit to spend: the organization's only credit, or a key's budget of one
+    settings.ANEX_FREE_GRANT_CENTS = 1 if holder == "organization" else 100
+    settings.ANEX_REALTIME_ENGINES = {"laya": server.url("")}
+    # All 64 in this one process at once: its own realtime cap is not what is tested here.
+    settings.ANEX_REALTIME_PROCESS_CONCURRENCY = 64
+    arrived = threading.Semaphore(0)
+    server.routes["/v1/systemone"] = held(server, arrived, decision_answer)
+    organization = organization_make()
+    key, plaintext = api_key_make(organization, **(
+        {"spend_budget_cents": 1} if holder == "key" else {}))
+    start = ledger_total(organization)
+    statuses: list[int] = []
+    details: list[str] = []
+
+    def call() -> None:
+        client = APIClient(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
+        response = client.post(DECIDE, MAXIMAL_DECISION, format="json")
+        statuses.append(response.status_code)
+        if response.status_code != 200:
+            details.append(response.json()["detail"])
+        connection.close()
+
+    # when 64 maximal decisions (each most of a credit) arrive at once, the admitted ones
+    # held in the engine until every other has been answered
+    with ThreadPoolExecutor(64) as pool:
+        futures = [pool.submit(call) for _ in range(64)]
+        assert arrived.acquire(timeout=30)
+        deadline = time.monotonic() + 60
+        while len(statuses) < 64 - len(server.requests) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        server.release.set()
+        for future in futures:
+            future.result(60)
+    # then one credit's worth was admitted, every other refused 402 before the engine
+    admitted = statuses.count(200)
+    assert admitted == len(server.requests) == 1, statuses
+    assert statuses.count(402) == 63
+    words = "credits do not cover" if holder == "organization" else "budget does not cover"
+    assert all(words in detail for detail in details), details[:2]
+    usage = RealtimeUsage.objects.get()
+    assert Decimal("0.005") < usage.cost_usd <= Decimal("0.01")
+    # and once settled the ledger ends where the documented bound says: never below zero
+    # (the organization), never past the budget (the key)
+    realtime_charges_settle_all(settled_before=later())
+    assert ledger_total(organization) >= (0 if holder == "organization" else start - 1)
+    assert key_spend_cents(api_key=key) <= 1
+    # and nothing is left held: no slot, no reservation, and the unsettled total is the
+    # fraction of a credit the ledger carries
+    assert slots_in_flight(organization_id=organization.pk) == 0
+    assert reservations_in_flight(organization_id=organization.pk) == 0
+    settlement = RealtimeSettlement.objects.get(api_key=key)
+    assert unsettled_nano(organization_id=organization.pk) == (
+        math.ceil(settlement.metered_usd * 10**9) - settlement.charged_cents * NANO_PER_CREDIT)
+
+
+def test_a_reservation_is_held_while_its_request_runs_and_given_back_after(
+        api: APIClient, engine: LocalServer, organization: Organization) -> None:
+    from realtime.concurrency import reservations_in_flight
+
+    seen: list[int] = []
+
+    def watching(handler: Any) -> None:
+        seen.append(reservations_in_flight(organization_id=organization.pk))
+        vector_answer(handler)
+
+    engine.routes["/v1/embeddings"] = watching
+    assert api.post(EMBED, {"model": MINILM, "input": "x"}, format="json").status_code == 200
+    assert seen == [1]
+    assert reservations_in_flight(organization_id=organization.pk) == 0
+
+
+def test_past_the_unsettled_cap_realtime_is_503_until_the_settlement_catches_up(
+        settings: Settings, api: APIClient, engine: LocalServer,
+        organization: Organization, api_key: ApiKey) -> None:
+    from anex.redis import redis_client
+    from realtime.concurrency import NANO_PER_CREDIT, _metered_keys, realtime_settled_add
+
+    # given a balance of 100 credits, a cap of 1, and a credit's worth of usage unsettled
+    settings.ANEX_REALTIME_UNSETTLED_CAP_CREDITS = 1
+    for counter in _metered_keys(organization.pk, api_key.pk):
+        redis_client().incrby(counter, NANO_PER_CREDIT)
+    response = api.post(EMBED, {"model": MINILM, "input": "x"}, format="json")
+    body = refused(response, 503, engine)
+    assert "has reached its cap of 1 credits" in body["detail"]
+    assert response["Retry-After"] == "30"
+    # when the settlement charges it, the next request is served
+    realtime_settled_add(organization_id=organization.pk, key_id=api_key.pk,
+                         amount=NANO_PER_CREDIT)
+    realtime_credits_forget()
+    assert api.post(EMBED, {"model": MINILM, "input": "x"}, format="json").status_code == 200
+
+
+def test_without_redis_a_realtime_request_is_refused_503(
+        settings: Settings, api: APIClient, engine: LocalServer) -> None:
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
+    response = api.post(EMBED, {"model": MINILM, "input": "x"}, format="json")
+    body = refused(response, 503, engine)
+    assert "could not reserve this request's cost" in body["detail"]
+    assert int(response["Retry-After"]) >= 1
+
+
+# -- settlement: only unsettled rows, rolled up and purged (issue 23, item 2) -------------
+
+def test_the_settlement_reads_only_unsettled_rows(organization: Organization,
+                                                  api_key: ApiKey) -> None:
+    from realtime.services import _SETTLE_SQL
+
+    # given a key with 20,000 settled usage rows and a few unsettled ones
+    old = timezone.now() - timedelta(hours=1)
+    RealtimeUsage.objects.bulk_create(
+        RealtimeUsage(organization=organization, api_key=api_key, endpoint=Endpoint.EMBEDDINGS,
+                      model=MINILM, input_tokens=5, cost_usd=Decimal("1e-8"), settled=True)
+        for _ in range(20_000))
+    RealtimeUsage.objects.bulk_create(
+        RealtimeUsage(organization=organization, api_key=api_key, endpoint=Endpoint.EMBEDDINGS,
+                      model=MINILM, input_tokens=5, cost_usd=Decimal("1e-8"))
+        for _ in range(5))
+    RealtimeUsage.objects.update(created_at=old)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE realtime_realtimeusage")
+        # when the sweep's two statements are planned
+        keys = (RealtimeUsage.objects.filter(settled=False, created_at__lt=timezone.now())
+                .order_by().values_list("api_key_id", flat=True).distinct())
+        sweep = keys.explain()
+        cursor.execute("EXPLAIN " + _SETTLE_SQL, [api_key.pk, timezone.now()])
+        settle = "\n".join(row[0] for row in cursor.fetchall())
+    # then both read the partial index of unsettled rows, never the table's settled rows
+    for plan in (sweep, settle):
+        assert "realtime_usage_unsettled" in plan, plan
+        assert "Seq Scan" not in plan, plan
+    assert "ORDER BY" not in str(keys.query)  # the default ordering no longer defeats DISTINCT
+    assert realtime_charges_settle_all(settled_before=later()) == 0
+    assert RealtimeUsage.objects.filter(settled=False).count() == 0
+
+
+def test_settled_usage_is_rolled_up_by_day_and_purged_after_its_retention(
+        organization: Organization, api_key: ApiKey) -> None:
+    from realtime.models import RealtimeUsageDaily
+    from realtime.services import realtime_settlement_lag_seconds, realtime_usage_purge
+
+    model = model_get(MINILM)
+    assert model is not None
+    for tokens in (1_000_000, 2_000_000):
+        realtime_usage_record(key=api_key, endpoint=Endpoint.EMBEDDINGS, model=model,
+                              input_tokens=tokens)
+    assert realtime_settlement_lag_seconds() >= 0
+    start = ledger_total(organization)
+    realtime_charges_settle(key=api_key, settled_before=later())
+    daily = RealtimeUsageDaily.objects.get()
+    assert (daily.api_key_id, daily.endpoint, daily.model, daily.requests,
+            daily.input_tokens) == (api_key.pk, Endpoint.EMBEDDINGS, MINILM, 2, 3_000_000)
+    assert daily.cost_usd == Decimal("0.006")
+    assert realtime_settlement_lag_seconds() == 0
+    # A row used after the settlement stays unsettled, and is never purged.
+    realtime_usage_record(key=api_key, endpoint=Endpoint.EMBEDDINGS, model=model,
+                          input_tokens=5)
+    assert realtime_usage_purge(before=later()) == 2
+    assert list(RealtimeUsage.objects.values_list("settled", flat=True)) == [False]
+    assert ledger_total(organization) == start - 0  # 0.6 of a credit: carried, not charged
+    assert RealtimeUsageDaily.objects.get().requests == 2
+
+
+def test_the_settlement_runs_on_a_queue_of_its_own() -> None:
+    from realtime.tasks import realtime_charges_settle_task
+
+    assert realtime_charges_settle_task.queue_name == "realtime"
+
+
+# -- the web tier keeps answering while realtime is slow (issue 23, item 4) ---------------
+
+@pytest.mark.django_db(transaction=True)
+def test_past_the_process_cap_realtime_is_503_and_the_batch_api_still_answers(
+        settings: Settings, server: LocalServer) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    settings.ANEX_REALTIME_PROCESS_CONCURRENCY = 1
+    settings.ANEX_REALTIME_ENGINES = {MINILM: server.url("")}
+    arrived = threading.Semaphore(0)
+    server.routes["/v1/embeddings"] = held(server, arrived, vector_answer)
+    _key, plaintext = api_key_make(organization_make())
+    client = APIClient(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
+
+    def embed() -> int:
+        status = APIClient(HTTP_AUTHORIZATION=f"Bearer {plaintext}").post(
+            EMBED, {"model": MINILM, "input": "x"}, format="json").status_code
+        connection.close()
+        return status
+
+    # given a request held by a slow engine, this process's one realtime place
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(embed)
+        try:
+            assert arrived.acquire(timeout=30)
+            # when another realtime request arrives, it is refused at once
+            response = client.post(EMBED, {"model": MINILM, "input": "x"}, format="json")
+            assert response.status_code == 503, response.content
+            assert response["Retry-After"] == "1"
+            assert "as many realtime requests as it may at once" in response.json()["detail"]
+            # and the batch API and /healthz answer meanwhile
+            assert client.get("/batch/v1/jobs/job_unknown").status_code == 404
+            assert client.get(MODELS).status_code == 200
+            assert Client().get("/healthz").status_code == 200
+        finally:
+            server.release.set()
+        statuses = [first.result(30)]
+    assert statuses == [200]
+    assert RealtimeUsage.objects.count() == 1
+
+
+def test_the_settlement_lag_is_shown_to_staff(organization: Organization,
+                                              api_key: ApiKey) -> None:
+    model = model_get(MINILM)
+    assert model is not None
+    realtime_usage_record(key=api_key, endpoint=Endpoint.EMBEDDINGS, model=model,
+                          input_tokens=5)
+    RealtimeUsage.objects.update(created_at=timezone.now() - timedelta(seconds=90))
+    staff = Client()
+    staff.force_login(get_user_model().objects.create_superuser(
+        "staff", "staff@example.com", "pw-staff-1"))
+    page = staff.get("/admin/realtime/realtimeusage/").content.decode()
+    assert "Realtime usage (settlement lag: 9" in page  # 90 s and the test's own seconds
+    assert staff.get("/admin/realtime/realtimeusagedaily/").status_code == 200
+
+
+# -- the official OpenAI client, unchanged ------------------------------------------------
+
+@pytest.mark.django_db(transaction=True)
+def test_the_openai_client_lists_and_embeds_with_and_without_encoding_format(
+        settings: Settings, server: LocalServer, live_server: Any) -> None:
+    from openai import OpenAI
+
+    settings.ANEX_REALTIME_ENGINES = {MINILM: server.url(""), "laya": server.url("")}
+    server.routes["/v1/embeddings"] = vector_answer
+    _key, plaintext = api_key_make(organization_make())
+    client = OpenAI(base_url=f"{live_server.url}/realtime/v1", api_key=plaintext)
+    assert {MINILM, "laya"} <= {model.id for model in client.models.list()}
+    unit = [1.0] + [0.0] * 383
+    # The SDK's default call: it asks for base64 and decodes it to floats.
+    assert client.embeddings.create(model=MINILM, input="a query").data[0].embedding == unit
+    assert json.loads(server.requests[-1].body)["input"] == ["a query"]
+    floats = client.embeddings.create(model=MINILM, input=["a", "b"], encoding_format="float")
+    assert [item.embedding for item in floats.data] == [unit, unit]
+    # A caller who asks for base64 gets the string, as OpenAI sends it.
+    asked = client.embeddings.create(model=MINILM, input="a query", encoding_format="base64")
+    encoded = asked.data[0].embedding
+    assert isinstance(encoded, str)
+    raw = base64.b64decode(encoded)
+    assert list(struct.unpack(f"<{len(raw) // 4}f", raw)) == unit
+    assert RealtimeUsage.objects.count() == 3

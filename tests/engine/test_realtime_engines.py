@@ -5,15 +5,18 @@ run directly on the same checkpoint, and decisions answered (or refused) by the 
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -48,13 +51,18 @@ TICKET = {
                         "criteria": ["calm", "annoyed", "angry"]}}}
 
 
+# What the web tier and the engine server share (serve_realtime refuses to start without).
+ENGINE_SECRET = "engine-test-secret"
+
+
 @pytest.fixture(scope="session")
 def realtime_server(checkpoint_dirs: dict[str, Path],  # noqa: F811
                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One realtime engine server for the session, as `make run` starts it: the engines
     load once, then every test's requests reach them warm."""
     log = tmp_path_factory.mktemp("realtime") / "serve.log"
-    env = {**os.environ, "ANEX_CHECKPOINTS": anex_checkpoints_value(checkpoint_dirs)}
+    env = {**os.environ, "ANEX_CHECKPOINTS": anex_checkpoints_value(checkpoint_dirs),
+           "ANEX_REALTIME_ENGINE_SECRET": ENGINE_SECRET}
     with log.open("wb") as stderr:
         process = subprocess.Popen(
             [sys.executable, str(Path(django_settings.BASE_DIR) / "manage.py"),
@@ -83,6 +91,7 @@ def realtime(settings: Settings, realtime_server: str,
                                  MINILM: checkpoint_dirs["minilm"],
                                  "laya": checkpoint_dirs["tiny-qwen3"]}
     settings.ANEX_REALTIME_ENGINES = {MINILM: realtime_server, "laya": realtime_server}
+    settings.ANEX_REALTIME_ENGINE_SECRET = ENGINE_SECRET
 
 
 def cosine(a: list[float], b: list[float]) -> float:
@@ -136,6 +145,14 @@ def test_the_openai_sdk_lists_models_and_embeds_unchanged(
     assert usage.count() == 2
     assert sorted(usage.values_list("input_tokens", flat=True)) == sorted(
         [single.usage.prompt_tokens, several.usage.prompt_tokens])
+
+    # A caller who asks for base64 gets OpenAI's base64 (little-endian float32) as it is.
+    asked = client.embeddings.create(model=MINILM, input=TEXTS[0], encoding_format="base64")
+    raw = base64.b64decode(asked.data[0].embedding)  # type: ignore[arg-type]  # a str here
+    decoded = struct.unpack(f"<{len(raw) // 4}f", raw)
+    assert len(decoded) == 384
+    assert all(math.isclose(a, b, abs_tol=1e-6)
+               for a, b in zip(decoded, single.data[0].embedding, strict=True))
 
 
 def batch_vectors(api: APIClient, until: Callable[..., None], input_id: str,
@@ -211,14 +228,22 @@ def test_a_question_the_model_refuses_is_422_naming_it_and_bills_nothing(
 
 
 @pytest.mark.django_db
-def test_an_input_longer_than_the_models_context_is_400_naming_it(realtime: None,
-                                                                   api: APIClient) -> None:
+def test_an_input_longer_than_the_models_context_is_400_naming_it(
+        realtime: None, realtime_server: str, api: APIClient) -> None:
+    served = engine_requests(realtime_server)
     response = api.post(EMBED, {"model": MINILM, "input": ["short", "word " * 400]},
                         format="json")
     assert response.status_code == 400
     assert response.json()["detail"].startswith("input[1]: This row is")
     assert "256-token context" in response.json()["detail"]
     assert not RealtimeUsage.objects.exists()
+    # Refused by the web tier's own count: the engine read neither input.
+    assert engine_requests(realtime_server) == served
+
+
+def engine_requests(url: str) -> int:
+    with urllib.request.urlopen(f"{url}/health", timeout=10) as response:  # noqa: S310
+        return int(json.loads(response.read())["models"][MINILM]["requests"])
 
 
 def readme_block(name: str) -> str:

@@ -6,16 +6,21 @@ test_realtime_engines.py."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 
 from inference.kinds.embed import EmbedKind
-from realtime.serving import Batcher, EngineFailed, EngineServer, Served
+from realtime.serving import Batcher, EngineBusy, EngineFailed, EngineServer, Served
 
 
 class Engine:
@@ -89,6 +94,53 @@ def test_an_engine_failure_reaches_every_request_of_its_batch() -> None:
     assert batcher.submit([2]) == [4]  # and the queue goes on
 
 
+def test_a_full_queue_refuses_at_once_and_the_engine_never_sees_it() -> None:
+    engine = Engine()
+    batcher = Batcher("test", engine.run, max_items=2, max_queued=3)
+    first = threading.Thread(target=batcher.submit, args=([0],))
+    first.start()
+    assert engine.entered.wait(10)  # the engine is busy; the queue fills behind it
+    waiting = [threading.Thread(target=batcher.submit, args=(items,))
+               for items in ([1, 2], [3])]
+    for thread in waiting:
+        thread.start()
+    while batcher.queued < 3:
+        threading.Event().wait(0.01)
+    with pytest.raises(EngineBusy, match="queue is full"):
+        batcher.submit([4])
+    engine.release.set()
+    for thread in [first, *waiting]:
+        thread.join(10)
+    assert sorted(item for call in engine.calls for item in call) == [0, 1, 2, 3]
+    assert (batcher.refused, batcher.queued) == (1, 0)
+
+
+def test_work_whose_deadline_passed_while_it_waited_is_dropped_uncomputed() -> None:
+    engine = Engine()
+    batcher = Batcher("test", engine.run, max_items=10)
+    first = threading.Thread(target=batcher.submit, args=([0],))
+    first.start()
+    assert engine.entered.wait(10)
+    outcome: list[BaseException] = []
+
+    def late() -> None:
+        try:
+            batcher.submit([7], deadline=time.monotonic() + 0.05)
+        except EngineBusy as exc:
+            outcome.append(exc)
+
+    waiter = threading.Thread(target=late)
+    waiter.start()
+    time.sleep(0.2)  # the caller's deadline passes while the engine is busy
+    engine.release.set()
+    first.join(10)
+    waiter.join(10)
+    assert [str(exc) for exc in outcome] == ["the request's deadline passed while it waited"]
+    assert [item for call in engine.calls for item in call] == [0]
+    assert batcher.expired == 1
+    assert batcher.submit([8], deadline=time.monotonic() + 10) == [16]  # in time: answered
+
+
 @pytest.fixture
 def server() -> Iterator[str]:
     engine = Engine()
@@ -128,3 +180,163 @@ def test_the_protocol_answers_and_refuses(server: str) -> None:
         health = json.loads(response.read())
     assert health == {"models": {"m": {"task": "embed", "load_seconds": 1.0,
                                        "engine_calls": 1, "requests": 1}}}
+
+
+def test_a_request_past_its_deadline_is_503_with_retry_after_and_not_computed(
+        server: str) -> None:
+    request = urllib.request.Request(  # noqa: S310 - loopback
+        f"{server}/v1/embeddings", data=json.dumps({"model": "m", "input": ["a"]}).encode(),
+        method="POST", headers={"X-Anex-Timeout-Ms": "0"})
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, timeout=10)  # noqa: S310 - loopback
+    assert caught.value.code == 503
+    assert caught.value.headers["Retry-After"] == "1"
+    assert "deadline passed" in json.loads(caught.value.read())["detail"]
+    with urllib.request.urlopen(f"{server}/health", timeout=10) as response:  # noqa: S310
+        assert json.loads(response.read())["models"]["m"]["engine_calls"] == 0
+
+
+@pytest.fixture
+def signed(settings: Any) -> Iterator[str]:
+    """An engine server that answers only what the web tier signs with their secret."""
+    settings.ANEX_REALTIME_ENGINE_SECRET = "the-shared-secret"
+    served = {"m": Served(model_id="m", kind=EmbedKind(), batcher=Batcher("m", lambda rows: [
+        {"embedding": [1.0], "prompt_tokens": len(row.text)} for row in rows], 10),
+        load_seconds=1.0)}
+    httpd = EngineServer(("127.0.0.1", 0), served, secret="the-shared-secret")
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield httpd.url
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def attempt(url: str, headers: dict[str, str], body: bytes) -> tuple[int, str]:
+    request = urllib.request.Request(  # noqa: S310 - loopback
+        f"{url}/v1/embeddings", data=body, method="POST", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
+            return int(response.status), ""
+    except urllib.error.HTTPError as error:
+        return error.code, str(json.loads(error.read())["detail"])
+
+
+UNSIGNED = (403, "a request to this engine server must be signed by the web tier")
+
+
+def test_an_engine_server_answers_only_the_web_tiers_signed_requests(signed: str) -> None:
+    from realtime.engine_client import engine_call, engine_signature
+
+    body = json.dumps({"model": "m", "input": ["abc"]}).encode()
+    now = str(int(time.time()))
+    good = engine_signature("the-shared-secret", timestamp=now, path="/v1/embeddings",
+                            body=body)
+    # Another local process, without the secret: unsigned, guessed, replayed from long ago,
+    # or a signature moved onto another body.
+    assert attempt(signed, {}, body) == UNSIGNED
+    assert attempt(signed, {"X-Anex-Timestamp": now, "X-Anex-Signature": "0" * 64},
+                   body) == UNSIGNED
+    old = str(int(time.time()) - 3600)
+    assert attempt(signed, {"X-Anex-Timestamp": old, "X-Anex-Signature": engine_signature(
+        "the-shared-secret", timestamp=old, path="/v1/embeddings", body=body)}, body) \
+        == UNSIGNED
+    assert attempt(signed, {"X-Anex-Timestamp": now, "X-Anex-Signature": good},
+                   body.replace(b"abc", b"xyz")) == UNSIGNED
+    # A page in a browser reaching it by a rebound name sends another Host.
+    assert attempt(signed, {"X-Anex-Timestamp": now, "X-Anex-Signature": good,
+                            "Host": "evil.example:80"}, body) == (
+        403, "this engine server answers only requests for its own address")
+    assert attempt(signed, {"X-Anex-Timestamp": now, "X-Anex-Signature": good}, body) \
+        == (200, "")
+    # and the web tier's own client signs every request it sends
+    assert engine_call(urls=(signed,), path="/v1/embeddings",
+                       body={"model": "m", "input": ["abcd"]}) == {
+        "data": [{"embedding": [1.0], "prompt_tokens": 4}]}
+
+
+def test_a_handed_listening_socket_is_served_as_it_is() -> None:
+    import socket
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(8)
+        port = listening.getsockname()[1]
+        served = {"m": Served(model_id="m", kind=EmbedKind(),
+                              batcher=Batcher("m", lambda rows: [], 10), load_seconds=1.0)}
+        httpd = EngineServer(("127.0.0.1", 0), served, fd=os.dup(listening.fileno()))
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        assert httpd.url == f"http://127.0.0.1:{port}"
+        with urllib.request.urlopen(f"{httpd.url}/health", timeout=10) as response:  # noqa: S310
+            assert json.loads(response.read())["models"]["m"]["task"] == "embed"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_several_engines_of_a_model_take_requests_in_turn_and_cover_one_down(
+        settings: Any) -> None:
+    from realtime.engine_client import engine_call
+
+    settings.ANEX_REALTIME_ENGINE_SECRET = ""
+    seen: dict[str, int] = {}
+    servers = []
+
+    def counting(name: str) -> Callable[[list[Any]], list[Any]]:
+        def run(rows: list[Any]) -> list[Any]:
+            seen[name] = seen.get(name, 0) + len(rows)
+            return [{"embedding": [1.0], "prompt_tokens": 1} for _ in rows]
+
+        return run
+
+    for name in ("a", "b"):
+        served = {"m": Served(model_id="m", kind=EmbedKind(),
+                              batcher=Batcher("m", counting(name), 10), load_seconds=1.0)}
+        httpd = EngineServer(("127.0.0.1", 0), served)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        servers.append(httpd)
+    with socket_closed_port() as down:
+        urls = (servers[0].url, servers[1].url, down)
+        try:
+            for _ in range(6):
+                engine_call(urls=urls, path="/v1/embeddings",
+                            body={"model": "m", "input": ["x"]})
+        finally:
+            for httpd in servers:
+                httpd.shutdown()
+                httpd.server_close()
+    # Six requests over three engines in turn, one of them down: each live engine took its
+    # own two turns, and the down one's two went to the engine after it.
+    assert sum(seen.values()) == 6 and sorted(seen.values()) in ([2, 4], [3, 3])
+
+
+@contextmanager
+def socket_closed_port() -> Iterator[str]:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    yield f"http://127.0.0.1:{port}"
+
+
+def test_engine_urls_are_https_or_loopback_http_and_several_per_model() -> None:
+    from tests.unit.test_env import _start_django
+
+    good = _start_django(ANEX_REALTIME_ENGINES=(
+        "all-minilm-l6-v2=https://engine-1.internal:8443,https://engine-2.internal:8443/;"
+        "laya=http://127.0.0.1:8101;laya=http://[::1]:8102"))
+    assert good.returncode == 0, good.stderr
+    shown = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup(); from django.conf import "
+         "settings; print(dict(settings.ANEX_REALTIME_ENGINES))"],
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "anex.settings", "SECRET_KEY": "x" * 40,
+             "ANEX_REALTIME_ENGINES": "m=https://e1.internal,https://e2.internal;"
+                                      "m=http://localhost:9"},
+        capture_output=True, text=True, timeout=60)
+    assert shown.stdout.strip() == str({"m": ("https://e1.internal", "https://e2.internal",
+                                              "http://localhost:9")}), shown.stderr
+    bad = _start_django(ANEX_REALTIME_ENGINES="laya=http://engine.internal:8101")
+    assert bad.returncode != 0
+    assert "is plain http:// to another machine: use https://" in bad.stderr

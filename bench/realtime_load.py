@@ -1,0 +1,310 @@
+"""A load test of the realtime API beside the batch API, with locust, against `make run`.
+
+    make run                                             # in one terminal
+    ANEX_RUN_DIR=.run python -m anex.devstack exec -- \
+        .venv/bin/python bench/realtime_load.py [--url http://localhost:8000] [--step 60]
+
+The mix per simulated customer: 70 % realtime embeddings, 10 % realtime decisions, 15 %
+batch job reads (GET /batch/v1/jobs/{id}), 5 % an upload and a submit. The users ramp
+1 -> 32 -> 128 -> 256, `--step` seconds a step (60 by default; shorten it on a small
+machine). Then it checks, through the database and Redis of the environment (the same
+ANEX_RUN_DIR as `make run`):
+
+- no 5xx up to saturation, and past it only 429 or 503, each with Retry-After;
+- answered realtime requests equal the usage rows metered for them (plus at most those the
+  client gave up on: a request served after its client left is billed, its work was done);
+- once settled, the ledger's realtime charges equal the settled sum, floored;
+- no concurrency slot and no reservation is left in Redis;
+- GET /batch/v1/jobs/{id} p99 per step (the target: 100 ms while realtime is saturated);
+- the web tier's CPU per realtime request (the gunicorn workers' CPU time over the run,
+  divided by the realtime requests answered: an upper bound, the batch requests' CPU is in
+  it too), and the realtime requests/s of the busiest step whose p99 is within 150 ms.
+
+It prints the figures and exits 1 when an assertion fails. The locust side runs in its own
+process (gevent patches sockets, which the Django side must not share): this file is both
+the driver (`main`) and the locustfile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+STEPS = (1, 32, 128, 256)
+MINILM = "all-minilm-l6-v2"
+QUESTIONS = {"urgent": {"type": "noul", "instructions": "Does the customer need an answer "
+                                                       "today?"},
+             "team": {"type": "choice", "instructions": "Which team should handle this?",
+                      "criteria": {"billing": "invoices, payments, refunds",
+                                   "technical": "bugs and outages", "other": "anything else"}}}
+REALTIME = ("embeddings", "systemone")
+
+
+# -- the locust side ----------------------------------------------------------------------
+
+if os.environ.get("ANEX_LOAD_KEY"):
+    from locust import HttpUser, LoadTestShape, events, task
+
+    KEY = os.environ["ANEX_LOAD_KEY"]
+    JOB = os.environ["ANEX_LOAD_JOB"]
+    STEP_SECONDS = float(os.environ.get("ANEX_LOAD_STEP", "60"))
+    RECORD = Path(os.environ["ANEX_LOAD_RECORD"])
+    UPLOAD = b"".join(json.dumps({"custom_id": f"r{i}", "body": {"input": f"text {i}"}}
+                                 ).encode() + b"\n" for i in range(20))
+    seen: list[tuple[float, str, int, float, bool]] = []
+
+    def answered(response: Any, name: str, started: float) -> None:
+        """Record one answer; a refusal past saturation (429/503) must carry Retry-After."""
+        status = response.status_code
+        has_retry = "Retry-After" in response.headers
+        seen.append((started, name, status, (time.time() - started) * 1000,
+                     status not in (429, 503) or has_retry))
+        if status < 500 or (status == 503 and has_retry):
+            response.success()
+        else:
+            response.failure(f"{status}")
+
+    class Customer(HttpUser):
+        def on_start(self) -> None:
+            self.client.headers.update({"Authorization": f"Bearer {KEY}"})
+
+        @task(70)
+        def embed(self) -> None:
+            started = time.time()
+            with self.client.post("/realtime/v1/embeddings", name="embeddings",
+                                  json={"model": MINILM, "input": "a search query "
+                                        f"{int(started * 1000) % 997}"},
+                                  catch_response=True) as response:
+                answered(response, "embeddings", started)
+
+        @task(10)
+        def decide(self) -> None:
+            started = time.time()
+            with self.client.post("/realtime/v1/systemone", name="systemone",
+                                  json={"model": "laya", "state": "We were billed twice for "
+                                        "March. Please refund it today.",
+                                        "questions": QUESTIONS},
+                                  catch_response=True) as response:
+                answered(response, "systemone", started)
+
+        @task(15)
+        def read_job(self) -> None:
+            started = time.time()
+            with self.client.get(f"/batch/v1/jobs/{JOB}", name="job read",
+                                 catch_response=True) as response:
+                answered(response, "job read", started)
+
+        @task(5)
+        def upload_and_submit(self) -> None:
+            started = time.time()
+            with self.client.post("/batch/v1/inputs", name="upload", json={"format": "jsonl"},
+                                  catch_response=True) as response:
+                answered(response, "upload", started)
+                if response.status_code != 201 and response.status_code != 200:
+                    return
+                target = response.json()
+            # The upload target is the storage's own URL (no API key needed there).
+            self.client.post(target["upload_url"], name="upload file", data=target["fields"],
+                             files={"file": ("input.jsonl", UPLOAD)})
+            started = time.time()
+            with self.client.post("/batch/v1/jobs", name="submit", json={
+                    "input_id": target["id"], "model": MINILM}, catch_response=True) as response:
+                answered(response, "submit", started)
+
+    class Ramp(LoadTestShape):
+        """1 -> 32 -> 128 -> 256 users, STEP_SECONDS each, then stop."""
+
+        def tick(self) -> tuple[int, float] | None:
+            step = int(self.get_run_time() // STEP_SECONDS)
+            if step >= len(STEPS):
+                return None
+            return STEPS[step], float(STEPS[step])  # spawned within a second
+
+    @events.quitting.add_listener
+    def _record(environment: Any, **kwargs: Any) -> None:
+        RECORD.write_text(json.dumps(seen))
+
+
+# -- the driver ---------------------------------------------------------------------------
+
+def _cpu_seconds(pids: list[int]) -> float:
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    return total
+
+
+def _gunicorn_workers(url: str) -> list[int]:
+    """The processes holding the socket that listens on url's port (the gunicorn master and
+    its workers, which rename themselves): their CPU time is read, nothing is sent to them."""
+    port = urlsplit(url).port or 80
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":
+                inodes.add(f"socket:[{fields[9]}]")
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            links = {os.readlink(fd) for fd in (proc / "fd").iterdir()}
+        except OSError:
+            continue
+        if links & inodes:
+            found.append(int(proc.name))
+    return found
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", default="http://localhost:8000")
+    parser.add_argument("--step", type=float, default=60.0, help="seconds a step")
+    args = parser.parse_args()
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "anex.settings")
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    from billing.constants import EntryKind
+    from billing.models import LedgerEntry
+    from billing.services import credits_grant
+    from console.actors import Actor
+    from console.services import api_key_create, organization_create
+    from realtime.concurrency import reservations_in_flight, slots_in_flight
+    from realtime.models import RealtimeSettlement, RealtimeUsage
+    from realtime.services import realtime_charges_settle_all
+
+    system = Actor(system="load test")
+    organization = organization_create(name=f"load test {int(time.time())}", actor=system)
+    credits_grant(organization=organization, cents=1_000_000, reason="load test", actor=system)
+    key, plaintext = api_key_create(organization=organization, actor=system, name="load",
+                                    rate_limit_per_minute=10_000_000)
+    job_id = _first_job(args.url, plaintext)
+    workers = _gunicorn_workers(args.url)
+    if not workers:
+        raise SystemExit("no gunicorn serving anex.wsgi on this machine: start `make run`")
+    with tempfile.TemporaryDirectory() as scratch:
+        record = Path(scratch) / "seen.json"
+        cpu_before = _cpu_seconds(workers)
+        started = time.time()
+        subprocess.run(
+            [sys.executable, "-m", "locust", "-f", __file__, "--headless", "--host", args.url,
+             "--only-summary", "--loglevel", "WARNING"],
+            env={**os.environ, "ANEX_LOAD_KEY": plaintext, "ANEX_LOAD_JOB": str(job_id),
+                 "ANEX_LOAD_STEP": str(args.step), "ANEX_LOAD_RECORD": str(record)},
+            cwd=ROOT, check=False)
+        cpu = _cpu_seconds(workers) - cpu_before
+        seen = json.loads(record.read_text())
+    problems = _report(seen, started, args.step, cpu)
+    # The invariants, once the requests in flight have ended and the usage is settled.
+    time.sleep(2)
+    realtime_charges_settle_all(settled_before=_now())
+    answered = sum(1 for _t, name, status, _ms, _ok in seen if name in REALTIME and status == 200)
+    # A request whose client gave up (status 0: no answer reached it) may still have been
+    # served and billed: the engine did the work.
+    lost = sum(1 for _t, name, status, _ms, _ok in seen if name in REALTIME and status == 0)
+    usage = RealtimeUsage.objects.filter(organization=organization).count()
+    last = RealtimeSettlement.objects.filter(api_key=key).order_by("-id").first()
+    charged = -sum(LedgerEntry.objects.filter(organization=organization, job=None,
+                                              kind=EntryKind.CHARGE)
+                   .values_list("balance_delta", flat=True))
+    slots = slots_in_flight(organization_id=organization.pk)
+    held = reservations_in_flight(organization_id=organization.pk)
+    print(f"answered realtime {answered} (and {lost} the client gave up on), usage rows "
+          f"{usage}; settled "
+          f"{last.charged_cents if last else 0} credits, ledger charged {charged}; "
+          f"slots left {slots}, reservations left {held}")
+    problems += [p for p, bad in (
+        ("usage rows not between the answered requests and those plus the ones the client "
+         "gave up on", not answered <= usage <= answered + lost),
+        ("ledger charges != settled sum", charged != (last.charged_cents if last else 0)),
+        ("slots or reservations left in Redis", slots or held)) if bad]
+    for problem in problems:
+        print(f"FAILED: {problem}")
+    raise SystemExit(1 if problems else 0)
+
+
+def _now() -> Any:
+    from django.utils import timezone
+
+    return timezone.now()
+
+
+def _first_job(url: str, plaintext: str) -> str:
+    """A job of the load test's organization to read: one small embedding job."""
+    import requests
+
+    auth = {"Authorization": f"Bearer {plaintext}"}
+    target = requests.post(f"{url}/batch/v1/inputs", json={"format": "jsonl"}, headers=auth,
+                           timeout=30).json()
+    line = json.dumps({"custom_id": "r0", "body": {"input": "hello"}}).encode() + b"\n"
+    requests.post(target["upload_url"], data=target["fields"],
+                  files={"file": ("input.jsonl", line)}, timeout=30).raise_for_status()
+    job = requests.post(f"{url}/batch/v1/jobs", json={"input_id": target["id"],
+                                                      "model": MINILM},
+                        headers=auth, timeout=30)
+    job.raise_for_status()
+    return str(job.json()["id"])
+
+
+def _report(seen: list[list[Any]], started: float, step: float, cpu: float) -> list[str]:
+    """The figures per step; what broke the rules."""
+    problems = []
+    print(f"{'users':>6} {'request':<12} {'n':>7} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
+          f"statuses")
+    best = 0.0
+    for index, users in enumerate(STEPS):
+        low, high = started + index * step, started + (index + 1) * step
+        rows = [row for row in seen if low <= row[0] < high]
+        for name in ("embeddings", "systemone", "job read", "upload", "submit"):
+            mine = [row for row in rows if row[1] == name]
+            if not mine:
+                continue
+            times = [row[3] for row in mine]
+            statuses: dict[int, int] = {}
+            for row in mine:
+                statuses[row[2]] = statuses.get(row[2], 0) + 1
+            p99 = _percentile(times, 0.99)
+            print(f"{users:>6} {name:<12} {len(mine):>7} {len(mine) / step:>8.1f} "
+                  f"{_percentile(times, 0.5):>8.1f} {p99:>8.1f} {statuses}")
+        realtime = [row for row in rows if row[1] in REALTIME and row[2] == 200]
+        if realtime and _percentile([row[3] for row in realtime], 0.99) <= 150:
+            best = max(best, len(realtime) / step)
+    fives = [row for row in seen if row[2] >= 500 and not (row[2] == 503 and row[4])]
+    unretried = [row for row in seen if not row[4]]
+    answered = sum(1 for row in seen if row[1] in REALTIME and row[2] == 200)
+    print(f"web tier CPU {cpu:.1f} s over {answered} answered realtime requests: "
+          f"{cpu / max(answered, 1) * 1000:.2f} ms a request (batch requests' CPU included)")
+    print(f"realtime requests/s at p99 <= 150 ms: {best:.1f}")
+    if fives:
+        problems.append(f"{len(fives)} answers 5xx other than 503 with Retry-After "
+                        f"(first: {fives[0][1]} {fives[0][2]})")
+    if unretried:
+        problems.append(f"{len(unretried)} 429/503 without Retry-After")
+    return problems
+
+
+if __name__ == "__main__":
+    main()
