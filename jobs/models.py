@@ -127,6 +127,15 @@ class Job(models.Model):
     # The highest progress threshold (percent of rows) whose webhook was recorded: each is
     # sent once, whichever chunk (or re-run of one) crosses it (jobs.services.progress).
     progress_sent = models.PositiveSmallIntegerField(default=0)
+    # Submitted through the OpenAI-compatible surface (openai_api, docs/openai.md): its
+    # rows name the model (each must name this one), every failing row is kept in
+    # input_errors, and there is no approval step - it is approved for the submitting key
+    # as soon as it is priced, or cancelled unbilled when the hold is not covered
+    # (failure_code insufficient_credits). Everything else is any job's.
+    openai = models.BooleanField(default=False)
+    # The rows its estimate refused, in file order, at most INPUT_ERRORS_MAX:
+    # [{"line", "custom_id", "code", "message"}] (a job that collects them: openai).
+    input_errors = models.JSONField(null=True, blank=True)
 
     objects = OrgScopedQuerySet.as_manager()
 

@@ -145,7 +145,7 @@ def job_request_admit(*, organization: Organization, actor: Actor, request: JobR
 
 def job_submit(*, organization: Organization, actor: Actor, request: JobRequest,
                host_region: Region, parent: Job | None = None,
-               rerun_include: list[str] | None = None) -> Job:
+               rerun_include: list[str] | None = None, openai: bool = False) -> Job:
     """Create a job from a checked request, in `submitted`; estimating starts after commit.
 
     host_region is the region of the API host the request reached (421 if it is not the
@@ -180,7 +180,7 @@ def job_submit(*, organization: Organization, actor: Actor, request: JobRequest,
             response_format=request.response_format,
             dimensions=request.dimensions,
             video_fps=request.video_fps,
-            parent=parent, rerun_include=rerun_include,
+            parent=parent, rerun_include=rerun_include, openai=openai,
         )
         if needs_sample(job, model):
             # A sample is free work on the paid workers: none past the organization's
