@@ -69,6 +69,7 @@ INSTALLED_APPS = [
     "jobs.apps.JobsConfig",
     "inference.apps.InferenceConfig",
     "realtime.apps.RealtimeConfig",
+    "openai_api.apps.OpenAIApiConfig",
 ]
 
 MIDDLEWARE = [
