@@ -8,6 +8,7 @@ from typing import Any
 
 from django.http import StreamingHttpResponse
 from django.http.response import HttpResponseBase
+from django.utils.http import content_disposition_header
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import exceptions
@@ -24,7 +25,7 @@ from anex.api.errors import (
     exception_handler,
     openai_error_body,
 )
-from anex.regions import request_region
+from anex.regions import region_require, request_region
 from jobs.idempotency import IDEMPOTENCY_PARAMETER, idempotent
 from openai_api.batches import (
     batch_cancel,
@@ -36,6 +37,7 @@ from openai_api.batches import (
     file_delete,
     file_get,
     file_object,
+    file_residency,
     files_page,
 )
 from openai_api.serializers import (
@@ -118,8 +120,9 @@ class OpenAIView(APIView):
     def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:
         return super().perform_content_negotiation(request, force=True)
 
-    def finalize_response(self, request: Request, response: HttpResponseBase, *args: Any,
-                          **kwargs: Any) -> HttpResponseBase:
+    def finalize_response(self, request: Request, response: Response, *args: Any,
+                          **kwargs: Any) -> Response:
+        # `response` may also be a plain HttpResponseBase (a file's streamed content).
         if isinstance(response, Response) and response.status_code >= 400 \
                 and isinstance(response.data, dict) and "detail" in response.data:
             # An answer made in anex's envelope on the way (the Idempotency-Key wait's 409).
@@ -220,9 +223,12 @@ class FileContentView(OpenAIView):
                    summary="A file's bytes: as uploaded, or a batch's output or error lines")
     def get(self, request: Request, file_id: str) -> HttpResponseBase:
         file = file_get(organization=request_organization(request), id=file_id)
+        # Its rows are read only where they are kept (421 from the other region's host).
+        region_require(request, residency=file_residency(file), noun="file")
         response = StreamingHttpResponse(file_chunks(file),
                                          content_type="application/octet-stream")
-        response["Content-Disposition"] = f'attachment; filename="{file.filename}"'
+        response["Content-Disposition"] = content_disposition_header(
+            True, file.filename) or "attachment"
         return response
 
 

@@ -203,8 +203,8 @@ def _first_model(file: OpenAIFile) -> tuple[str, int] | list[dict[str, Any]]:
                 break
             try:
                 request = json.loads(line)
-            except ValueError:
-                continue
+            except (ValueError, RecursionError):
+                continue  # the estimate names this line
             body = request.get("body") if isinstance(request, dict) else None
             model = body.get("model") if isinstance(body, dict) else None
             if isinstance(model, str) and model:
@@ -319,6 +319,14 @@ def file_object(file: OpenAIFile) -> dict[str, Any]:
             "created_at": _epoch(file.created_at), "filename": file.filename,
             "purpose": file.purpose, "status": "processed", "expires_at": _epoch(expires),
             "status_details": None}
+
+
+def file_residency(file: OpenAIFile) -> str:
+    """The region that keeps the file's bytes."""
+    if file.input is not None:
+        return file.input.data_residency
+    assert file.batch is not None and file.batch.job is not None
+    return file.batch.job.data_residency
 
 
 def _result_lines(job: Job) -> Iterator[bytes]:

@@ -56,7 +56,7 @@ class FileOut(serializers.Serializer[dict[str, Any]]):
 
 class FileListOut(serializers.Serializer[dict[str, Any]]):
     object = serializers.ChoiceField(choices=("list",))
-    data = FileOut(many=True)
+    data = FileOut(many=True)  # type: ignore[assignment]  # a field, not .data
     first_id = serializers.CharField(allow_null=True)
     last_id = serializers.CharField(allow_null=True)
     has_more = serializers.BooleanField()
@@ -77,7 +77,7 @@ class BatchErrorOut(serializers.Serializer[dict[str, Any]]):
 
 class BatchErrorsOut(serializers.Serializer[dict[str, Any]]):
     object = serializers.ChoiceField(choices=("list",))
-    data = BatchErrorOut(many=True)
+    data = BatchErrorOut(many=True)  # type: ignore[assignment]  # a field, not .data
 
 
 class RequestCountsOut(serializers.Serializer[dict[str, Any]]):
@@ -106,7 +106,7 @@ class BatchOut(serializers.Serializer[dict[str, Any]]):
     id = serializers.CharField()
     object = serializers.ChoiceField(choices=("batch",))
     endpoint = serializers.CharField()
-    errors = BatchErrorsOut(allow_null=True)
+    errors = BatchErrorsOut(allow_null=True)  # type: ignore[assignment]  # a field
     input_file_id = serializers.CharField()
     completion_window = serializers.CharField()
     status = serializers.ChoiceField(choices=BATCH_STATUSES)
@@ -132,7 +132,7 @@ class BatchOut(serializers.Serializer[dict[str, Any]]):
 
 class BatchListOut(serializers.Serializer[dict[str, Any]]):
     object = serializers.ChoiceField(choices=("list",))
-    data = BatchOut(many=True)
+    data = BatchOut(many=True)  # type: ignore[assignment]  # a field, not .data
     first_id = serializers.CharField(allow_null=True)
     last_id = serializers.CharField(allow_null=True)
     has_more = serializers.BooleanField()

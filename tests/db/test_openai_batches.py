@@ -274,7 +274,8 @@ def test_without_credits_an_upload_is_insufficient_quota_and_an_unfunded_batch_f
     _key, poor = api_key_make(organization_make())
     client = client_for(live_server, poor)
     batch = client.batches.create(input_file_id=uploaded(client, jsonl(decision("t1"))),
-                                  endpoint="/v1/systemone", completion_window="24h")
+                                  endpoint="/v1/systemone",  # type: ignore[arg-type]
+                                  completion_window="24h")  # anex's decisions: an extra
     job = estimated(batch.id)
     assert job.status == JobStatus.CANCELLED
     assert job.failure_code == FailureCode.INSUFFICIENT_CREDITS
@@ -316,3 +317,28 @@ def test_errors_are_openais_envelope_and_the_request_id_is_echoed(
         client.batches.create(input_file_id="file-x", endpoint="/v1/embeddings",
                               completion_window="48h")  # type: ignore[arg-type]
     assert invalid.value.param == "completion_window"
+
+
+def test_an_upload_past_the_body_limit_streams_to_storage_and_past_the_cap_is_413(
+        client: OpenAI, settings: Settings) -> None:
+    settings.ANEX_API_MAX_BODY_BYTES = 64 * 1024
+    settings.ANEX_INPUT_MAX_BYTES = 1024 * 1024
+    content = jsonl(*(line(f"r{i}", text="x" * 400) for i in range(1500)))
+    assert settings.ANEX_API_MAX_BODY_BYTES < len(content) < settings.ANEX_INPUT_MAX_BYTES
+    created = client.files.create(file=("big.jsonl", content), purpose="batch")
+    assert created.bytes == len(content)
+    assert client.files.content(created.id).read() == content
+    # over the cap by less than a form's framing: the body is let in and refused as its
+    # bytes pass the cap on their way to storage, and nothing is kept
+    over = b"y" * (settings.ANEX_INPUT_MAX_BYTES + 10_000)
+    with pytest.raises(openai.APIStatusError) as refused:
+        client.files.create(file=("over.jsonl", over), purpose="batch")
+    assert refused.value.status_code == 413
+    assert OpenAIFile.objects.count() == 1
+    # and a body of any other operation keeps the API's limit, in OpenAI's envelope
+    with pytest.raises(openai.APIStatusError) as large:
+        client.batches.create(input_file_id=created.id, endpoint="/v1/embeddings",
+                              completion_window="24h",
+                              extra_body={"padding": "z" * 70 * 1024})
+    assert large.value.status_code == 413
+    assert large.value.body["type"] == "invalid_request_error"  # type: ignore[index]

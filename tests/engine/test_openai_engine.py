@@ -189,6 +189,7 @@ def test_cancel_mid_run_keeps_the_finished_rows_in_the_output_file(
     job_finalize(job_id=job_id)
     cancelled = client.batches.retrieve(batch.id)
     assert cancelled.status == "cancelled" and cancelled.cancelled_at
+    assert cancelled.request_counts is not None
     assert cancelled.request_counts.model_dump() == {"total": 6, "completed": 2, "failed": 0}
     assert cancelled.output_file_id
     output = client.files.content(cancelled.output_file_id).read()
