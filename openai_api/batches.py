@@ -29,7 +29,7 @@ from jobs.constants import FailureCode, InputStatus, JobStatus
 from jobs.models import Job, JobEvent
 from jobs.services.lifecycle import job_cancel
 from jobs.services.submission import JobRequest, job_submit
-from jobs.storage import storage_for
+from jobs.storage import StorageChanged, storage_for
 from openai_api.models import FilePart, FilePurpose, OpenAIBatch, OpenAIFile
 
 COMPLETION_WINDOW = "24h"
@@ -238,7 +238,10 @@ def batch_create(*, organization: Organization, actor: Actor, host_region: Regio
     if file.input.status != InputStatus.READY:
         raise Invalid(f"File '{file.id}' has expired (a file is kept 7 days): upload it "
                       "again.", extra={"param": "input_file_id"})
-    found = _first_model(file)
+    try:
+        found = _first_model(file)
+    except StorageChanged:  # deleted (DELETE /files/{id}, its expiry) as it was read
+        raise NotFound(FILE_NOT_FOUND.format(id=file.id)) from None
     errors: list[dict[str, Any]] | None = found if isinstance(found, list) else None
     job: Job | None = None
     if errors is None:

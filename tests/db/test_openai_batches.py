@@ -8,6 +8,7 @@ would run it; the runs themselves, on real engines, are tests/engine/test_openai
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from jobs.services.estimation import job_estimate
 from openai_api.models import OpenAIBatch, OpenAIFile
 from tests.dispatched import Sent, dispatch_catch
 from tests.factories import api_key_make, organization_make
+from tests.workers import until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 EMBED = "qwen3-embedding-8b"
@@ -342,3 +344,38 @@ def test_an_upload_past_the_body_limit_streams_to_storage_and_past_the_cap_is_41
                               extra_body={"padding": "z" * 70 * 1024})
     assert large.value.status_code == 413
     assert large.value.body["type"] == "invalid_request_error"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("keyed", [True, False])
+def test_a_create_that_timed_out_and_was_retried_makes_one_batch_with_a_key(
+        live_server: Any, tenant: tuple[Organization, str], estimates: list[str],
+        monkeypatch: pytest.MonkeyPatch, keyed: bool) -> None:
+    import openai_api.api
+
+    # the first create is slow: the SDK gives up on it after a second and sends it again,
+    # while the server is still making it
+    real, calls = openai_api.api.batch_create, []
+
+    def slow_first(**kwargs: Any) -> Any:
+        calls.append(kwargs["input_file_id"])
+        if len(calls) == 1:
+            time.sleep(2.5)
+        return real(**kwargs)
+
+    monkeypatch.setattr(openai_api.api, "batch_create", slow_first)
+    client = client_for(live_server, tenant[1], timeout=1.0, max_retries=2)
+    file_id = uploaded(client, jsonl(line("r1")))
+    headers = {"Idempotency-Key": "create-after-timeout"} if keyed else {}
+    answer = client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings",
+                                   completion_window="24h", extra_headers=headers)
+    # the first request runs to its end on the server, whatever the client did
+    until(lambda: len(calls) == 2 and OpenAIBatch.objects.count() == 2 if not keyed
+          else OpenAIBatch.objects.count() == 1, timeout=30)
+    time.sleep(0.5)
+    made = list(OpenAIBatch.objects.values_list("id", flat=True))
+    if keyed:
+        # the retry waited for the first request and was answered its batch
+        assert made == [answer.id] and len(calls) == 1 and len(estimates) == 1
+    else:
+        # without a key each attempt is a new request: the reason to send one
+        assert len(made) == 2 and len(calls) == 2
