@@ -379,3 +379,54 @@ def test_a_create_that_timed_out_and_was_retried_makes_one_batch_with_a_key(
     else:
         # without a key each attempt is a new request: the reason to send one
         assert len(made) == 2 and len(calls) == 2
+
+
+def test_the_eu_host_serves_the_eu_data_and_the_other_host_names_it(
+        live_server: Any, settings: Settings, estimates: list[str]) -> None:
+    port = live_server.url.rsplit(":", 1)[1]
+    settings.ANEX_EU_API_ORIGIN = f"http://127.0.0.1:{port}"
+    settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, "127.0.0.1", "localhost"]
+    organization = organization_make(eu_data_routing=True)
+    _key, plaintext = api_key_make(organization)
+    eu = OpenAI(base_url=f"{settings.ANEX_EU_API_ORIGIN}/openai/v1", api_key=plaintext)
+    world = client_for(live_server, plaintext)
+    content = jsonl(line("r1"))
+    file = eu.files.create(file=("eu.jsonl", content), purpose="batch")
+    stored = OpenAIFile.objects.get(pk=file.id)
+    assert stored.input is not None and stored.input.data_residency == "eu"
+    assert eu.files.content(file.id).read() == content
+    batch = eu.batches.create(input_file_id=file.id, endpoint="/v1/embeddings",
+                              completion_window="24h")
+    assert Job.objects.get(pk=batch.model_dump()["anex_job_id"]).data_residency == "eu"
+    for attempt in (lambda: world.files.create(file=("eu.jsonl", content), purpose="batch"),
+                    lambda: world.files.content(file.id)):
+        with pytest.raises(openai.APIStatusError) as refused:
+            attempt()
+        assert refused.value.status_code == 421
+        assert settings.ANEX_EU_API_ORIGIN in refused.value.message
+    assert world.batches.retrieve(batch.id).id == batch.id  # a poll carries no data
+
+
+def test_the_surface_is_in_the_openapi_document(client: OpenAI) -> None:
+    document = httpx.get(f"{str(client.base_url).removesuffix('/openai/v1/')}/openapi.json"
+                         ).json()
+    operations = {operation["operationId"] for path, item in document["paths"].items()
+                  if path.startswith("/openai/v1/") for operation in item.values()}
+    assert operations == {"openaiCreateFile", "openaiListFiles", "openaiGetFile",
+                          "openaiDeleteFile", "openaiGetFileContent", "openaiCreateBatch",
+                          "openaiListBatches", "openaiGetBatch", "openaiCancelBatch"}
+    schemas = document["components"]["schemas"]
+    status = schemas["BatchOut"]["properties"]["status"]
+    status = schemas[status["$ref"].rsplit("/", 1)[1]] if "$ref" in status else status
+    assert status["enum"] == ["validating", "failed", "in_progress", "finalizing",
+                                       "completed", "expired", "cancelling", "cancelled"]
+
+
+def test_metadata_past_sixteen_pairs_is_400(client: OpenAI) -> None:
+    file_id = uploaded(client, jsonl(line("r1")))
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings",
+                              completion_window="24h",
+                              metadata={f"k{i}": "v" for i in range(17)})
+    assert refused.value.param == "metadata"
+    assert OpenAIBatch.objects.count() == 0
