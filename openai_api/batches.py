@@ -108,17 +108,18 @@ def _event_at(job: Job, status: JobStatus) -> datetime | None:
 
 
 def _usage(job: Job) -> dict[str, Any]:
-    totals = {"input_tokens": 0, "output_tokens": 0, "reasoning_tokens": 0}
+    """What the finished chunks used (inference.pricing.Usage): input with media, output
+    with thinking (the chunks keep no separate count of thinking tokens)."""
+    totals = {"input_tokens": 0, "output_tokens": 0}
     for usage in job.chunks.values_list("usage", flat=True):
-        for name in ("input_tokens", "output_tokens"):
-            totals[name] += int((usage or {}).get(name) or 0)
-        totals["input_tokens"] += int((usage or {}).get("media_tokens") or 0) + int(
-            (usage or {}).get("media_row_tokens") or 0)
-        totals["reasoning_tokens"] += int((usage or {}).get("reasoning_tokens") or 0)
+        usage = usage or {}
+        totals["input_tokens"] += sum(int(usage.get(name) or 0) for name in (
+            "input_tokens", "media_tokens", "media_row_tokens"))
+        totals["output_tokens"] += int(usage.get("output_tokens") or 0)
     return {"input_tokens": totals["input_tokens"],
             "input_tokens_details": {"cached_tokens": 0},
             "output_tokens": totals["output_tokens"],
-            "output_tokens_details": {"reasoning_tokens": totals["reasoning_tokens"]},
+            "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": totals["input_tokens"] + totals["output_tokens"]}
 
 
@@ -273,14 +274,13 @@ def batch_cancel(*, batch: OpenAIBatch, actor: Actor) -> OpenAIBatch:
     """POST /batches/{id}/cancel: cancelling, then cancelled (the job's cancel, its
     finished rows kept); a batch already finished is answered unchanged."""
     job = batch.job
-    if job is None or batch_status(batch) not in ("validating", "in_progress", "cancelling",
-                                                  "finalizing"):
-        return batch
-    if job.status != JobStatus.FINALIZING:
-        try:
-            job_cancel(job=job, actor=actor)
-        except DomainError:
-            pass  # it finished, or began finalizing, meanwhile: it is answered as it is
+    if job is None or batch_status(batch) not in ("validating", "in_progress", "cancelling"):
+        return batch  # finished, or finalizing: too late, answered as it is
+    try:
+        job_cancel(job=job, actor=actor)
+    except DomainError:
+        # it began finalizing, or finished, meanwhile: answered as it is now
+        return batch_get(organization=batch.organization, id=batch.id)
     if batch.cancelling_at is None:
         OpenAIBatch.objects.filter(pk=batch.pk, cancelling_at__isnull=True).update(
             cancelling_at=timezone.now())

@@ -430,3 +430,22 @@ def test_metadata_past_sixteen_pairs_is_400(client: OpenAI) -> None:
                               metadata={f"k{i}": "v" for i in range(17)})
     assert refused.value.param == "metadata"
     assert OpenAIBatch.objects.count() == 0
+
+
+def test_a_key_whose_spend_budget_does_not_cover_the_hold_fails_the_batch(
+        live_server: Any, estimates: list[str]) -> None:
+    organization = organization_make()
+    _key, plaintext = api_key_make(organization, spend_budget_cents=2)
+    client = client_for(live_server, plaintext)
+    batch = client.batches.create(input_file_id=uploaded(client, jsonl(decision("t1"))),
+                                  endpoint="/v1/systemone",  # type: ignore[arg-type]
+                                  completion_window="24h")
+    job = estimated(batch.id)
+    assert (job.status, job.failure_code) == (JobStatus.CANCELLED,
+                                              FailureCode.INSUFFICIENT_CREDITS)
+    failed = client.batches.retrieve(batch.id)
+    assert failed.status == "failed" and failed.errors is not None
+    [error] = failed.errors.data or []
+    assert error.code == "insufficient_credits"
+    assert "spend budget" in (error.message or "") and "2-credit budget" in (error.message or "")
+    assert not LedgerEntry.objects.filter(job_id=job.pk).exists()
