@@ -449,3 +449,51 @@ def test_a_key_whose_spend_budget_does_not_cover_the_hold_fails_the_batch(
     assert error.code == "insufficient_credits"
     assert "spend budget" in (error.message or "") and "2-credit budget" in (error.message or "")
     assert not LedgerEntry.objects.filter(job_id=job.pk).exists()
+
+
+def test_a_duplicate_still_in_flight_is_409_and_the_sdk_does_not_retry_it(
+        live_server: Any, tenant: tuple[Organization, str], estimates: list[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import jobs.idempotency
+    import openai_api.api
+
+    monkeypatch.setattr(jobs.idempotency, "WAIT_SECONDS", 1)  # the wait on the first's key
+    real, calls = openai_api.api.batch_create, []
+
+    def slow_first(**kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            time.sleep(3)
+        return real(**kwargs)
+
+    monkeypatch.setattr(openai_api.api, "batch_create", slow_first)
+    file_id = uploaded(client_for(live_server, tenant[1]), jsonl(line("r1")))
+    body = {"input_file_id": file_id, "endpoint": "/v1/embeddings",
+            "completion_window": "24h"}
+    headers = {"Idempotency-Key": "in-flight"}
+    first = client_for(live_server, tenant[1], timeout=0.5, max_retries=0)
+    with pytest.raises(openai.APITimeoutError):
+        first.batches.create(**body, extra_headers=headers)  # type: ignore[arg-type]
+    sent: list[httpx.Request] = []
+    second = client_for(live_server, tenant[1], max_retries=2,
+                        http_client=httpx.Client(event_hooks={"request": [sent.append]}))
+    with pytest.raises(openai.ConflictError) as conflict:
+        second.batches.create(**body, extra_headers=headers)  # type: ignore[arg-type]
+    assert conflict.value.response.headers["x-should-retry"] == "false"
+    assert conflict.value.response.headers["Retry-After"] == "1"
+    assert "still being processed" in conflict.value.message
+    assert len(sent) == 1  # not retried
+    until(lambda: OpenAIBatch.objects.count() == 1, timeout=30)
+    # once the first has answered, the same request replays its batch
+    replayed = second.batches.create(**body, extra_headers=headers)  # type: ignore[arg-type]
+    assert replayed.id == OpenAIBatch.objects.get().id and len(calls) == 1
+
+
+def test_files_page_either_way_and_filter_by_purpose(client: OpenAI) -> None:
+    made = [uploaded(client, jsonl(line(f"r{i}")), name=f"f{i}.jsonl") for i in range(3)]
+    assert [file.id for file in client.files.list()] == made[::-1]
+    oldest = client.files.list(order="asc", limit=2)
+    assert [file.id for file in oldest.data] == made[:2] and oldest.has_more
+    assert [file.id for file in client.files.list(order="asc", after=made[1])] == made[2:]
+    assert [file.id for file in client.files.list(purpose="batch_output")] == []
+    assert len(client.files.list(purpose="batch").data) == 3
