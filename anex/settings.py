@@ -70,6 +70,7 @@ INSTALLED_APPS = [
     "jobs.apps.JobsConfig",
     "inference.apps.InferenceConfig",
     "realtime.apps.RealtimeConfig",
+    "openai_api.apps.OpenAIApiConfig",
 ]
 
 MIDDLEWARE = [
@@ -358,6 +359,12 @@ SPECTACULAR_SETTINGS = {
         "CheckStatusEnum": "jobs.constants.CheckStatus",
         "FormatEnum": "inference.constants.InputFormat",
         "FormatRequestEnum": "inference.constants.InputFormat.values",
+        # The OpenAI surface's constants (openai_api.serializers): OpenAI's object names.
+        "OpenAIFileObjectEnum": ["file"],
+        "OpenAIListObjectEnum": ["list"],
+        "OpenAIBatchEnum": ["batch"],
+        "OpenAIFilePurposeEnum": ["batch", "batch_output"],
+        "OpenAIBatchStatusEnum": "openai_api.serializers.BATCH_STATUSES",
     },
     # anex/api/schema.py: links from each create to what takes its id, the JsonValue
     # component, a body that cannot be empty marked required, single-use answer shapes in

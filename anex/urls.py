@@ -8,6 +8,7 @@ from anex.health import healthz
 
 batch_api = [path("batch/v1/", include("jobs.urls"))]
 realtime_api = [path("realtime/v1/", include("realtime.urls"))]
+openai_api = [path("openai/v1/", include("openai_api.urls"))]
 
 handler404 = "anex.api.errors.handler404"
 handler500 = "anex.api.errors.handler500"
@@ -15,7 +16,9 @@ handler500 = "anex.api.errors.handler500"
 urlpatterns = [
     *batch_api,
     *realtime_api,
-    # The whole API (batch and realtime) at the root; the batch API alone under its base.
+    *openai_api,
+    # The whole API (batch, realtime, the OpenAI surface) at the root; the batch API alone
+    # under its base.
     path("openapi.json", SpectacularJSONAPIView.as_view(), name="openapi-json"),
     path("openapi.yaml", SpectacularYAMLAPIView.as_view(), name="openapi-yaml"),
     path("batch/v1/openapi.json", SpectacularJSONAPIView.as_view(patterns=batch_api),

@@ -108,6 +108,10 @@ AWAITING_APPROVAL_STATUSES = frozenset({JobStatus.SUBMITTED, JobStatus.ESTIMATIN
 class FailureCode(models.TextChoices):
     INVALID_INPUT = "invalid_input"
     INTERNAL_ERROR = "internal_error"
+    # A job approved at its estimate (Job.openai) whose hold the balance or the key's
+    # budget did not cover, or that its key may no longer approve: cancelled unbilled.
+    INSUFFICIENT_CREDITS = "insufficient_credits"
+    NOT_APPROVED = "not_approved"
 
 
 class InputStatus(models.TextChoices):
@@ -167,6 +171,8 @@ class CheckStatus(models.TextChoices):
     FAILED = "failed"
 
 
+# A job that collects its failing rows (Job.openai) keeps at most this many in input_errors.
+INPUT_ERRORS_MAX = 1000
 # A check reports at most this many failing rows (it still reads, and counts, the rest).
 CHECK_ERRORS_MAX = 1000
 # What a re-run may pick: the outcomes of rows that did not produce a clean answer.

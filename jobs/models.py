@@ -129,6 +129,15 @@ class Job(models.Model):
     # The highest progress threshold (percent of rows) whose webhook was recorded: each is
     # sent once, whichever chunk (or re-run of one) crosses it (jobs.services.progress).
     progress_sent = models.PositiveSmallIntegerField(default=0)
+    # Submitted through the OpenAI-compatible surface (openai_api, docs/openai.md): its
+    # rows name the model (each must name this one), every failing row is kept in
+    # input_errors, and there is no approval step - it is approved for the submitting key
+    # as soon as it is priced, or cancelled unbilled when the hold is not covered
+    # (failure_code insufficient_credits). Everything else is any job's.
+    openai = models.BooleanField(default=False)
+    # The rows its estimate refused, in file order, at most INPUT_ERRORS_MAX:
+    # [{"line", "custom_id", "code", "message"}] (a job that collects them: openai).
+    input_errors = models.JSONField(null=True, blank=True)
 
     objects = OrgScopedQuerySet.as_manager()
 
@@ -163,7 +172,7 @@ class Job(models.Model):
             reasoning_budget=self.reasoning_budget_requested,
             reasoning_effort=self.reasoning_effort or None,
             response_format=self.response_format, dimensions=self.dimensions,
-            video_fps=self.video_fps)
+            video_fps=self.video_fps, row_model=self.openai)
 
     @staticmethod
     def options_columns(options: JobOptions, *, generates: bool) -> dict[str, Any]:

@@ -62,6 +62,7 @@ class _StreamedForm:
         self._stream = stream
         self.fields: dict[str, str] = {}
         self.file_started = self._in_file = self._file_ended = self._ended = False
+        self.file_name: str | None = None  # the file part's filename, as the client gave it
         self._pending: list[bytes] = []
         self._read = 0
         self._header_field = self._header_value = self._disposition = b""
@@ -94,6 +95,8 @@ class _StreamedForm:
         # The first file part is the file; anything after it is ignored, as S3 does.
         self._in_file = not self.file_started and (self._name == "file"
                                                    or b"filename" in options)
+        if self._in_file and b"filename" in options:
+            self.file_name = options[b"filename"].decode("utf-8", "replace")
         self.file_started = self.file_started or self._in_file
 
     def _part_data(self, data: bytes, start: int, end: int) -> None:

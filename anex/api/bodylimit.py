@@ -16,10 +16,14 @@ from collections.abc import Callable
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from anex.api.errors import API_PREFIXES
+from anex.api.errors import API_PREFIXES, OPENAI_PREFIX, openai_error_body
 
 # Its character limits (2,097,152 in all, answered 400) need a larger body than the rest.
 REALTIME_EMBEDDINGS_PATH = "/realtime/v1/embeddings"
+# The OpenAI surface's file upload: an input file streamed to storage (openai_api.api),
+# up to the input cap and its form's framing; the surface's other bodies take the limit.
+OPENAI_FILES_PATH = "/openai/v1/files"
+FORM_OVERHEAD_BYTES = 64 * 1024
 
 
 def body_too_large_detail(declared: int, limit: int) -> str:
@@ -42,6 +46,15 @@ class ApiBodyLimitMiddleware:
                 # set): the server discards or drains the unread body itself.
                 return JsonResponse({"detail": body_too_large_detail(declared, limit)},
                                     status=413)
+        elif request.path.startswith(OPENAI_PREFIX):
+            limit = (settings.ANEX_INPUT_MAX_BYTES + FORM_OVERHEAD_BYTES
+                     if request.path == OPENAI_FILES_PATH else settings.ANEX_API_MAX_BODY_BYTES)
+            declared = _declared_length(request)
+            if declared > limit:
+                return JsonResponse(openai_error_body(
+                    413, body_too_large_detail(declared, limit).replace(
+                        "an input file goes to its upload URL, not here",
+                        "an input file goes to POST /openai/v1/files")), status=413)
         return self.get_response(request)
 
 

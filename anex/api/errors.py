@@ -27,6 +27,8 @@ from anex.errors import DomainError, RateLimited
 logger = logging.getLogger(__name__)
 
 API_PREFIXES = ("/batch/", "/realtime/")
+# The OpenAI-compatible surface (openai_api): its errors are OpenAI's envelope.
+OPENAI_PREFIX = "/openai/"
 
 MISSING_KEY_DETAIL = (
     "Missing API key: send it as 'Authorization: Bearer <your-api-key>' "
@@ -85,7 +87,8 @@ def rate_limited(wait: float | None) -> RateLimited:
     return RateLimited(RATE_LIMITED_DETAIL, retry_after=seconds, code="rate_limit_exceeded")
 
 
-def _as_api_error(exc: Exception) -> ApiError | None:
+def as_api_error(exc: Exception) -> ApiError | None:
+    """The answer an exception gets, or None for one no answer is known for (a 500)."""
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, DomainError):
@@ -142,7 +145,7 @@ def error_json_response(error: DomainError) -> JsonResponse:
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
-    error = _as_api_error(exc)
+    error = as_api_error(exc)
     if error is None:
         if isinstance(exc, DatabaseError):
             logger.exception("database error in %s", context.get("view"))
@@ -157,14 +160,36 @@ def _is_api(request: HttpRequest) -> bool:
     return request.path.startswith(API_PREFIXES)
 
 
+def openai_error_type(status: int) -> str:
+    """OpenAI's error.type for a status."""
+    if status >= 500:
+        return "server_error"
+    if status == 429:
+        return "requests"
+    return "invalid_request_error"
+
+
+def openai_error_body(status: int, message: str, *, code: str | None = None,
+                      param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error envelope: {"error": {"message", "type", "code", "param"}}."""
+    return {"error": {"message": message, "type": openai_error_type(status), "code": code,
+                      "param": param}}
+
+
 def handler404(request: HttpRequest, exception: Exception) -> HttpResponse:
     """URLs no view matched: JSON under the API prefixes, the HTML page elsewhere."""
+    if request.path.startswith(OPENAI_PREFIX):
+        return JsonResponse(openai_error_body(404, f"Unknown request URL: {request.method} "
+                                                   f"{request.path}.",
+                                              code="unknown_url"), status=404)
     if _is_api(request):
         return JsonResponse({"detail": "Not found."}, status=404)
     return defaults.page_not_found(request, exception)
 
 
 def handler500(request: HttpRequest) -> HttpResponse:
+    if request.path.startswith(OPENAI_PREFIX):
+        return JsonResponse(openai_error_body(500, "Internal server error."), status=500)
     if _is_api(request):
         return JsonResponse({"detail": "Internal server error."}, status=500)
     return defaults.server_error(request)

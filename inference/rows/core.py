@@ -81,6 +81,9 @@ class JobOptions:
     # The body said max_tokens, the former name of max_output_tokens: refusals and the job
     # answer in its own words.
     max_tokens_alias: bool = False
+    # Every row's body.model must name the job's model (an OpenAI batch's rows name it; the
+    # anex API's rows leave it to the job and it is not read).
+    row_model: bool = False
 
     def given(self, name: str) -> bool:
         return getattr(self, name) is not None
@@ -104,11 +107,14 @@ class JobOptions:
 
 class InputRejected(Exception):
     """The input fails the job with failure_code invalid_input; `message` is the
-    failure_reason. Raised as is for a file-wide fault (no rows at all, no usable column)."""
+    failure_reason. Raised as is for a file-wide fault (no rows at all, no usable column).
+    `code` names the rule where OpenAI's batch validation has a code for it
+    (invalid_json_line, duplicate_custom_id, url_mismatch, model_mismatch, empty_file)."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.code = code
 
 
 class TextTooLong(Exception):
@@ -132,8 +138,9 @@ class RowRejected(InputRejected):
     `limit`: the rule is one of the reference's size limits, not the row's shape (a
     realtime request answers the one 400 and the other 422)."""
 
-    def __init__(self, message: str, *, row: str, limit: bool = False) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, *, row: str, limit: bool = False,
+                 code: str | None = None) -> None:
+        super().__init__(message, code=code)
         self.row = row
         self.limit = limit
 
@@ -159,8 +166,9 @@ class RowRef:
     def index(cls, row_index: int) -> RowRef:
         return cls(f"Row {row_index} (row_index)")
 
-    def reject(self, detail: str, *, limit: bool = False) -> RowRejected:
-        return RowRejected(f"{self.label}: {detail}", row=self.label, limit=limit)
+    def reject(self, detail: str, *, limit: bool = False,
+               code: str | None = None) -> RowRejected:
+        return RowRejected(f"{self.label}: {detail}", row=self.label, limit=limit, code=code)
 
     def reject_sentence(self, rest: str, *, limit: bool = False) -> RowRejected:
         """For messages that continue the label itself: "Row 'x' is too long: ..."."""

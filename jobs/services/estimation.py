@@ -24,20 +24,20 @@ from inference.pricing import price
 from inference.rows.core import CountTokens, FileReport, InputRejected, JobOptions
 from inference.tokens import token_counter, uncounted
 from inference.warmth import startup_seconds
-from jobs.constants import FailureCode, JobStatus
+from jobs.constants import INPUT_ERRORS_MAX, FailureCode, JobStatus
 from jobs.failures import claimed_work
 from jobs.models import Input, Job
 from jobs.services.inputs import INPUT_CHANGED
 from jobs.services.lifecycle import (
     WORKER,
     job_cost_ready,
-    job_fail,
+    job_finish,
     job_lease_claim,
     job_transition,
 )
 from jobs.services.sampling import sample_enqueue
 from jobs.storage import StorageChanged, storage_for
-from jobs.validation import RowErrors, validate_jsonl, validate_parquet
+from jobs.validation import RowError, RowErrors, validate_jsonl, validate_parquet
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +68,12 @@ def _claim(job: Job) -> bool:
     worker died before the rows were counted)."""
     return job_transition(job=job, to=JobStatus.ESTIMATING, actor=WORKER) is not None or \
         job_lease_claim(job_id=job.pk, state=JobStatus.ESTIMATING)
+
+
+def input_error_json(error: RowError) -> dict[str, object]:
+    """A refused row as Job.input_errors keeps it."""
+    return {"line": error.line, "custom_id": error.custom_id, "code": error.code,
+            "message": error.reason}
 
 
 @dataclass(frozen=True)
@@ -144,14 +150,21 @@ def _estimate(job: Job) -> JobStatus | None:
     if model is None:
         return _failed(job, CANNOT_PRICE)
     assert job.input is not None
+    # A job that collects its failing rows reads on past the first (a preflight check's
+    # mode) and fails on the first, every one kept in input_errors.
+    errors = RowErrors(INPUT_ERRORS_MAX) if job.openai else None
     try:
-        checked = input_check(item=job.input, options=job.options())
+        checked = input_check(item=job.input, options=job.options(), errors=errors)
+        if errors is not None and errors.count:
+            return _failed(job, errors.items[0].reason, errors=errors.items)
         if not checked.counted:
             return _failed(job, CANNOT_PRICE)
         report = checked.report
         fields = {} if needs_sample(job, model) else _estimate_fields(job, model, report)
     except InputRejected as rejected:
-        return _failed(job, rejected.message)
+        return _failed(job, rejected.message, errors=[RowError(rejected.message,
+                                                               code=rejected.code)]
+                       if job.openai else None)
     except StorageChanged:
         return _failed(job, INPUT_CHANGED)
     if not fields:
@@ -162,7 +175,11 @@ def _estimate(job: Job) -> JobStatus | None:
     return job_cost_ready(job=job, estimate={"row_count": report.rows, **fields})
 
 
-def _failed(job: Job, reason: str) -> JobStatus:
-    """Fails the job unbilled, invalid_input with the reason as its failure_reason."""
-    job_fail(job=job, code=FailureCode.INVALID_INPUT, reason=reason)
+def _failed(job: Job, reason: str, *, errors: list[RowError] | None = None) -> JobStatus:
+    """Fails the job unbilled, invalid_input with the reason as its failure_reason (and,
+    for a job that collects them, its refused rows as input_errors)."""
+    outcome = {"input_errors": [input_error_json(error) for error in errors]} \
+        if errors is not None else None
+    job_finish(job=job, status=JobStatus.FAILED, failure_code=FailureCode.INVALID_INPUT,
+               failure_reason=reason, outcome=outcome)
     return JobStatus.FAILED

@@ -22,7 +22,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from anex.errors import Conflict, DomainError, Forbidden
+from anex.errors import Conflict, DomainError, Forbidden, PaymentRequired
 from billing.services import hold_place, hold_settle, organization_lock
 from console.actors import Actor
 from console.audit import audit_record
@@ -176,12 +176,35 @@ def job_cost_ready(*, job: Job, estimate: dict[str, Any]) -> JobStatus | None:
     ready = job_transition(job=job, to=JobStatus.COST_READY, actor=WORKER, **estimate)
     if ready is None:
         return None
-    if ready.data_delete_requested:
+    if ready.data_delete_requested or ready.cancel_requested:
+        # A cancel reaches a job before cost_ready only on the OpenAI surface (job_cancel).
         job_finish(job=ready, status=JobStatus.CANCELLED)
         return JobStatus.CANCELLED
+    if ready.openai:
+        return job_approve_at_estimate(job=ready)
     if ready.organization.auto_approve:
         job_auto_approve(job=ready)
     return JobStatus.COST_READY
+
+
+def job_approve_at_estimate(*, job: Job) -> JobStatus:
+    """A job without an approval step (Job.openai): approved for the key that submitted
+    it, as auto-approve approves (its scopes and spend budget hold), at once. One that
+    cannot be approved is never left waiting: it is cancelled unbilled, failure_code
+    insufficient_credits (the balance or the key's budget does not cover the hold) or
+    not_approved (the key may no longer spend on it), the reason naming the amount."""
+    try:
+        job_approve(job=job, actor=AUTO_APPROVE, spend_key=job.created_by_key)
+    except PaymentRequired as error:
+        job_finish(job=job, status=JobStatus.CANCELLED, actor=AUTO_APPROVE,
+                   failure_code=FailureCode.INSUFFICIENT_CREDITS,
+                   failure_reason=error.detail.removesuffix(" Top up and approve again."))
+        return JobStatus.CANCELLED
+    except DomainError as error:
+        job_finish(job=job, status=JobStatus.CANCELLED, actor=AUTO_APPROVE,
+                   failure_code=FailureCode.NOT_APPROVED, failure_reason=error.detail)
+        return JobStatus.CANCELLED
+    return JobStatus.IN_PROGRESS
 
 
 def _approving_key_check(job: Job, key: ApiKey) -> None:
@@ -253,6 +276,16 @@ def job_cancel(*, job: Job, actor: Actor) -> Job:
     locked = Job.objects.select_for_update().get(pk=job.pk)
     status = JobStatus(locked.status)
     if status == JobStatus.CANCELLING:
+        return locked
+    if locked.openai and status in (JobStatus.SUBMITTED, JobStatus.ESTIMATING):
+        # No approval step to withhold: the cancel is kept, and the job stops unbilled
+        # at cost_ready instead of being approved (job_cost_ready). A repeat changes nothing.
+        if not locked.cancel_requested:
+            Job.objects.filter(pk=locked.pk).update(cancel_requested=True)
+            locked.cancel_requested = True
+            audit_record(organization=locked.organization, actor=actor,
+                         action=AuditAction.JOB_CANCELLED, target=locked,
+                         data={"from": status.value, "to": "cancel_requested"})
         return locked
     if not job_cancellable(locked):
         if status in (JobStatus.SUBMITTED, JobStatus.ESTIMATING):

@@ -136,7 +136,7 @@ def job_request_admit(*, organization: Organization, actor: Actor, request: JobR
 
 def job_submit(*, organization: Organization, actor: Actor, request: JobRequest,
                host_region: Region, parent: Job | None = None,
-               rerun_include: list[str] | None = None) -> Job:
+               rerun_include: list[str] | None = None, openai: bool = False) -> Job:
     """Create a job from a checked request, in `submitted`; estimating starts after commit.
 
     host_region is the region of the API host the request reached (421 if it is not the
@@ -162,7 +162,7 @@ def job_submit(*, organization: Organization, actor: Actor, request: JobRequest,
             organization=organization, input=item,
             task_type=TaskType(kind.task), format=item.format, data_residency=residency,
             created_by_key=actor.key, parent=parent, rerun_include=rerun_include,
-            **Job.options_columns(request.options, generates=kind.generates))
+            openai=openai, **Job.options_columns(request.options, generates=kind.generates))
         if needs_sample(job, model):
             # A sample is free work on the paid workers: none past the organization's
             # hourly allowance (429 here, the job rolled back with it).

@@ -49,6 +49,7 @@ class RowError:
     line: int | None = None
     custom_id: str | None = None
     row_index: int | None = None
+    code: str | None = None  # the rule's code, where it has one (InputRejected.code)
 
     def as_json(self) -> dict[str, object]:
         out: dict[str, object] = {"line": self.line, "custom_id": self.custom_id,
@@ -181,7 +182,7 @@ class Tally:
         # In collect mode a file whose every row failed reports those rows, not "no rows".
         if not self.rows and not (errors is not None and errors.failed_rows):
             raise InputRejected("The input file has no rows: a job needs at least one "
-                                "request.")
+                                "request.", code="empty_file")
         usage = Usage(input_tokens=self.input_tokens, media_tokens=self.media_tokens,
                       media_row_tokens=self.media_row_tokens, images=self.images,
                       clips=self.clips, media_seconds=self.media_seconds)

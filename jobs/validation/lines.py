@@ -37,6 +37,9 @@ from jobs.validation.core import CountBatch, FileContext, RowError, RowErrors, T
 from jobs.validation.ids import IdSet
 
 _BOM = b"\xef\xbb\xbf"
+# The codes OpenAI's batch validation gives these rules (RowRejected.code).
+INVALID_JSON = "invalid_json_line"
+URL_MISMATCH = "url_mismatch"
 _NEWLINE = ord("\n")
 # A block: about 2,500 short chat rows, decoded together by the fast lane (a few MB of
 # Python objects at a time, whatever the file holds).
@@ -62,7 +65,8 @@ def validate_jsonl(stream: BinaryIO, options: JobOptions, *, count_tokens: Count
     job = FileContext(options, count_tokens, probe_content_type)
     job.deferring = True  # text-only rows are counted COUNT_BATCH_ROWS at a time
     check = _LineCheck(job, errors)
-    fast = job.kind.fast_rows(job)
+    # The fast lane reads no body.model: a file whose rows must name it goes line by line.
+    fast = None if options.row_model else job.kind.fast_rows(job)
     # A block's count runs on this thread while the next block is decoded and rendered
     # (the tokenizer leaves the GIL); one count at a time, in file order.
     counter = ThreadPoolExecutor(1, "count") if fast is not None and job.counts_apart \
@@ -134,7 +138,7 @@ class _LineCheck:
         assert self.errors is not None and isinstance(where, tuple)
         number, request = where
         self.errors.add(RowError(rejected.message, line=number,
-                                 custom_id=_custom_id(request)))
+                                 custom_id=_custom_id(request), code=rejected.code))
 
     def settle_waiting(self) -> None:
         """The fast-lane block being counted, once counted: its sums, or (a row does not
@@ -177,10 +181,10 @@ class _LineCheck:
             detail = f" ({error.msg} at column {error.colno})" \
                 if isinstance(error, json.JSONDecodeError) else ""
             return line, _at(number).reject(f"not valid JSON{detail}; each line must be one "
-                                            "request object")
+                                            "request object", code=INVALID_JSON)
         except RecursionError:  # thousands of nested brackets: refused, never a crash
             return line, _at(number).reject("not valid JSON (nested too deeply); each line "
-                                            "must be one request object")
+                                            "must be one request object", code=INVALID_JSON)
 
     def _line(self, number: int, line: bytes, request: object) -> None:
         job, batch, errors = self.job, self.batch, self.errors
@@ -210,7 +214,8 @@ class _LineCheck:
             batch.flush(self.on_reject)  # an earlier row's failure comes first
             if errors is None:
                 raise
-            errors.add(RowError(rejected.message, line=number, custom_id=_custom_id(request)))
+            errors.add(RowError(rejected.message, line=number, custom_id=_custom_id(request),
+                                code=rejected.code))
 
 
 def _custom_id(request: object) -> str | None:
@@ -293,7 +298,7 @@ def _envelope(request: object, number: int, *, ids: IdSet, job: FileContext,
     """The request object around the body: custom_id, method, url, body."""
     if not isinstance(request, dict):
         raise _at(number).reject("not a JSON object; each line must be one request object with "
-                           "custom_id, method, url and body")
+                           "custom_id, method, url and body", code=INVALID_JSON)
     custom_id = request.get("custom_id")
     if custom_id is None:
         raise _at(number).reject("custom_id is missing; every line needs a custom_id string")
@@ -302,7 +307,7 @@ def _envelope(request: object, number: int, *, ids: IdSet, job: FileContext,
     row = RowRef.named(custom_id)
     if not ids.add(custom_id):
         raise row.reject("custom_id is used by an earlier line; every row needs its own "
-                         "custom_id")
+                         "custom_id", code="duplicate_custom_id")
     if request.get("method") != "POST":
         raise row.reject(f"method must be \"POST\", not {request.get('method')!r}")
     url = request.get("url")
@@ -310,14 +315,22 @@ def _envelope(request: object, number: int, *, ids: IdSet, job: FileContext,
     expected = job.kind.endpoint
     if url not in ENDPOINTS:
         raise row.reject(f"url {url!r} is not an endpoint a batch job takes: "
-                         f"{listing(list(ENDPOINTS), 'or')}")
+                         f"{listing(list(ENDPOINTS), 'or')}", code=URL_MISMATCH)
     if url != expected:
         if first:
             raise row.reject(f"url '{url}' does not match model '{model.id}': "
-                             f"{job.kind.noun} takes {expected} rows")
+                             f"{job.kind.noun} takes {expected} rows", code=URL_MISMATCH)
         raise row.reject(f"url '{url}' mixes endpoints: this file's rows target {expected}, "
-                         "and a file's rows must all target the same endpoint")
+                         "and a file's rows must all target the same endpoint",
+                         code=URL_MISMATCH)
     body = request.get("body")
     if not isinstance(body, dict):
         raise row.reject("body must be a JSON object")
+    if job.options.row_model and body.get("model") != model.id:
+        named = body.get("model")
+        raise row.reject(
+            (f"body.model is {named!r}, and this batch runs '{model.id}' (the model its "
+             "first row names): one batch runs one model" if named is not None else
+             f"body.model is missing; every row names its model ('{model.id}' here)"),
+            code="model_mismatch")
     return row, body

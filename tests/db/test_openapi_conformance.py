@@ -75,7 +75,10 @@ def accepted(failure: Any, case: Any, response: Any) -> bool:
         return False
     if not isinstance(answer, dict):
         return False
-    detail = str(answer.get("detail", ""))
+    # The OpenAI surface (/openai/v1) says the same in OpenAI's envelope.
+    openai_error = answer.get("error")
+    detail = str(answer.get("detail", "") or (
+        openai_error.get("message", "") if isinstance(openai_error, dict) else ""))
     errors = answer.get("errors")
     if failure.code == "ST202" and response.status_code == 422 and isinstance(errors, dict) \
             and isinstance(case.body, dict) and all(

@@ -1,0 +1,431 @@
+"""OpenAI's batches over anex's jobs: one thin layer (docs/openai.md).
+
+A batch is created at once: its file's first row names the model (OpenAI's rows carry
+it), and the job is submitted through jobs.services.submission like any other, marked
+Job.openai - its rows must all name that model, every failing row is kept, and it has no
+approval step (jobs.services.lifecycle job_approve_at_estimate). The batch's status, counts,
+times and usage are read from the job each time; its output and error files are the job's
+one ordered result file, split by each row's `error`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from anex.errors import DomainError, Invalid, Malformed, NotFound, PaymentRequired
+from anex.regions import Region
+from console.actors import Actor
+from console.models import Organization
+from inference.catalog import model_get
+from inference.kinds import kind_for
+from inference.rows.core import JobOptions
+from jobs.constants import FailureCode, InputStatus, JobStatus
+from jobs.models import Job, JobEvent
+from jobs.services.lifecycle import job_cancel
+from jobs.services.submission import JobRequest, job_submit
+from jobs.storage import StorageChanged, storage_for
+from openai_api.models import FilePart, FilePurpose, OpenAIBatch, OpenAIFile
+
+COMPLETION_WINDOW = "24h"
+WINDOW = timedelta(hours=24)
+ENDPOINTS = ("/v1/chat/completions", "/v1/embeddings", "/v1/systemone")
+METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
+# How far into the file its model is looked for: the first line that names one.
+MODEL_SCAN_LINES = 100
+MODEL_SCAN_BYTES = 64 * 1024 * 1024
+NOT_FOUND = "No batch found with id '{id}'."
+
+# The job's status as OpenAI's batch status (a job approved at its estimate passes
+# through cost_ready at once).
+STATUS = {
+    JobStatus.SUBMITTED: "validating", JobStatus.ESTIMATING: "validating",
+    JobStatus.COST_READY: "validating", JobStatus.IN_PROGRESS: "in_progress",
+    JobStatus.CANCELLING: "cancelling", JobStatus.FINALIZING: "finalizing",
+    JobStatus.DONE: "completed", JobStatus.FAILED: "failed",
+    JobStatus.CANCELLED: "cancelled",
+}
+# A job cancelled for want of an approval it cannot get failed, as OpenAI counts it.
+NOT_RUN = (FailureCode.INSUFFICIENT_CREDITS, FailureCode.NOT_APPROVED)
+
+
+def _epoch(at: datetime | None) -> int | None:
+    return int(at.timestamp()) if at is not None else None
+
+
+def batch_get(*, organization: Organization, id: str) -> OpenAIBatch:
+    batch = OpenAIBatch.objects.for_org(organization).select_related(
+        "job", "input_file").filter(pk=id).first()
+    if batch is None:
+        raise NotFound(NOT_FOUND.format(id=id))
+    return batch
+
+
+def batch_status(batch: OpenAIBatch) -> str:
+    job = batch.job
+    if job is None:
+        return "failed"
+    status = STATUS[JobStatus(job.status)]
+    if job.status == JobStatus.CANCELLED and job.failure_code in NOT_RUN:
+        return "failed"
+    if job.cancel_requested and status in ("validating", "finalizing"):
+        return "cancelling"
+    return status
+
+
+def batch_errors(batch: OpenAIBatch) -> list[dict[str, Any]] | None:
+    """errors.data: why the batch failed before it ran (OpenAI's BatchError shape)."""
+    if batch.errors is not None:
+        return list(batch.errors)
+    job = batch.job
+    if job is None:
+        return None
+    if job.status == JobStatus.CANCELLED and job.failure_code == FailureCode.INSUFFICIENT_CREDITS:
+        return [{"code": "insufficient_credits", "line": None, "param": None,
+                 "message": f"The batch needs {job.est_cost_cents} credits held to run. "
+                            f"{job.failure_reason}"}]
+    if job.status == JobStatus.CANCELLED and job.failure_code == FailureCode.NOT_APPROVED:
+        return [{"code": "not_approved", "line": None, "param": None,
+                 "message": job.failure_reason}]
+    if job.status == JobStatus.FAILED:
+        if job.input_errors:
+            return [{"code": error.get("code") or "invalid_request", "line": error.get("line"),
+                     "param": None, "message": error["message"]}
+                    for error in job.input_errors]
+        return [{"code": job.failure_code or "failed", "line": None, "param": None,
+                 "message": job.failure_reason}]
+    return None
+
+
+def _event_at(job: Job, status: JobStatus) -> datetime | None:
+    event = JobEvent.objects.filter(job=job, to_status=status).order_by("id").first()
+    return event.at if event is not None else None
+
+
+def _usage(job: Job) -> dict[str, Any]:
+    """What the finished chunks used (inference.pricing.Usage): input with media, output
+    with thinking (the chunks keep no separate count of thinking tokens)."""
+    totals = {"input_tokens": 0, "output_tokens": 0}
+    for usage in job.chunks.values_list("usage", flat=True):
+        usage = usage or {}
+        totals["input_tokens"] += sum(int(usage.get(name) or 0) for name in (
+            "input_tokens", "media_tokens", "media_row_tokens"))
+        totals["output_tokens"] += int(usage.get("output_tokens") or 0)
+    return {"input_tokens": totals["input_tokens"],
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": totals["output_tokens"],
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": totals["input_tokens"] + totals["output_tokens"]}
+
+
+def batch_object(batch: OpenAIBatch) -> dict[str, Any]:
+    """The batch exactly as OpenAI's Batch object, plus anex_job_id."""
+    job, status = batch.job, batch_status(batch)
+    errors = batch_errors(batch)
+    out: dict[str, Any] = {
+        "id": batch.id, "object": "batch", "endpoint": batch.endpoint,
+        "errors": {"object": "list", "data": errors} if errors else None,
+        "input_file_id": batch.input_file_id, "completion_window": batch.completion_window,
+        "status": status, "output_file_id": None, "error_file_id": None,
+        "created_at": _epoch(batch.created_at), "in_progress_at": None,
+        "expires_at": _epoch(batch.created_at + WINDOW), "finalizing_at": None,
+        "completed_at": None, "failed_at": _epoch(batch.failed_at), "expired_at": None,
+        "cancelling_at": _epoch(batch.cancelling_at), "cancelled_at": None,
+        "request_counts": {"total": 0, "completed": 0, "failed": 0},
+        "metadata": batch.metadata, "model": job.model if job is not None else None,
+        "usage": None, "anex_job_id": str(job.pk) if job is not None else None,
+    }
+    if job is None:
+        return out
+    completed = (job.success_rows or 0) + (job.truncated_rows or 0)
+    failed = (job.error_rows or 0) + (job.format_error_rows or 0)
+    out["request_counts"] = {"total": job.row_count or 0, "completed": completed,
+                             "failed": failed}
+    out["in_progress_at"] = _epoch(job.approved_at)
+    if job.status in (JobStatus.FINALIZING, JobStatus.DONE) or (
+            job.status in (JobStatus.FAILED, JobStatus.CANCELLED) and job.approved_at):
+        out["finalizing_at"] = _epoch(_event_at(job, JobStatus.FINALIZING))
+    if status == "completed":
+        out["completed_at"] = _epoch(job.finished_at)
+    elif status == "failed":
+        out["failed_at"] = _epoch(job.finished_at)
+    elif status == "cancelled":
+        out["cancelled_at"] = _epoch(job.finished_at)
+    if status == "cancelled" and out["cancelling_at"] is None:
+        out["cancelling_at"] = _epoch(_event_at(job, JobStatus.CANCELLING) or job.finished_at)
+    if job.approved_at is not None:
+        out["usage"] = _usage(job)
+    if job.status in (JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCELLED) \
+            and job.result_key and job.data_deleted_at is None:
+        files = result_files(batch)
+        out["output_file_id"] = files.get(FilePart.OUTPUT)
+        out["error_file_id"] = files.get(FilePart.ERROR)
+    return out
+
+
+# -- creating ------------------------------------------------------------------------------
+
+def metadata_problem(metadata: object) -> str | None:
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict):
+        return "metadata must be an object of string keys and string values."
+    if len(metadata) > METADATA_PAIRS:
+        return f"metadata holds {len(metadata)} pairs; at most {METADATA_PAIRS} are allowed."
+    for key, value in metadata.items():
+        if not isinstance(value, str):
+            return f"metadata.{key} must be a string."
+        if len(key) > METADATA_KEY_CHARS:
+            return f"metadata keys are at most {METADATA_KEY_CHARS} characters."
+        if len(value) > METADATA_VALUE_CHARS:
+            return f"metadata.{key} is over {METADATA_VALUE_CHARS} characters."
+    return None
+
+
+def _first_model(file: OpenAIFile) -> tuple[str, int] | list[dict[str, Any]]:
+    """The model the file's first row that names one names, with its line; or the
+    errors that fail the batch (an empty file, no model named)."""
+    item = file.input
+    assert item is not None
+    if not item.size_bytes:
+        return [_error("empty_file", "The input file is empty: a batch needs at least "
+                                     "one request.")]
+    with storage_for(item.data_residency).open(item.object_key, pin=item.content_pin) as stream:
+        read = 0
+        for number in range(1, MODEL_SCAN_LINES + 1):
+            line = stream.readline(MODEL_SCAN_BYTES - read)
+            read += len(line)
+            if not line or read >= MODEL_SCAN_BYTES:
+                break
+            try:
+                request = json.loads(line)
+            except (ValueError, RecursionError):
+                continue  # the estimate names this line
+            body = request.get("body") if isinstance(request, dict) else None
+            model = body.get("model") if isinstance(body, dict) else None
+            if isinstance(model, str) and model:
+                return model, number
+    return [_error("missing_model", "No row names its model in body.model: each row of a "
+                                    "batch names the model that runs it.", line=1)]
+
+
+def _error(code: str, message: str, *, line: int | None = None,
+           param: str | None = None) -> dict[str, Any]:
+    return {"code": code, "line": line, "message": message, "param": param}
+
+
+def batch_create(*, organization: Organization, actor: Actor, host_region: Region,
+                 input_file_id: str, endpoint: str, completion_window: str,
+                 metadata: dict[str, str] | None) -> OpenAIBatch:
+    """POST /batches: the batch at once, validating; or failed, errors naming why, when
+    its file names no model the endpoint serves or the organization has no credits."""
+    if endpoint not in ENDPOINTS:
+        raise Invalid(f"endpoint must be one of {', '.join(ENDPOINTS)}.",
+                      extra={"param": "endpoint"})
+    if completion_window != COMPLETION_WINDOW:
+        raise Invalid("completion_window must be '24h'.", extra={"param": "completion_window"})
+    problem = metadata_problem(metadata)
+    if problem:
+        raise Invalid(problem, extra={"param": "metadata"})
+    file = file_get(organization=organization, id=input_file_id)
+    if file.purpose != FilePurpose.BATCH or file.input is None:
+        raise Invalid(f"File '{file.id}' has purpose {file.purpose}: a batch's input file "
+                      "is uploaded with purpose 'batch'.", extra={"param": "input_file_id"})
+    if file.input.status != InputStatus.READY:
+        raise Invalid(f"File '{file.id}' has expired (a file is kept 7 days): upload it "
+                      "again.", extra={"param": "input_file_id"})
+    try:
+        found = _first_model(file)
+    except StorageChanged:  # deleted (DELETE /files/{id}, its expiry) as it was read
+        raise NotFound(FILE_NOT_FOUND.format(id=file.id)) from None
+    errors: list[dict[str, Any]] | None = found if isinstance(found, list) else None
+    job: Job | None = None
+    if errors is None:
+        assert isinstance(found, tuple)
+        model_id, line = found
+        model = model_get(model_id)
+        served = kind_for(model).endpoint if model is not None else None
+        if model is not None and served != endpoint:
+            errors = [_error("url_mismatch", f"Model '{model_id}' serves {served}, and this "
+                             f"batch's endpoint is {endpoint}: a batch's rows target its "
+                             "endpoint.", line=line, param="body.model")]
+        else:
+            try:
+                request = JobRequest(options=JobOptions(model=model_id, row_model=True),
+                                     input_id=str(file.input.pk))
+                job = job_submit(organization=organization, actor=actor, host_region=host_region,
+                                 request=request, openai=True)
+            except PaymentRequired as error:
+                errors = [_error("insufficient_credits", error.detail)]
+            except Malformed as error:
+                errors = [_error("model_not_found", error.detail, line=line,
+                                 param="body.model")]
+    return OpenAIBatch.objects.create(
+        organization=organization, job=job, input_file=file, endpoint=endpoint,
+        completion_window=completion_window, metadata=metadata, errors=errors,
+        failed_at=timezone.now() if errors else None)
+
+
+def batch_cancel(*, batch: OpenAIBatch, actor: Actor) -> OpenAIBatch:
+    """POST /batches/{id}/cancel: cancelling, then cancelled (the job's cancel, its
+    finished rows kept); a batch already finished is answered unchanged."""
+    job = batch.job
+    if job is None or batch_status(batch) not in ("validating", "in_progress", "cancelling"):
+        return batch  # finished, or finalizing: too late, answered as it is
+    try:
+        job_cancel(job=job, actor=actor)
+    except DomainError:
+        # it began finalizing, or finished, meanwhile: answered as it is now
+        return batch_get(organization=batch.organization, id=batch.id)
+    if batch.cancelling_at is None:
+        OpenAIBatch.objects.filter(pk=batch.pk, cancelling_at__isnull=True).update(
+            cancelling_at=timezone.now())
+    return batch_get(organization=batch.organization, id=batch.id)
+
+
+def batches_page(*, organization: Organization, after: str | None,
+                 limit: int) -> tuple[list[OpenAIBatch], bool]:
+    """Newest first; `after` is the last id of the previous page."""
+    batches = OpenAIBatch.objects.for_org(organization).select_related("job", "input_file")
+    if after:
+        cursor = OpenAIBatch.objects.for_org(organization).filter(pk=after).first()
+        if cursor is None:
+            raise NotFound(NOT_FOUND.format(id=after))
+        batches = batches.filter(Q(created_at__lt=cursor.created_at)
+                                 | Q(created_at=cursor.created_at, id__lt=cursor.id))
+    page = list(batches.order_by("-created_at", "-id")[:limit + 1])
+    return page[:limit], len(page) > limit
+
+
+# -- files ---------------------------------------------------------------------------------
+
+FILE_NOT_FOUND = "No such File object: {id}"
+
+
+def file_get(*, organization: Organization, id: str) -> OpenAIFile:
+    file = OpenAIFile.objects.for_org(organization).select_related("input", "batch__job") \
+        .filter(pk=id, deleted_at__isnull=True).first()
+    if file is None:
+        raise NotFound(FILE_NOT_FOUND.format(id=id))
+    return file
+
+
+def file_object(file: OpenAIFile) -> dict[str, Any]:
+    item = file.input
+    expires = item.expires_at if item is not None else (
+        file.batch.job.data_expires_at if file.batch is not None and file.batch.job else None)
+    return {"id": file.id, "object": "file", "bytes": file.bytes,
+            "created_at": _epoch(file.created_at), "filename": file.filename,
+            "purpose": file.purpose, "status": "processed", "expires_at": _epoch(expires),
+            "status_details": None}
+
+
+def file_residency(file: OpenAIFile) -> str:
+    """The region that keeps the file's bytes."""
+    if file.input is not None:
+        return file.input.data_residency
+    assert file.batch is not None and file.batch.job is not None
+    return file.batch.job.data_residency
+
+
+def _result_lines(job: Job) -> Iterator[bytes]:
+    with storage_for(job.data_residency).open(job.result_key) as stream:
+        for line in stream:
+            if line.strip():
+                yield line if line.endswith(b"\n") else line + b"\n"
+
+
+def _part_of(line: bytes) -> FilePart:
+    return FilePart.OUTPUT if json.loads(line).get("error") is None else FilePart.ERROR
+
+
+def result_part_lines(job: Job, part: FilePart) -> Iterator[bytes]:
+    """The result file's lines of one part, in order, byte for byte."""
+    return (line for line in _result_lines(job) if _part_of(line) == part)
+
+
+def result_files(batch: OpenAIBatch) -> dict[str, str]:
+    """The batch's output and error file ids (each made on first sight of the finished
+    job's result, with its size counted once); a part with no rows has none."""
+    existing = {file.part: file.id for file in batch.files.all()}
+    if existing or batch.job is None:
+        return existing
+    sizes = {FilePart.OUTPUT: 0, FilePart.ERROR: 0}
+    for line in _result_lines(batch.job):
+        sizes[_part_of(line)] += len(line)
+    with transaction.atomic():
+        for part, size in sizes.items():
+            if size:
+                OpenAIFile.objects.get_or_create(
+                    batch=batch, part=part,
+                    defaults={"organization_id": batch.organization_id, "bytes": size,
+                              "purpose": FilePurpose.BATCH_OUTPUT,
+                              "filename": f"{batch.id}_{part}.jsonl"})
+    return {file.part: file.id for file in batch.files.all()}
+
+
+def file_chunks(file: OpenAIFile) -> Iterator[bytes]:
+    """GET /files/{id}/content: the bytes as uploaded, or the part of the result."""
+    if file.input is not None:
+        item = file.input
+        if item.status != InputStatus.READY:
+            raise NotFound(f"File '{file.id}' has expired and its content is deleted.")
+
+        def uploaded() -> Iterator[bytes]:
+            with storage_for(item.data_residency).open(item.object_key,
+                                                       pin=item.content_pin) as stream:
+                yield from iter(lambda: stream.read(1024 * 1024), b"")
+
+        return uploaded()
+    assert file.batch is not None and file.batch.job is not None
+    job = file.batch.job
+    if job.data_deleted_at is not None or not job.result_key:
+        raise NotFound(f"File '{file.id}' has been deleted with its batch's data.")
+    return result_part_lines(job, FilePart(file.part))
+
+
+def files_page(*, organization: Organization, after: str | None, limit: int, order: str,
+               purpose: str | None) -> tuple[list[OpenAIFile], bool]:
+    files = OpenAIFile.objects.for_org(organization).filter(deleted_at__isnull=True) \
+        .select_related("input", "batch__job")
+    if purpose:
+        files = files.filter(purpose=purpose)
+    newest = order == "desc"
+    if after:
+        cursor = OpenAIFile.objects.for_org(organization).filter(pk=after).first()
+        if cursor is None:
+            raise NotFound(FILE_NOT_FOUND.format(id=after))
+        if newest:
+            files = files.filter(Q(created_at__lt=cursor.created_at)
+                                 | Q(created_at=cursor.created_at, id__lt=cursor.id))
+        else:
+            files = files.filter(Q(created_at__gt=cursor.created_at)
+                                 | Q(created_at=cursor.created_at, id__gt=cursor.id))
+    ordering = ("-created_at", "-id") if newest else ("created_at", "id")
+    page = list(files.order_by(*ordering)[:limit + 1])
+    return page[:limit], len(page) > limit
+
+
+def file_delete(*, file: OpenAIFile) -> None:
+    """DELETE /files/{id}: gone from this surface at once. An uploaded file's bytes go
+    with it unless a batch still running reads them (then the 7-day expiry takes them);
+    a batch's output or error file is a view of the job's result, which stays available
+    through the anex API until DELETE /batch/v1/jobs/{id}/data."""
+    now = timezone.now()
+    OpenAIFile.objects.filter(pk=file.pk).update(deleted_at=now)
+    item = file.input
+    if item is None or item.status != InputStatus.READY:
+        return
+    running = Job.objects.filter(input=item).exclude(
+        status__in=[JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCELLED]).exists()
+    if not running:
+        storage_for(item.data_residency).delete(item.object_key)
+        type(item).objects.filter(pk=item.pk, status=InputStatus.READY).update(
+            status=InputStatus.EXPIRED, deleted_at=now)
+

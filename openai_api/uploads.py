@@ -1,0 +1,91 @@
+"""POST /files: a multipart upload streamed to storage as an anex input, never whole in
+memory (the form is read as the storage's own upload form is, jobs.storage_views)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from django.conf import settings
+from django.db import transaction
+from django.http import HttpRequest
+from python_multipart.multipart import parse_options_header
+
+from anex.errors import Invalid, TooLarge
+from anex.regions import Region, region_check, residency_resolve
+from billing.services import credits_require_positive
+from console.actors import Actor
+from console.models import Organization
+from inference.constants import InputFormat
+from jobs.services.inputs import input_derived_create
+from jobs.storage import StorageTooLarge, storage_for
+from jobs.storage_views import _FormError, _StreamedForm
+from openai_api.models import FilePurpose, OpenAIFile
+
+PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
+FILENAME_CHARS = 255
+
+
+class _Source:
+    """The form's file part, with its name, as the chunks storage writes."""
+
+    def __init__(self, form: _StreamedForm) -> None:
+        self.form = form
+
+    def chunks(self) -> Iterator[bytes]:
+        try:
+            yield from self.form.file_chunks()
+        except _FormError as exc:
+            raise Invalid(str(exc).removeprefix("InvalidArgument: ")) from None
+
+
+def file_upload(*, organization: Organization, actor: Actor, host_region: Region,
+                request: HttpRequest) -> OpenAIFile:
+    """Read the form's fields (purpose first, as the SDK sends it), check what an input's
+    creation checks (residency, the host, the balance), then stream the file to storage
+    under the input cap: a ready input, frozen on its bytes, kept 7 days."""
+    _kind, options = parse_options_header(request.META.get("CONTENT_TYPE", ""))
+    boundary = options.get(b"boundary")
+    if not boundary:
+        raise Invalid("Send the file as multipart/form-data with the fields 'purpose' and "
+                      "'file'.")
+    form = _StreamedForm(request, boundary)
+    try:
+        form.read_fields()
+    except _FormError as exc:
+        raise Invalid(str(exc).removeprefix("InvalidArgument: ")) from None
+    purpose = form.fields.get("purpose")
+    if purpose is None:
+        raise Invalid("Missing required parameter: 'purpose' (send it before the file).",
+                      extra={"param": "purpose"})
+    if purpose != FilePurpose.BATCH:
+        raise Invalid(f"'{purpose}' is not a purpose this API takes: upload batch input "
+                      "files with purpose 'batch'.", extra={"param": "purpose"})
+    if not form.file_started:
+        raise Invalid("Missing required parameter: 'file'.", extra={"param": "file"})
+    residency = residency_resolve(organization=organization, requested=None)
+    region_check(host_region=host_region, residency=residency, noun="input")
+    credits_require_positive(organization=organization)
+    filename = (form.file_name or "upload.jsonl")[:FILENAME_CHARS]
+    storage = storage_for(residency)
+    made: list[str] = []
+    cap = settings.ANEX_INPUT_MAX_BYTES
+
+    def written() -> Iterator[bytes]:
+        yield from _Source(form).chunks()
+
+    try:
+        with transaction.atomic():
+            item = input_derived_create(organization=organization, actor=actor,
+                                        fmt=InputFormat.JSONL, residency=residency,
+                                        chunks=written(), mode="openai")
+            made.append(item.object_key)
+            assert item.size_bytes is not None
+            return OpenAIFile.objects.create(organization=organization, input=item,
+                                             purpose=FilePurpose.BATCH, filename=filename,
+                                             bytes=item.size_bytes)
+    except StorageTooLarge:
+        raise TooLarge(f"The file is over the input cap of {cap:,} bytes.") from None
+    except BaseException:
+        for key in made:
+            storage.delete(key)
+        raise
