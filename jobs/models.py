@@ -336,6 +336,13 @@ class Chunk(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["job", "index"], name="chunk_unique_index"),
         ]
+        indexes = [
+            # Fair dispatch counts, at every chunk's end, the chunks in flight and waiting
+            # per job (jobs.services.chunks.chunks_release): only the unsettled ones, a
+            # few per running job, however many millions have settled.
+            models.Index(fields=["job", "status", "index"], name="chunk_unsettled",
+                         condition=models.Q(status__in=["pending", "running"])),
+        ]
 
     def __str__(self) -> str:
         return f"chunk {self.index} of job {self.job_id} ({self.status})"
