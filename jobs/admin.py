@@ -73,13 +73,36 @@ class JobAdmin(HidingReadOnlyAdmin):
     hidden = ("input_errors",)
     readonly_extra = ("progress", "chunks_link")
     inlines = (JobEventInline,)
+    # What support reads first at the top; the job's options and internals below.
+    fieldsets = (
+        (None, {"fields": ("id", "organization", "input", "model", "task_type", "format",
+                           "data_residency", "status", "substate", "progress",
+                           "chunks_link")}),
+        ("Times", {"fields": ("created_at", "cost_ready_at", "approved_at", "finished_at",
+                              "data_expires_at", "data_deleted_at")}),
+        ("Rows and cost", {"fields": ("row_count", "success_rows", "error_rows",
+                                      "format_error_rows", "truncated_rows", "pending_rows",
+                                      "partial", "est_input_tok", "est_output_tok",
+                                      "est_processing_seconds", "est_cost_cents",
+                                      "cost_cents", "failure_code", "failure_reason")}),
+        ("Who", {"fields": ("created_by_key", "approved_by_key", "approved_by_user",
+                            "parent", "openai")}),
+        ("Options", {"classes": ("collapse",), "fields": (
+            "max_output_tokens_requested", "max_output_tokens", "max_tokens_alias",
+            "reasoning", "reasoning_budget_requested", "reasoning_budget",
+            "reasoning_effort", "response_format", "dimensions", "video_fps",
+            "rerun_include")}),
+        ("Internals", {"classes": ("collapse",), "fields": (
+            "leased_at", "claimed", "attempts", "est_usage", "sample_tokens", "sampled_at",
+            "progress_sent", "data_delete_requested", "cancel_requested", "result_key")}),
+    )
 
     @admin.display(description="Progress (rows, rate, ETA)")
     def progress(self, obj: Job) -> str:
         progress = job_progress_of(job=obj)
         rate = "-" if progress.rows_per_second is None else f"{progress.rows_per_second} rows/s"
-        eta = "-" if progress.eta_seconds is None else f"{progress.eta_seconds} s"
-        return f"{progress.done_rows} of {progress.total_rows or '-'} rows, {rate}, ETA {eta}"
+        return (f"{progress.done_rows} of {progress.total_rows or '-'} rows, {rate}, "
+                f"ETA {_duration(progress.eta_seconds)}")
 
     @admin.display(description="Chunks")
     def chunks_link(self, obj: Job) -> str:

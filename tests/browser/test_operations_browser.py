@@ -17,6 +17,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.test import Client
 from django.utils import timezone
+from playwright.sync_api import Browser, expect
 
 from jobs import dispatch
 from jobs.failures import FailureClass, failure_note
@@ -27,8 +28,6 @@ from tests.browser.test_console_browser import DESKTOP, PHONE, browser, shoot  #
 from tests.db.test_fair_dispatch import MODEL, approved_job, finish
 from tests.dispatched import dispatch_catch
 from tests.factories import organization_make
-
-from playwright.sync_api import Browser, expect  # noqa: I001 - after the browser module's env
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
@@ -52,10 +51,12 @@ def fleet(monkeypatch: pytest.MonkeyPatch, settings: Any) -> Job:
     worker_beat(name="gpu-a100-1:4711", queues=[dispatch.run_queue("world", MODEL),
                                                  dispatch.sample_queue("world", MODEL)])
     WorkerHeartbeat.objects.filter(name="gpu-a100-1:4711").update(
-        started_at=timezone.now() - timedelta(hours=5, minutes=12), engines_loaded=[MODEL])
+        started_at=timezone.now() - timedelta(hours=5, minutes=12), served_models=[MODEL],
+        engines_loaded=[MODEL], regions=["world"])
     worker_beat(name="cpu-2:913", queues=[dispatch.ESTIMATE, dispatch.INGEST])
     WorkerHeartbeat.objects.filter(name="cpu-2:913").update(
-        beat_at=timezone.now() - timedelta(minutes=7), served_models=[])
+        beat_at=timezone.now() - timedelta(minutes=7),
+        started_at=timezone.now() - timedelta(days=2), served_models=[], regions=["world"])
     job = approved_job(organization_make(name="Acme Research"), rows=60)
     job_start(job_id=job.pk)
     finish(sent[0])
@@ -93,7 +94,10 @@ def test_the_operations_page_in_a_browser(browser: Browser, live_server: Any,  #
         expect(page.locator("#failures")).to_contain_text("infrastructure")
         shoot(page, "admin-operations")
         page.locator("#running").get_by_role("link", name=str(job.pk)).click()
-        expect(page.locator("body")).to_contain_text("history (JobEvent)")
-        expect(page.locator("body")).to_contain_text("in_progress")
+        # Its history: the approval's event, by whom.
+        history = page.locator(".inline-group")
+        expect(history).to_contain_text("History (JobEvent)", ignore_case=True)
+        expect(history).to_contain_text("system: tests")
+        expect(history).to_contain_text("In Progress")
         shoot(page, "admin-job")
         context.close()
