@@ -212,13 +212,14 @@ def jobs_running_by_model() -> list[ModelRunning]:
     found = []
     for model, running in sorted(by_model.items()):
         etas = [item.progress.eta_seconds for item in running]
+        known = [eta for eta in etas if eta is not None]
         found.append(ModelRunning(
             model=model, jobs=running,
             done_rows=sum(item.progress.done_rows for item in running),
             total_rows=sum(item.progress.total_rows or 0 for item in running),
             rows_per_second=round(sum(item.progress.rows_per_second or 0.0
                                       for item in running), 3),
-            eta_seconds=None if any(eta is None for eta in etas) else max(etas, default=0)))
+            eta_seconds=max(known, default=0) if len(known) == len(etas) else None))
     return found
 
 

@@ -12,8 +12,6 @@ from typing import Any
 
 import dramatiq
 import pytest
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
 from django.test import Client
 from django.utils import timezone
 
@@ -24,21 +22,13 @@ from jobs.models import Chunk, Input, Job, JobEvent, WorkerHeartbeat
 from jobs.selectors import job_progress_of, queue_depths
 from jobs.services.running import chunk_run, job_start
 from jobs.services.workers import worker_beat, worker_name
+from tests.db.test_admin_permissions import staff_with
 from tests.db.test_fair_dispatch import MODEL, approved_job, finish
 from tests.dispatched import dispatch_catch
 from tests.factories import job_make, organization_make
 from tests.workers import running_worker, until
 
 OPERATIONS = "/admin/operations/"
-
-
-def staff_with(*codenames: str) -> Client:
-    user = get_user_model().objects.create_user(f"staff-{uuid.uuid4().hex[:8]}",
-                                                is_staff=True)
-    user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 @pytest.fixture
@@ -157,7 +147,7 @@ def test_a_running_worker_beats_and_its_row_goes_when_it_stops(settings: Any) ->
 def test_job_chunk_and_input_pages_are_read_only_and_show_no_secret(sent: list[str]) -> None:
     job = approved_job(organization_make(), rows=2)
     job_start(job_id=job.pk)
-    Input.objects.filter(pk=job.input_id).update(
+    Input.objects.filter(jobs=job).update(
         source_url="https://bucket.example/in.jsonl?X-Amz-Signature=SECRETSIG",
         callback_secret_encrypted="ENCRYPTEDSECRET")
     Job.objects.filter(pk=job.pk).update(input_errors=[{"message": "row text QUOTED"}])
