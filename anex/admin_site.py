@@ -4,7 +4,7 @@ host when ANEX_ADMIN_HOST is set (docs/decisions.md, "Other facts")."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import update_wrapper
+from functools import partial, update_wrapper
 from typing import Any, TypeVar, cast
 
 from allauth.account.decorators import secure_admin_login
@@ -12,6 +12,7 @@ from django.conf import settings
 from django.contrib.admin import AdminSite
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase
 from django.http.request import split_domain_port
+from django.urls import URLPattern, URLResolver, path
 
 _View = TypeVar("_View", bound=Callable[..., HttpResponseBase])
 
@@ -28,6 +29,15 @@ def admin_host_require(request: HttpRequest) -> None:
 
 
 class AnexAdminSite(AdminSite):
+    # The index links the operations page (jobs/admin.py).
+    index_template = "admin/anex_index.html"
+
+    def get_urls(self) -> list[URLResolver | URLPattern]:
+        from jobs.admin import operations_view
+
+        return [path("operations/", self.admin_view(partial(operations_view, site=self)),
+                     name="operations"), *super().get_urls()]
+
     def admin_view(self, view: _View, cacheable: bool = False) -> _View:
         # Every admin page but login goes through here (ModelAdmin URLs included).
         inner = super().admin_view(view, cacheable)

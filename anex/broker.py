@@ -8,6 +8,9 @@ from django.db import close_old_connections, connections
 from dramatiq.broker import MessageProxy
 from dramatiq.brokers.redis import RedisBroker
 
+from anex.logcontext import UNSET, log_context_clear
+from anex.requestid import current_request_id
+
 NAMESPACE = "anex"
 
 
@@ -31,8 +34,41 @@ class DbConnectionsMiddleware(dramatiq.Middleware):
         connections.close_all()
 
 
+class RequestIdMiddleware(dramatiq.Middleware):
+    """The request id travels with the work it causes (docs/decisions.md, "Logs that follow
+    a job"): a message sent while one is current (an API call, or an actor that itself runs
+    for one) carries it in its options, and the worker that runs the message makes it
+    current again around the actor, so the actor's log lines and the messages it sends in
+    turn carry it too. Between messages a worker thread is about no request, job or
+    chunk."""
+
+    OPTION = "request_id"
+
+    def before_enqueue(self, broker: dramatiq.Broker, message: dramatiq.Message[object],
+                       delay: int | None) -> None:
+        request_id = current_request_id.get()
+        # A message re-enqueued (a retry, a delayed message coming due) keeps its own.
+        if request_id != UNSET and self.OPTION not in message.options:
+            message.options[self.OPTION] = request_id
+
+    def before_process_message(self, broker: dramatiq.Broker, message: MessageProxy) -> None:
+        log_context_clear()
+        request_id = message.options.get(self.OPTION)
+        if isinstance(request_id, str) and request_id:
+            current_request_id.set(request_id)
+
+    def after_process_message(self, broker: dramatiq.Broker, message: MessageProxy,
+                              *, result: object = None,
+                              exception: BaseException | None = None) -> None:
+        log_context_clear()
+
+    def after_skip_message(self, broker: dramatiq.Broker, message: MessageProxy) -> None:
+        log_context_clear()
+
+
 def broker_setup() -> dramatiq.Broker:
     broker = RedisBroker(url=settings.REDIS_URL, namespace=NAMESPACE)
     broker.add_middleware(DbConnectionsMiddleware())
+    broker.add_middleware(RequestIdMiddleware())
     dramatiq.set_broker(broker)
     return broker

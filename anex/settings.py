@@ -380,19 +380,24 @@ SPECTACULAR_SETTINGS = {
 }
 
 LOG_LEVEL = env.choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
+# "json": one object a line with request_id, job_id and chunk_id, for a log pipeline
+# (anex.logcontext); "plain" for a person reading `make run`.
+LOG_FORMAT = env.choice("ANEX_LOG_FORMAT", "plain", ("plain", "json"))
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "filters": {"request_id": {"()": "anex.requestid.RequestIdLogFilter"},
-                "secrets": {"()": "anex.logmask.SecretsLogFilter"}},
+                "secrets": {"()": "anex.logmask.SecretsLogFilter"},
+                "job": {"()": "anex.logcontext.JobLogFilter"}},
     "formatters": {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"},
+        "json": {"()": "anex.logcontext.JsonFormatter"},
     },
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",
-            "formatter": "plain",
-            "filters": ["request_id", "secrets"],
+            "formatter": LOG_FORMAT,
+            "filters": ["request_id", "job", "secrets"],
         },
     },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},

@@ -160,3 +160,56 @@ def breakers_reset() -> None:
     """Every breaker closed (a test's process starts each test with none)."""
     with _BREAKERS_LOCK:
         _BREAKERS.clear()
+
+
+# --- recent failures by class, for the admin's operations page -----------------------------
+#
+# One Redis hash an hour (class -> count), kept a little over a day: counted where a chunk's
+# failure is classed (jobs.services.running), read by failures_by_class. A hint, like the
+# engine measurements: Redis not answering loses a count, never the chunk's handling.
+
+FAILURE_HOURS_KEPT = 25
+
+
+def _failures_key(hour: int) -> str:
+    return f"anex:failures:{hour}"
+
+
+def failure_note(failure: FailureClass, *, now: float | None = None) -> None:
+    """Count one chunk failure of this class in the current hour."""
+    from redis import RedisError
+
+    from anex.redis import redis_client
+
+    key = _failures_key(int((time.time() if now is None else now) // 3600))
+    try:
+        with redis_client().pipeline(transaction=False) as pipe:
+            pipe.hincrby(key, failure.value, 1)
+            pipe.expire(key, FAILURE_HOURS_KEPT * 3600)
+            pipe.execute()
+    except RedisError as exc:
+        logger.warning("chunk failure not counted: %s", type(exc).__name__)
+
+
+def failures_by_class(*, hours: int = 24, now: float | None = None) -> dict[str, int] | None:
+    """Chunk failures in the last `hours` whole hours (this one included), by class, every
+    class named; None when Redis does not answer."""
+    from redis import RedisError
+
+    from anex.redis import redis_client
+
+    current = int((time.time() if now is None else now) // 3600)
+    try:
+        with redis_client().pipeline(transaction=False) as pipe:
+            for hour in range(current - hours + 1, current + 1):
+                pipe.hgetall(_failures_key(hour))
+            counted = pipe.execute()
+    except RedisError:
+        return None
+    totals = {failure.value: 0 for failure in FailureClass}
+    for bucket in counted:
+        for name, count in bucket.items():
+            name = name.decode() if isinstance(name, bytes) else str(name)
+            if name in totals:
+                totals[name] += int(count)
+    return totals

@@ -417,3 +417,28 @@ class PreflightCheck(models.Model):
 
     def __str__(self) -> str:
         return f"check {self.pk} of input {self.input_id} ({self.status})"
+
+
+class WorkerHeartbeat(models.Model):
+    """A Dramatiq worker process that is (or was lately) alive: written by the worker
+    itself every few seconds (jobs.services.workers), read by the admin's operations page.
+    One row a process, updated in place and deleted when it stops; a row whose beat is old
+    is a worker that died without saying so."""
+
+    name = models.CharField(max_length=200, unique=True)  # "host:pid"
+    hostname = models.CharField(max_length=200)
+    pid = models.PositiveIntegerField()
+    started_at = models.DateTimeField()
+    beat_at = models.DateTimeField(db_index=True)
+    # What it serves: model ids and regions (ANEX_WORKER_*), the queues it consumes, and
+    # the model ids whose engine it has loaded.
+    served_models = models.JSONField(default=list)
+    regions = models.JSONField(default=list)
+    queues = models.JSONField(default=list)
+    engines_loaded = models.JSONField(default=list)
+
+    class Meta:
+        ordering = ["hostname", "pid"]
+
+    def __str__(self) -> str:
+        return f"worker {self.name}"

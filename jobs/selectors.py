@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import uuid
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from django.db.models import Q, QuerySet, Sum
 from django.utils import timezone
@@ -12,8 +13,8 @@ from django.utils import timezone
 from anex.errors import NotFound
 from console.models import Organization
 from console.tenancy import scoped_get
-from jobs.constants import ChunkStatus, JobStatus
-from jobs.models import Chunk, Input, Job, PreflightCheck, WebhookDelivery
+from jobs.constants import ChunkStatus, DeliveryStatus, JobStatus
+from jobs.models import Chunk, Input, Job, PreflightCheck, WebhookDelivery, WorkerHeartbeat
 
 
 def input_get(*, organization: Organization, id: uuid.UUID | str) -> Input:
@@ -106,3 +107,157 @@ def job_list(*, organization: Organization, status: str = "",
 
 def job_models_used(*, organization: Organization) -> list[str]:
     return sorted(set(Job.objects.for_org(organization).values_list("model", flat=True)))
+
+
+# --- the fleet at a glance: the admin's operations page (jobs/admin.py), and any reader of
+# the same figures (/metrics). Reads only, none scoped to an organization: staff-only. ---
+
+
+@dataclass(frozen=True)
+class QueueDepth:
+    name: str
+    ready: int  # waiting to be taken now
+    delayed: int  # sent with a delay (a retry's backoff, a breaker's hand-back)
+
+
+def queue_names() -> list[str]:
+    """Every Dramatiq queue work is sent to (jobs.dispatch): the fixed ones, then each
+    region's run and sample queue of every model that is in the catalog or served."""
+    from django.conf import settings
+
+    from anex.regions import Region
+    from inference.catalog import catalog
+    from jobs import dispatch
+
+    fixed = sorted(set(dispatch.ACTOR_QUEUES.values()) - {dispatch.RUN, dispatch.SAMPLE}
+                   | {dispatch.PERIODIC})
+    model_ids = sorted(set(catalog()) | set(settings.ANEX_CHECKPOINTS)
+                       | set(settings.ANEX_WORKER_MODELS))
+    return fixed + [name(region.value, model_id) for region in Region for model_id in model_ids
+                    for name in (dispatch.run_queue, dispatch.sample_queue)]
+
+
+def queue_depths() -> list[QueueDepth] | None:
+    """Each queue's messages in Redis (queue_names), in one round trip; None when the
+    broker does not answer. A message being run is no longer counted."""
+    import dramatiq
+    import redis
+    from dramatiq.brokers.redis import RedisBroker
+    from dramatiq.common import dq_name
+
+    from anex.broker import NAMESPACE
+
+    broker = dramatiq.get_broker()
+    if not isinstance(broker, RedisBroker):
+        return None
+    names = queue_names()
+    try:
+        with broker.client.pipeline(transaction=False) as pipe:
+            for queue in names:
+                pipe.llen(f"{NAMESPACE}:{queue}")
+                pipe.llen(f"{NAMESPACE}:{dq_name(queue)}")
+            lengths = pipe.execute()
+    except redis.RedisError:
+        return None
+    return [QueueDepth(name=queue, ready=int(lengths[2 * i]), delayed=int(lengths[2 * i + 1]))
+            for i, queue in enumerate(names)]
+
+
+@dataclass(frozen=True)
+class WorkerSeen:
+    heartbeat: WorkerHeartbeat
+    alive: bool  # beat within jobs.services.workers.ALIVE_WITHIN
+
+
+def workers_seen() -> list[WorkerSeen]:
+    """Every worker that beat in the last day, the live ones first."""
+    from jobs.services.workers import ALIVE_WITHIN
+
+    since = timezone.now() - ALIVE_WITHIN
+    seen = [WorkerSeen(heartbeat=beat, alive=beat.beat_at >= since)
+            for beat in WorkerHeartbeat.objects.order_by("hostname", "pid")]
+    return sorted(seen, key=lambda worker: not worker.alive)
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    job: Job
+    progress: Progress
+
+
+@dataclass(frozen=True)
+class ModelRunning:
+    """A model's running jobs: their rows and rate summed, and the latest of their ETAs
+    (job_progress_of, the one ETA rule); None while any cannot be told."""
+
+    model: str
+    jobs: list[RunningJob]
+    done_rows: int
+    total_rows: int
+    rows_per_second: float
+    eta_seconds: int | None
+
+
+RUNNING_SHOWN = 200
+
+
+def jobs_running_by_model() -> list[ModelRunning]:
+    """The in_progress jobs (the RUNNING_SHOWN approved first), grouped by model."""
+    jobs = Job.objects.filter(status=JobStatus.IN_PROGRESS).select_related(
+        "organization").order_by("approved_at", "id")[:RUNNING_SHOWN]
+    by_model: dict[str, list[RunningJob]] = {}
+    for job in jobs:
+        by_model.setdefault(job.model, []).append(
+            RunningJob(job=job, progress=job_progress_of(job=job)))
+    found = []
+    for model, running in sorted(by_model.items()):
+        etas = [item.progress.eta_seconds for item in running]
+        known = [eta for eta in etas if eta is not None]
+        found.append(ModelRunning(
+            model=model, jobs=running,
+            done_rows=sum(item.progress.done_rows for item in running),
+            total_rows=sum(item.progress.total_rows or 0 for item in running),
+            rows_per_second=round(sum(item.progress.rows_per_second or 0.0
+                                      for item in running), 3),
+            eta_seconds=max(known, default=0) if len(known) == len(etas) else None))
+    return found
+
+
+@dataclass(frozen=True)
+class ChunkWaiting:
+    chunk: Chunk
+    since: datetime  # sent (queued_at), or waiting its turn since its job's approval
+    sent: bool
+
+
+def chunk_oldest_waiting() -> ChunkWaiting | None:
+    """The pending chunk of a running job that has waited longest: to be taken from its
+    queue since it was sent, or to be sent (fair dispatch) since its job was approved."""
+    from django.db.models.functions import Coalesce
+
+    chunk = Chunk.objects.filter(
+        status=ChunkStatus.PENDING, job__status=JobStatus.IN_PROGRESS).select_related(
+        "job").annotate(since=Coalesce("queued_at", "job__approved_at")).order_by(
+        "since").first()
+    if chunk is None:
+        return None
+    since: datetime = chunk.since  # type: ignore[attr-defined]
+    return ChunkWaiting(chunk=chunk, since=since or timezone.now(),
+                        sent=chunk.queued_at is not None)
+
+
+def jobs_failed_recent(*, hours: int = 24) -> dict[str, int]:
+    """Jobs that ended failed in the last `hours`, by failure code."""
+    from django.db.models import Count
+
+    rows = Job.objects.filter(status=JobStatus.FAILED,
+                              finished_at__gte=timezone.now() - timedelta(hours=hours)
+                              ).values("failure_code").annotate(n=Count("pk"))
+    return {row["failure_code"] or "-": row["n"] for row in rows}
+
+
+def deliveries_given_up_recent(*, hours: int = 24) -> int:
+    """Webhook deliveries given up in the last `hours` (their last attempt was due then)."""
+    return WebhookDelivery.objects.filter(
+        status=DeliveryStatus.GAVE_UP,
+        next_attempt_at__gte=timezone.now() - timedelta(hours=hours)).count()

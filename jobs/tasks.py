@@ -7,13 +7,17 @@ service, decides what an unexpected failure of claimed work means (jobs/failures
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import dramatiq
 
+from anex.logcontext import log_context
 from jobs import dispatch
 from jobs.failures import ClaimedWorkFailed
 from jobs.idempotency import idempotency_records_purge
-from jobs.models import Job
+from jobs.models import Chunk, Job, WebhookDelivery
 from jobs.services.checks import check_run, checks_settle_stale
 from jobs.services.estimation import job_estimate
 from jobs.services.inputs import input_copy, inputs_expire
@@ -40,15 +44,47 @@ CHUNK_TIME_LIMIT_MS = 60 * 60 * 1000
 START_TIME_LIMIT_MS = 15 * 60 * 1000
 
 
+@contextmanager
+def _about(actor: str, subject: str, *, job_id: object = None,
+           chunk_id: object = None) -> Iterator[list[object]]:
+    """An actor's work on `subject` (an id), with the job (and chunk) it is about on every
+    line logged inside (anex.logcontext), one line when it starts and one when it ends:
+    the outcome the caller puts in the yielded list, or the exception's class (never its
+    message, which may quote a row)."""
+    outcome: list[object] = []
+    started = time.monotonic()
+    with log_context(job_id=job_id, chunk_id=chunk_id):
+        logger.info("%s %s started", actor, subject)
+        try:
+            yield outcome
+        except BaseException as error:
+            logger.info("%s %s raised %s after %.2f s", actor, subject, type(error).__name__,
+                        time.monotonic() - started)
+            raise
+        logger.info("%s %s finished in %.2f s: %s", actor, subject,
+                    time.monotonic() - started, outcome[0] if outcome else None)
+
+
+def _job_of_chunk(chunk_id: str) -> object:
+    return Chunk.objects.filter(pk=chunk_id).values_list("job_id", flat=True).first()
+
+
+def _job_of_delivery(delivery_id: str) -> object:
+    return WebhookDelivery.objects.filter(pk=delivery_id).values_list(
+        "job_id", flat=True).first()
+
+
 @dramatiq.actor(queue_name=dispatch.INGEST, max_retries=0, time_limit=INGEST_TIME_LIMIT_MS)
 def input_copy_task(input_id: str) -> None:
-    input_copy(input_id=input_id)
+    with _about("ingest", input_id) as outcome:
+        outcome.append(input_copy(input_id=input_id))
 
 
 @dramatiq.actor(queue_name=dispatch.WEBHOOKS, max_retries=0, time_limit=DELIVERY_TIME_LIMIT_MS)
 def delivery_attempt_task(delivery_id: str) -> None:
     # Retries are the delivery's own schedule (about a day), not Dramatiq's.
-    delivery_attempt(delivery_id=delivery_id)
+    with _about("delivery", delivery_id, job_id=_job_of_delivery(delivery_id)) as outcome:
+        outcome.append(delivery_attempt(delivery_id=delivery_id))
 
 
 @dramatiq.actor(queue_name=dispatch.PERIODIC, max_retries=0, time_limit=SWEEP_TIME_LIMIT_MS)
@@ -79,35 +115,41 @@ def checks_settle_stale_task() -> None:
 @dramatiq.actor(queue_name=dispatch.ESTIMATE, max_retries=0, time_limit=ESTIMATE_TIME_LIMIT_MS)
 def job_estimate_task(job_id: str) -> None:
     # A crash leaves the estimate claimed; the recovery pass hands it out after its lease.
-    try:
-        job_estimate(job_id=job_id)
-    except ClaimedWorkFailed as failed:
-        _hand_out_again(failed)
+    with _about("estimate", job_id, job_id=job_id) as outcome:
+        try:
+            outcome.append(job_estimate(job_id=job_id))
+        except ClaimedWorkFailed as failed:
+            _hand_out_again(failed)
 
 
 @dramatiq.actor(queue_name=dispatch.ESTIMATE, max_retries=0, time_limit=ESTIMATE_TIME_LIMIT_MS)
 def check_run_task(check_id: str) -> None:
     # A preflight check reads a whole input as an estimate does, on the same workers.
-    check_run(check_id=check_id)
+    with _about("check", check_id) as outcome:
+        outcome.append(check_run(check_id=check_id))
 
 
 @dramatiq.actor(queue_name=dispatch.JOBS, max_retries=3, time_limit=START_TIME_LIMIT_MS)
 def job_start_task(job_id: str) -> None:
-    job_start(job_id=job_id)
+    with _about("start", job_id, job_id=job_id) as outcome:
+        outcome.append(job_start(job_id=job_id))
 
 
 # A job whose last chunk settled without a worker's chunk_run to finalize it (a cancel
 # that skipped its unsent chunks); a failure is left to the recovery pass's finalize lease.
 @dramatiq.actor(queue_name=dispatch.JOBS, max_retries=0, time_limit=CHUNK_TIME_LIMIT_MS)
 def job_finalize_task(job_id: str) -> None:
-    job_finalize(job_id=job_id)
+    with _about("finalize", job_id, job_id=job_id) as outcome:
+        outcome.append(job_finalize(job_id=job_id))
 
 
 # Sent to "run.<region>.<model>" queues (jobs.dispatch.run_queue), which only the
 # workers serving that model consume; the queue named here is only its default.
 @dramatiq.actor(queue_name=dispatch.RUN, max_retries=0, time_limit=CHUNK_TIME_LIMIT_MS)
 def chunk_run_task(chunk_id: str) -> None:
-    chunk_run(chunk_id=chunk_id)
+    with _about("chunk", chunk_id, job_id=_job_of_chunk(chunk_id),
+                chunk_id=chunk_id) as outcome:
+        outcome.append(chunk_run(chunk_id=chunk_id))
 
 
 # Sent to "sample.<region>.<model>" queues (jobs.dispatch.sample_queue), which the
@@ -120,10 +162,11 @@ SAMPLE_PRIORITY = 100
 @dramatiq.actor(queue_name=dispatch.SAMPLE, max_retries=0, time_limit=CHUNK_TIME_LIMIT_MS,
                 priority=SAMPLE_PRIORITY)
 def job_sample_task(job_id: str) -> None:
-    try:
-        job_sample(job_id=job_id)
-    except ClaimedWorkFailed as failed:
-        _hand_out_again(failed)
+    with _about("sample", job_id, job_id=job_id) as outcome:
+        try:
+            outcome.append(job_sample(job_id=job_id))
+        except ClaimedWorkFailed as failed:
+            _hand_out_again(failed)
 
 
 def _hand_out_again(failed: ClaimedWorkFailed) -> None:

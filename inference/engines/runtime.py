@@ -147,3 +147,9 @@ def _kernel_scan_safe() -> Iterator[None]:
         yield
     finally:
         sys.modules.update(hidden)  # type: ignore[arg-type]
+
+
+def checkpoints_loaded() -> list[Path]:
+    """The checkpoints this process has built an engine for (a worker's heartbeat reports
+    them). Read without the lock, which a build holds for minutes: a copy of the keys."""
+    return [checkpoint for checkpoint, _runner in list(_engines)]

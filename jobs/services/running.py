@@ -30,7 +30,7 @@ from inference.kinds.base import InputRow
 from inference.kinds.metering import RowMeter
 from inference.pricing import Usage, price, usage_cost_usd, usage_json
 from jobs.constants import CHUNK_SETTLED, ChunkStatus, FailureCode, JobStatus
-from jobs.failures import FailureClass, backoff_ms, breaker_for, failure_class
+from jobs.failures import FailureClass, backoff_ms, breaker_for, failure_class, failure_note
 from jobs.jsonl import line_dumps
 from jobs.models import Chunk, Job
 from jobs.results import chunk_key, result_write
@@ -245,6 +245,7 @@ def chunk_run(*, chunk_id: uuid.UUID | str) -> ChunkStatus | None:
                                                      max_bytes=2**62)
     except Exception as error:
         failure = failure_class(error)
+        failure_note(failure)  # the operations page's recent failures by class
         logger.exception("chunk %s of job %s failed (%s, attempt %s)", chunk.index, job.pk,
                          failure, chunk.attempts)
         if failure == FailureClass.ENGINE:

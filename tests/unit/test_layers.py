@@ -17,7 +17,8 @@ APPS = ("anex", "billing", "console", "inference", "jobs", "openai_api", "realti
 # Lowest first; a module is in the first layer one of whose patterns it matches.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ground", ("anex", "anex.api", "anex.env", "anex.settings", "anex.net", "anex.crypto",
-                "anex.db", "anex.redis", "anex.requestid", "anex.broker", "anex.regions",
+                "anex.db", "anex.redis", "anex.requestid", "anex.logcontext", "anex.broker",
+                "anex.regions",
                 "anex.errors", "anex.api.errors")),
     ("model facts", ("inference", "inference.apps", "inference.catalog", "inference.constants",
                      "inference.pricing", "inference.response_format", "inference.tokens",
