@@ -107,6 +107,28 @@ def dramatiq_command(worker: Worker) -> list[str]:
             "--queues", *worker.queues]
 
 
+def engine_processes_refuse(argv: Sequence[str]) -> None:
+    """A bare `dramatiq anex.worker` starts one process per core and takes every queue:
+    each process would build its own engine for every model. Refused unless it runs one
+    process or consumes no model's queue (the roles name both)."""
+    program = Path(argv[0]).parts[-2:] if argv else ()
+    if program[-1:] != ("dramatiq",) and program != ("dramatiq", "__main__.py"):
+        return  # not Dramatiq's command line (a test's in-process worker)
+    from django.core.exceptions import ImproperlyConfigured
+    from dramatiq.cli import make_argument_parser
+
+    from jobs.dispatch import RUN, SAMPLE
+
+    args, _unknown = make_argument_parser().parse_known_args(argv[1:])
+    takes_models = args.queues is None or any(
+        queue.split(".")[0] in (RUN, SAMPLE) for queue in args.queues)
+    if args.processes > 1 and takes_models:
+        raise ImproperlyConfigured(
+            f"dramatiq anex.worker with {args.processes} processes would build an engine in "
+            "each: start `python -m anex.roles worker-gpu` (one process) or "
+            "`python -m anex.roles worker-cpu` (no engine) instead.")
+
+
 def manage_command(*args: str) -> list[str]:
     return [sys.executable, str(BASE_DIR / "manage.py"), *args]
 
