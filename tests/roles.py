@@ -14,8 +14,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
 
+import dramatiq
 from django.conf import settings
 from django.db import connection
+from dramatiq.brokers.redis import RedisBroker
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -72,3 +74,24 @@ def until_alive(done: Callable[[], bool], process: subprocess.Popen[bytes], log:
         assert process.poll() is None, log.read_text(errors="replace")
         time.sleep(0.2)
     assert done(), log.read_text(errors="replace")
+
+
+def redis_broker() -> RedisBroker:
+    broker = dramatiq.get_broker()
+    assert isinstance(broker, RedisBroker)
+    return broker
+
+
+def broker_empty() -> RedisBroker:
+    """The broker emptied, whichever queues this process declared (flush_all empties only
+    those)."""
+    broker = redis_broker()
+    for key in broker.client.scan_iter(f"{broker.namespace}:*"):
+        broker.client.delete(key)
+    return broker
+
+
+def pending(queue: str) -> int:
+    """Messages on a queue not yet done (queued, or taken and not acknowledged)."""
+    broker = redis_broker()
+    return int(broker.client.hlen(f"{broker.namespace}:{queue}.msgs"))

@@ -22,7 +22,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import dramatiq
 import psycopg
 import pytest
 from django.db import connection
@@ -35,7 +34,14 @@ from jobs import dispatch
 from jobs.models import Chunk, Job
 from tests.chunks import chunk_done, row_record
 from tests.factories import api_key_make, input_ready, organization_make
-from tests.roles import ROOT, database_url, role_environment, role_running, until_alive
+from tests.roles import (
+    ROOT,
+    broker_empty,
+    database_url,
+    role_environment,
+    role_running,
+    until_alive,
+)
 from tests.servers import free_port
 
 pytestmark = [
@@ -126,9 +132,7 @@ def test_a_job_runs_its_database_path_through_pgbouncer_in_transaction_mode(
                                                                      "string"}}).encode()
                        + b"\n" for i in range(ROWS))
     item = input_ready(organization, content)
-    broker = dramatiq.get_broker()
-    for key in broker.client.scan_iter(f"{broker.namespace}:*"):
-        broker.client.delete(key)
+    broker_empty()
     web_port = free_port()
     jobs = f"http://127.0.0.1:{web_port}/batch/v1/jobs"
     with pgbouncer_running() as port:

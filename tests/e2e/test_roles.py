@@ -17,17 +17,11 @@ import pytest
 
 from anex.redis import redis_client
 from jobs import dispatch
-from tests.roles import role_running, until_alive
+from tests.roles import broker_empty, pending, role_running, until_alive
 from tests.servers import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 MODEL = "tiny-qwen3"
-
-
-def pending(queue: str) -> int:
-    """Messages on a queue not yet done (queued, or taken and not acknowledged)."""
-    broker = dramatiq.get_broker()
-    return int(broker.client.hlen(f"{broker.namespace}:{queue}.msgs"))
 
 
 def get_json(url: str) -> tuple[int, dict[str, object]]:
@@ -47,11 +41,7 @@ def processes_of(pid: int) -> int:
 
 @pytest.fixture
 def broker() -> dramatiq.Broker:
-    """The broker emptied, its queues declared here or not (flush_all empties only these)."""
-    broker = dramatiq.get_broker()
-    for key in broker.client.scan_iter(f"{broker.namespace}:*"):
-        broker.client.delete(key)
-    return broker
+    return broker_empty()
 
 
 def test_migrate_runs_to_its_end(tmp_path: Path) -> None:
