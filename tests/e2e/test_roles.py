@@ -7,6 +7,8 @@ real broker: an EU chunk is never taken by a worker that did not name the EU reg
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import urllib.request
 import uuid
 from pathlib import Path
@@ -17,7 +19,14 @@ import pytest
 
 from anex.redis import redis_client
 from jobs import dispatch
-from tests.roles import broker_empty, pending, role_running, until_alive
+from tests.roles import (
+    ROOT,
+    broker_empty,
+    pending,
+    role_environment,
+    role_running,
+    until_alive,
+)
 from tests.servers import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -101,6 +110,18 @@ def test_an_eu_chunk_is_taken_only_by_a_worker_that_names_the_eu(
     with role_running("worker-gpu", log=log, ANEX_CHECKPOINTS=checkpoints,
                       ANEX_WORKER_MODELS=MODEL, ANEX_WORKER_REGIONS="eu") as process:
         until_alive(lambda: pending(eu) == 0, process, log)
+
+
+def test_a_gpu_worker_that_names_no_region_serves_the_world_region_only() -> None:
+    # The role's own entry command, with the default regions: EU work is never taken by a
+    # worker that did not name the EU.
+    result = subprocess.run([sys.executable, "-m", "anex.roles", "--print", "worker-gpu"],
+                            env=role_environment(ANEX_CHECKPOINTS=f"{MODEL}={ROOT}",
+                                                 ANEX_WORKER_MODELS=MODEL),
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[-2:] == [f"run.world.{MODEL}", f"sample.world.{MODEL}"]
+    assert ".eu." not in result.stdout
 
 
 def test_the_clock_ticks(broker: dramatiq.Broker, tmp_path: Path) -> None:

@@ -6,9 +6,6 @@ against the real services: tests/e2e/test_roles.py."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import dramatiq
@@ -75,21 +72,6 @@ def test_a_cpu_worker_takes_every_queue_but_the_models_and_its_processes_are_set
     command = roles.command(roles.WORKER_CPU)
     assert command[command.index("--processes") + 1:][:3] == ["3", "--threads", "5"]
     assert sorted(command[command.index("--queues") + 1:]) == sorted(cpu)
-
-
-def test_a_gpu_worker_that_names_no_region_serves_the_world_region_only() -> None:
-    # The role's own entry command, with the default regions: EU work is never taken by a
-    # worker that did not name the EU.
-    environment = {key: value for key, value in os.environ.items()
-                   if not key.startswith("ANEX_WORKER_")}
-    environment.update(ANEX_CHECKPOINTS=f"{QWEN}={ROOT}", ANEX_WORKER_MODELS=QWEN,
-                       SECRET_KEY="x" * 40)
-    result = subprocess.run([sys.executable, "-m", "anex.roles", "--print", "worker-gpu"],
-                            env=environment, cwd=ROOT, capture_output=True, text=True,
-                            timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split()[-2:] == [f"run.world.{QWEN}", f"sample.world.{QWEN}"]
-    assert ".eu." not in result.stdout
 
 
 @pytest.mark.parametrize("argv,refused", [
