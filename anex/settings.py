@@ -423,3 +423,9 @@ SESSION_COOKIE_HTTPONLY = True
 # DEBUG turns them off.
 SESSION_COOKIE_SECURE = not DEBUG
 CSRF_COOKIE_SECURE = not DEBUG
+
+# Operations (anex/metrics.py, anex/health.py). GET /metrics answers loopback callers only,
+# or, with a token set, only `Authorization: Bearer <token>` (behind a proxy, set one).
+ANEX_METRICS_TOKEN = env.string("ANEX_METRICS_TOKEN", "")
+# Outermost, so a request's latency counts every middleware and a refusal by one is counted.
+MIDDLEWARE.insert(0, "anex.metrics.RequestMetricsMiddleware")
