@@ -12,7 +12,8 @@ process writes them into one prometheus_client multiprocess directory; one forke
 /readyz answers 200 or 503 with {"status", "checks"}: the database, the broker, the
 storage, at least one worker process booted, and, for a worker that loads its engines at
 start (ANEX_WORKER_PRELOAD=1, a GPU worker), "engine:<model>" for each model it serves,
-ready once every worker process has built it. Other checks a worker process publishes
+ready once every worker process has built it ("loading" until then, "failed" when a
+build failed: its log says why). Other checks a worker process publishes
 (WORKER_PROCESS_CHECKS) are listed too.
 
 The directory is ANEX_WORKER_METRICS_DIR (empty at each start: `make run` makes one under
@@ -129,6 +130,7 @@ def _engines_build(engines: Any) -> None:
             engine_for(model_id)
         except Exception:  # the engine's fault: the worker stays unready, and says why
             logger.exception("the engine for %s could not be built", model_id)
+            engines.labels(model_id).set(-1)
             continue
         engines.labels(model_id).set(1)
 
@@ -185,7 +187,9 @@ def worker_readiness() -> dict[str, str]:
         connections.close_all()
     if preloading():
         for model_id in settings.ANEX_WORKER_MODELS:
-            checks[f"engine:{model_id}"] = OK if engines.get(model_id) == 1 else "loading"
+            loaded = engines.get(model_id, 0)
+            checks[f"engine:{model_id}"] = OK if loaded == 1 else "failed" if loaded < 0 \
+                else "loading"
     checks.update(published)
     return checks
 
