@@ -192,7 +192,7 @@ class Ended:
 
 def _bucket_sql(seconds: str) -> str:
     """The index of the bucket (le) that `seconds` falls in: how many bounds are below it."""
-    return f"(SELECT count(*) FROM unnest(%s::float8[]) AS bound WHERE bound < {seconds})"
+    return f"(SELECT count(*) FROM unnest(%s::float8[]) AS bound WHERE bound < {seconds})"  # noqa: S608
 
 
 def ended_figures(*, after: datetime | None, upto: datetime | None) -> Ended:
@@ -211,15 +211,17 @@ def ended_figures(*, after: datetime | None, upto: datetime | None) -> Ended:
     bounds = list(JOB_SECONDS_BUCKETS)
     size = "CASE " + " ".join(f"WHEN coalesce(j.row_count, 0) <= {limit} THEN '{name}'"
                               for limit, name in SIZE_CLASSES) + f" ELSE '{SIZE_OVER}' END"
-    first_started = (f"(SELECT min(c.started_at) FROM {chunk_table} c "
+    first_started = (f"(SELECT min(c.started_at) FROM {chunk_table} c "  # noqa: S608
                      "WHERE c.job_id = j.id)")
     processing = "extract(epoch FROM j.finished_at - j.approved_at)"
     usage_names = [f.name for f in Usage.__dataclass_fields__.values()
                    if f.name in TOKEN_KINDS] + list(USAGE_RENAMED)
+    # The SQL's text is this module's own (table and column names, bounds, size classes);
+    # every value from outside is a parameter.
     figures = Ended()
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT j.status, (j.status = %s AND j.approved_at IS NULL "
+            f"SELECT j.status, (j.status = %s AND j.approved_at IS NULL "  # noqa: S608
             f"AND j.failure_reason = %s), j.model, count(*), "
             f"coalesce(sum(j.success_rows), 0), coalesce(sum(j.error_rows), 0), "
             f"coalesce(sum(j.format_error_rows), 0), coalesce(sum(j.truncated_rows), 0) "
@@ -230,7 +232,7 @@ def ended_figures(*, after: datetime | None, upto: datetime | None) -> Ended:
             for outcome, count in zip(ROW_OUTCOMES, rows, strict=True):
                 figures.rows[(model, outcome)] += count
         cursor.execute(
-            f"SELECT {size}, {_bucket_sql(processing)}, count(*), sum({processing}) "
+            f"SELECT {size}, {_bucket_sql(processing)}, count(*), sum({processing}) "  # noqa: S608
             f"FROM {job_table} j WHERE {window} AND j.approved_at IS NOT NULL GROUP BY 1, 2",
             [bounds, *params])
         for size_class, bucket, count, seconds in cursor.fetchall():
@@ -239,7 +241,7 @@ def ended_figures(*, after: datetime | None, upto: datetime | None) -> Ended:
             buckets.total += float(seconds or 0)
         wait = "extract(epoch FROM started - approved_at)"
         cursor.execute(
-            f"SELECT {_bucket_sql(wait)}, count(*), sum({wait}) FROM ("
+            f"SELECT {_bucket_sql(wait)}, count(*), sum({wait}) FROM ("  # noqa: S608
             f"SELECT j.approved_at, {first_started} AS started FROM {job_table} j "
             f"WHERE {window} AND j.approved_at IS NOT NULL) AS ran "
             f"WHERE started IS NOT NULL GROUP BY 1", [bounds, *params])
@@ -249,7 +251,7 @@ def ended_figures(*, after: datetime | None, upto: datetime | None) -> Ended:
         sums = ", ".join(f"coalesce(sum((c.usage ->> '{name}')::bigint), 0)"
                          for name in usage_names)
         cursor.execute(
-            f"SELECT j.model, {sums} FROM {job_table} j JOIN {chunk_table} c "
+            f"SELECT j.model, {sums} FROM {job_table} j JOIN {chunk_table} c "  # noqa: S608
             f"ON c.job_id = j.id WHERE {window} GROUP BY 1", params)
         for model, *amounts in cursor.fetchall():
             for name, amount in zip(usage_names, amounts, strict=True):

@@ -23,8 +23,8 @@ from jobs.dispatch import run_queues_declare  # noqa: E402
 run_queues_declare()
 
 if metrics:
-    import dramatiq  # noqa: E402
+    import dramatiq
 
-    from anex.workermetrics import worker_metrics_install  # noqa: E402
+    from anex.workermetrics import worker_metrics_install
 
     worker_metrics_install(dramatiq.get_broker())

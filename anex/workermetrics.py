@@ -164,8 +164,14 @@ def worker_readiness() -> dict[str, str]:
     from django.conf import settings
     from django.db import connections
 
-    from anex.health import OK, UNREACHABLE, broker_reachable, checks_run, database_reachable
-    from anex.health import storage_reachable
+    from anex.health import (
+        OK,
+        UNREACHABLE,
+        broker_reachable,
+        checks_run,
+        database_reachable,
+        storage_reachable,
+    )
 
     booted = 0.0
     engines: dict[str, float] = {}
@@ -195,7 +201,7 @@ def worker_readiness() -> dict[str, str]:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         from django.conf import settings
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 

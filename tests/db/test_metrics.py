@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.test import Client
@@ -29,6 +30,7 @@ from tests.chunks import chunk_done, row_record
 from tests.factories import SYSTEM, api_key_make, chat_request_line, input_ready, job_make
 
 pytestmark = pytest.mark.django_db
+ROOT = Path(__file__).resolve().parents[2]
 MODEL = "gemma4-12b"
 TENANT_LABELS = {"organization", "organization_id", "org", "key", "api_key", "key_id", "job",
                  "job_id", "user", "tenant"}
@@ -242,3 +244,56 @@ def test_with_a_token_only_its_bearer_reads_it(settings: Settings) -> None:
                             HTTP_AUTHORIZATION="Bearer s3cret-metrics-token")
     assert response.status_code == 200
     assert b"anex_jobs_total" in response.content
+
+
+def exported_by_workers() -> set[str]:
+    """The metric names a worker's port serves: Dramatiq's middleware's, the worker's own
+    gauges, and vLLM's (read from their sources: a worker process is not started here)."""
+    import re
+    from importlib.util import find_spec
+
+    import dramatiq.middleware.prometheus
+
+    import anex.workermetrics
+
+    names = set(re.findall(r'"(dramatiq_[a-z_]+)"',
+                           Path(dramatiq.middleware.prometheus.__file__).read_text()))
+    names |= set(re.findall(r'"(anex_worker_[a-z_]+)"',
+                            Path(anex.workermetrics.__file__).read_text()))
+    spec = find_spec("vllm")
+    if spec is not None and spec.origin is not None:
+        loggers = Path(spec.origin).parent / "v1" / "metrics" / "loggers.py"
+        names |= set(re.findall(r'name="(vllm:[a-z_]+)"', loggers.read_text()))
+    else:
+        # Without vLLM installed, the names the dashboard reads (vllm 0.32's).
+        names |= {"vllm:num_requests_running", "vllm:num_requests_waiting",
+                  "vllm:kv_cache_usage_perc", "vllm:num_preemptions",
+                  "vllm:generation_tokens", "vllm:prompt_tokens"}
+    return {f"{name}{suffix}" for name in names
+            for suffix in ("", "_total", "_bucket", "_sum", "_count")}
+
+
+def test_every_dashboard_expression_reads_a_metric_that_is_exported(
+        organization: Organization) -> None:
+    import json
+    import re
+
+    # given every name the web tier serves (a job ran and requests were made, so every
+    # labelled family has samples) and every name a worker serves
+    job_run(organization, 2)
+    Client().post("/realtime/v1/embeddings", {"model": "all-minilm-l6-v2", "input": ["x"]},
+                  content_type="application/json")
+    text = scrape()
+    exported = {sample.name for sample in samples(text)} | exported_by_workers() | {
+        f"{family.name}{suffix}" for family in text_string_to_metric_families(text)
+        for suffix in ("", "_total")}
+    # when the dashboard is read
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "anex.json").read_text())
+    expressions = [target["expr"] for panel in dashboard["panels"]
+                   for target in panel.get("targets", [])]
+    assert len(expressions) >= 20
+    # then each expression names at least one metric, and only exported ones
+    for expr in expressions:
+        named = set(re.findall(r"\b((?:anex|django|dramatiq)_[a-z_]+|vllm:[a-z_]+)", expr))
+        assert named, expr
+        assert named <= exported, (expr, named - exported)
