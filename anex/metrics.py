@@ -164,7 +164,8 @@ class Buckets:
                        self.total + other.total)
 
     def cumulative(self) -> list[tuple[str, float]]:
-        running, out = 0, []
+        running = 0
+        out: list[tuple[str, float]] = []
         for bound, count in zip((*JOB_SECONDS_BUCKETS, float("inf")), self.counts,
                                 strict=True):
             running += count
