@@ -235,22 +235,14 @@ class _Handler(BaseHTTPRequestHandler):
 
 def _stale_dirs_remove() -> None:
     """The directories of Dramatiq masters that are gone (the default location only)."""
+    from anex.devstack import pid_alive
+
     if os.environ.get("ANEX_WORKER_METRICS_DIR", "").strip():
         return
     for path in Path(tempfile.gettempdir()).glob(f"{DIR_PREFIX}*"):
         pid = path.name.removeprefix(DIR_PREFIX)
-        if pid.isdigit() and int(pid) != os.getppid() and not _alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getppid() and not pid_alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def serve() -> int:
