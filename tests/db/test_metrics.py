@@ -47,8 +47,8 @@ def fresh(settings: Settings) -> Iterator[None]:
     ENDED.reset()
 
 
-def scrape(**headers: str) -> str:
-    response = Client().get("/metrics", **headers)
+def scrape() -> str:
+    response = Client().get("/metrics")
     assert response.status_code == 200, response.content
     assert response["Content-Type"].startswith("text/plain; version=")
     return response.content.decode()
@@ -104,8 +104,9 @@ def test_a_job_that_runs_grows_the_job_row_and_token_counters(
         assert value(after, "anex_jobs_total", status=status) == \
             value(before, "anex_jobs_total", status=status)
     # its rows, by outcome, as the job counted them
-    counted = {"success": job.success_rows, "error": job.error_rows,
-               "format_error": job.format_error_rows, "truncated": job.truncated_rows}
+    counted = {"success": job.success_rows or 0, "error": job.error_rows or 0,
+               "format_error": job.format_error_rows or 0,
+               "truncated": job.truncated_rows or 0}
     assert sum(counted.values()) == 150 and all(counted.values())
     for outcome, rows in counted.items():
         assert value(after, "anex_rows_total", model=MODEL, outcome=outcome) == \
@@ -206,12 +207,12 @@ def test_no_label_names_a_tenant(organization: Organization) -> None:
     # given a job that ran, and realtime and batch requests by a key
     job = job_run(organization, 5)
     key, secret = api_key_make(organization)
-    auth = {"HTTP_AUTHORIZATION": f"Bearer {secret}"}
-    Client().get(f"/batch/v1/jobs/{job.pk}", **auth)
+    auth = {"Authorization": f"Bearer {secret}"}
+    Client().get(f"/batch/v1/jobs/{job.pk}", headers=auth)
     Client().post("/realtime/v1/embeddings", {"model": "all-minilm-l6-v2", "input": ["x"]},
-                  content_type="application/json", **auth)
+                  content_type="application/json", headers=auth)
     Client().post("/realtime/v1/embeddings", {"model": f"made-up-{job.pk}", "input": ["x"]},
-                  content_type="application/json", **auth)
+                  content_type="application/json", headers=auth)
     text = scrape()
     # then no label is a tenant's, and no id of theirs is anywhere in the text
     names = {name for sample in samples(text) for name in sample.labels}
