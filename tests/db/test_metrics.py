@@ -185,6 +185,11 @@ def test_chunks_in_flight_and_the_queues_are_counted(organization: Organization)
     assert value(text, "anex_queue_depth", queue=queue) == before + in_flight
     assert value(text, "anex_queue_depth", queue=dispatch.ESTIMATE) >= 1
     assert value(text, "anex_metrics_source_up", source="broker") == 1
+    # (nothing left for another test's worker to take)
+    import dramatiq
+
+    for name in (dispatch.ESTIMATE, queue):
+        dramatiq.get_broker().flush(name)
 
 
 def test_an_unreachable_broker_leaves_the_rest_of_the_scrape(settings: Settings) -> None:
