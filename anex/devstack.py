@@ -16,6 +16,7 @@ import fcntl
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -312,25 +313,39 @@ def cmd_run(services: Services, stopper: Stopper) -> int:
     demo = json.loads(manage(env, "demoorg", "--state", str(services.root / "demo.json"),
                              capture=True))
     engines = realtime_engines_start(env)
+    worker_metrics_port = metrics_env(env, services.root)
     children = {
         **engines,
-        "web": role(env, "web"),
+        # The web tier's processes count requests in one multiprocess metrics directory.
+        "web": role({**env, "PROMETHEUS_MULTIPROC_DIR": str(services.root / "metrics" / "web")},
+                    "web"),
         "worker-cpu": role(env, "worker-cpu"),
         "clock": role(env, "clock"),
     }
+    worker_ready = None
     if env.get("ANEX_CHECKPOINTS"):
-        # One GPU worker serving every local model (no checkpoint: no model to serve).
-        children["worker-gpu"] = role(env, "worker-gpu")
+        # One GPU worker serving every local model (no checkpoint: no model to serve), with
+        # its metrics port, ready once its engines are loaded (anex/workermetrics.py).
+        children["worker-gpu"] = role(
+            {**env, "ANEX_WORKER_METRICS_PORT": str(worker_metrics_port),
+             "ANEX_WORKER_METRICS_DIR": str(services.root / "metrics" / "worker")},
+            "worker-gpu")
+        worker_ready = f"http://127.0.0.1:{worker_metrics_port}/readyz"
     origin = env["ANEX_API_ORIGIN"]
     try:
-        if wait_healthy(f"http://127.0.0.1:{port}/healthz", stopper):
+        # Ready, not merely alive: the web server with its database, broker, storage and
+        # realtime engines (which load for a while), and the GPU worker's engines.
+        if wait_healthy(f"http://127.0.0.1:{port}/readyz", stopper,
+                        timeout=300 if engines else 60) \
+                and (worker_ready is None or wait_healthy(worker_ready, stopper, timeout=300)):
             say(f"anex is up at {origin}")
             say(f"  batch API  {origin}/batch/v1  (EU: {env['ANEX_EU_API_ORIGIN']}/batch/v1)")
             say(f"  docs       {origin}/docs/   OpenAPI {origin}/openapi.json")
             say(f"  demo organization {demo['organization_id']}")
             say(f"  demo API key      {demo['api_key']}")
+            say(f"  metrics    {origin}/metrics   worker: http://127.0.0.1:"
+                f"{worker_metrics_port}/metrics")
             say("Ctrl-C stops everything.")
-            # Announced apart: the engines load for a few seconds after the web server is up.
             if engines and realtime_engines_wait(env, stopper):
                 say(f"  realtime API {origin}/realtime/v1  (warm: "
                     f"{', '.join(engines_models(env))})")
@@ -376,6 +391,22 @@ def realtime_engines_start(env: dict[str, str]) -> dict[str, subprocess.Popen[by
         addresses.append(f"{model.id}=http://127.0.0.1:{engine_port}")
     env["ANEX_REALTIME_ENGINES"] = ";".join(addresses)
     return engines
+
+
+def metrics_env(env: dict[str, str], root: Path) -> int:
+    """Empty metrics directories for the web server's and the worker's processes
+    (prometheus_client's multiprocess mode wants a fresh one per start), and the worker's
+    metrics port (anex/workermetrics.py): ANEX_WORKER_METRICS_PORT, else a free one."""
+    for role in ("web", "worker"):
+        shutil.rmtree(root / "metrics" / role, ignore_errors=True)
+        (root / "metrics" / role).mkdir(parents=True)
+    configured = env.get("ANEX_WORKER_METRICS_PORT", "").strip()
+    if configured:
+        return int(configured)
+    # Dramatiq's forked server binds it itself: this port is free now, and on loopback.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def engines_models(env: dict[str, str]) -> list[str]:

@@ -1,14 +1,26 @@
-"""GET /healthz: can this process reach its database and its broker?"""
+"""GET /healthz: can this process reach its database and its broker? (liveness, as it
+always was.) GET /readyz: is this process ready for traffic: its database, its broker, its
+storage and, where it fronts realtime engines (ANEX_REALTIME_ENGINES), each engine answering
+(an engine server answers once its engine has loaded). A worker answers /readyz on its own
+metrics port (anex/workermetrics.py) from the same checks."""
 
 from __future__ import annotations
 
+import json
 import logging
+import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 
 import redis
 from django.conf import settings
 from django.db import DatabaseError, connection
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET
+
+from anex.regions import Region
+from jobs.storage import storage_for
 
 logger = logging.getLogger(__name__)
 CHECK_TIMEOUT_SECONDS = 2
@@ -52,3 +64,80 @@ def healthz(request: HttpRequest) -> JsonResponse:
         response["Retry-After"] = str(settings.ANEX_RETRY_AFTER_SECONDS)
     response["Cache-Control"] = "no-store"
     return response
+
+
+OK = "ok"
+UNREACHABLE = "unreachable"
+# A key that is never written: asking whether it exists is a round trip to the storage.
+STORAGE_PROBE_KEY = "readyz/probe"
+# Storage and engines are asked in parallel and given this long in all (an S3 client's
+# own retries could take a minute).
+_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="readyz")
+
+
+def storage_reachable() -> bool:
+    try:
+        for region in Region.values:
+            storage_for(region).exists(STORAGE_PROBE_KEY)
+    except Exception as exc:  # botocore's, the filesystem's: any failure is not ready
+        logger.warning("readyz: storage unreachable: %s", exc.__class__.__name__)
+        return False
+    return True
+
+
+def engine_answers(model_id: str, url: str) -> bool:
+    """The realtime engine server at `url` answers GET /health serving `model_id` (it
+    listens while its engine loads, and answers only once it has loaded)."""
+    try:
+        with urllib.request.urlopen(f"{url}/health",  # noqa: S310 - configured URL
+                                    timeout=CHECK_TIMEOUT_SECONDS) as response:
+            served = json.loads(response.read()).get("models", {})
+    except (OSError, ValueError, AttributeError):
+        return False
+    return model_id in served
+
+
+def realtime_engines_ready() -> dict[str, Callable[[], bool]]:
+    """One check per realtime model this process fronts: any of its engines answers."""
+    return {f"realtime:{model_id}": (lambda m=model_id, u=urls: any(  # type: ignore[misc]
+                engine_answers(m, url) for url in u))
+            for model_id, urls in settings.ANEX_REALTIME_ENGINES.items()}
+
+
+def checks_run(checks: dict[str, Callable[[], bool]]) -> dict[str, str]:
+    """Run the checks side by side, each "ok" or "unreachable" (one that has not answered
+    in time included)."""
+    futures = {name: _pool.submit(check) for name, check in checks.items()}
+    states = {}
+    for name, future in futures.items():
+        try:
+            states[name] = OK if future.result(timeout=CHECK_TIMEOUT_SECONDS + 1) else \
+                UNREACHABLE
+        except FutureTimeout:
+            states[name] = UNREACHABLE
+    return states
+
+
+def readiness(extra: dict[str, Callable[[], bool]] | None = None) -> dict[str, str]:
+    """The checks of this process: database and broker here (the database connection is
+    this thread's), the storage, the realtime engines and `extra` side by side."""
+    checks = {"database": OK if database_reachable() else UNREACHABLE,
+              "broker": OK if broker_reachable() else UNREACHABLE}
+    checks.update(checks_run({"storage": storage_reachable, **realtime_engines_ready(),
+                              **(extra or {})}))
+    return checks
+
+
+def readiness_response(checks: dict[str, str]) -> JsonResponse:
+    ready = all(state == OK for state in checks.values())
+    response = JsonResponse({"status": "ready" if ready else "unavailable", "checks": checks},
+                            status=200 if ready else 503)
+    if not ready:
+        response["Retry-After"] = str(settings.ANEX_RETRY_AFTER_SECONDS)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@require_GET
+def readyz(request: HttpRequest) -> JsonResponse:
+    return readiness_response(readiness())

@@ -165,6 +165,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "anex.settings")
+    if args[0] == WORKER_GPU:
+        # A GPU worker builds its engines at start and reports ready only once they are
+        # loaded (anex/workermetrics.py's /readyz), so no chunk waits on a cold engine.
+        os.environ.setdefault("ANEX_WORKER_PRELOAD", "1")
     import django
     from django.core.exceptions import ImproperlyConfigured
 

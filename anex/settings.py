@@ -468,3 +468,9 @@ ANEX_DB_POOLER = env.choice("ANEX_DB_POOLER", "none", ("none", "pgbouncer"))
 if ANEX_DB_POOLER == "pgbouncer":
     DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
     DATABASES["default"]["OPTIONS"]["prepare_threshold"] = None
+
+# Operations (anex/metrics.py, anex/health.py). GET /metrics answers loopback callers only,
+# or, with a token set, only `Authorization: Bearer <token>` (behind a proxy, set one).
+ANEX_METRICS_TOKEN = env.string("ANEX_METRICS_TOKEN", "")
+# Outermost, so a request's latency counts every middleware and a refusal by one is counted.
+MIDDLEWARE.insert(0, "anex.metrics.RequestMetricsMiddleware")

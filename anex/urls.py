@@ -4,7 +4,8 @@ from django.views.generic import TemplateView
 from drf_spectacular.views import SpectacularJSONAPIView, SpectacularYAMLAPIView
 
 from anex.docs import docs_page
-from anex.health import healthz
+from anex.health import healthz, readyz
+from anex.metrics import metrics
 
 batch_api = [path("batch/v1/", include("jobs.urls"))]
 realtime_api = [path("realtime/v1/", include("realtime.urls"))]
@@ -26,6 +27,8 @@ urlpatterns = [
     path("batch/v1/openapi.yaml", SpectacularYAMLAPIView.as_view(patterns=batch_api),
          name="batch-openapi-yaml"),
     path("healthz", healthz, name="healthz"),
+    path("readyz", readyz, name="readyz"),
+    path("metrics", metrics, name="metrics"),
     path("docs/", docs_page, name="docs-index"),
     re_path(r"^docs/(?P<slug>[a-z0-9-]+)(?P<suffix>\.md)?$", docs_page, name="docs-page"),
     path("billing/", include("billing.urls")),

@@ -15,6 +15,7 @@ from inference.constants import InputFormat
 from inference.rows.core import JobOptions
 from jobs.constants import (
     SUBSTATE_OF,
+    TERMINAL_STATUSES,
     CheckStatus,
     ChunkStatus,
     DeliveryStatus,
@@ -145,7 +146,13 @@ class Job(models.Model):
         ordering = ["-created_at"]
         indexes = [models.Index(fields=["organization", "status"]),
                    # The hourly sample allowance sums an organization's recent samples.
-                   models.Index(fields=["organization", "sampled_at"])]
+                   models.Index(fields=["organization", "sampled_at"]),
+                   # GET /metrics (anex/metrics.py): the jobs ended since its last scrape,
+                   # and the unfinished ones by status, without reading every job.
+                   models.Index(fields=["finished_at"], name="job_finished_at",
+                                condition=models.Q(finished_at__isnull=False)),
+                   models.Index(fields=["status"], name="job_unfinished_status",
+                                condition=~models.Q(status__in=sorted(TERMINAL_STATUSES)))]
         constraints = [
             # A substate is only ever held beside the status it belongs to.
             models.CheckConstraint(
@@ -324,6 +331,9 @@ class Chunk(models.Model):
     queued_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Its first claim (kept through a requeue): a job's queue wait, approval to its first
+    # chunk running, is read from it (anex/metrics.py).
+    started_at = models.DateTimeField(null=True, blank=True)
     success_rows = models.PositiveIntegerField(default=0)
     error_rows = models.PositiveIntegerField(default=0)
     format_error_rows = models.PositiveIntegerField(default=0)

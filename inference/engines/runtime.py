@@ -107,6 +107,11 @@ def engine_options(checkpoint: Path, *, runner: str, max_model_len: int, cpu: bo
     else:
         options.update(gpu_memory_utilization=settings.ANEX_GPU_MEMORY_FRACTION,
                        tensor_parallel_size=settings.ANEX_TENSOR_PARALLEL_SIZE)
+
+    if os.environ.get("ANEX_ENGINE_METRICS") == "1":
+        # vLLM's own Prometheus metrics (queue, KV cache, preemptions, tokens), which a
+        # worker's metrics port relays (anex/workermetrics.py); off, the offline default.
+        options["disable_log_stats"] = False
     if runner == "generate":
         # Every question of a decision row, every turn of a conversation, shares its
         # prefix. (Pooling is left to vLLM: an encoder such as MiniLM has no KV cache.)

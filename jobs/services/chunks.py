@@ -29,7 +29,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, Exists, F, OuterRef, Q
+from django.db.models import Count, Exists, F, OuterRef, Q, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from inference.constants import RowOutcome
@@ -47,7 +48,8 @@ def _entering(to: ChunkStatus) -> dict[str, Any]:
     """What the state entered writes beside the status."""
     now = timezone.now()
     if to == ChunkStatus.RUNNING:
-        return {"attempts": F("attempts") + 1, "heartbeat_at": now}
+        return {"attempts": F("attempts") + 1, "heartbeat_at": now,
+                "started_at": Coalesce(F("started_at"), Value(now))}
     if to == ChunkStatus.PENDING:
         return {"queued_at": now}
     assert to in CHUNK_SETTLED
