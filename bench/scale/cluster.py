@@ -237,10 +237,12 @@ class Cluster:
     def bouncer_stats(self) -> dict[str, int]:
         """PgBouncer's SHOW STATS totals for the database (transactions, queries)."""
         out = subprocess.run(
-            ["psql", "-h",  # noqa: S607 (Debian's psql on PATH) "127.0.0.1", "-p", str(self.ports["bouncer"]), "-U", "postgres",
-             "-d", "pgbouncer", "-tAF", "|", "-c", "SHOW STATS"],
-            capture_output=True, text=True, check=False).stdout
-        for line in out.splitlines():
+            [str(PG_BIN / "psql"), "-h", "127.0.0.1", "-p", str(self.ports["bouncer"]), "-U",
+             "postgres", "-d", "pgbouncer", "-tAF", "|", "-c", "SHOW STATS"],
+            capture_output=True, text=True, check=False)
+        if out.returncode != 0:
+            say(f"PgBouncer SHOW STATS failed: {out.stderr.strip()[:200]}")
+        for line in out.stdout.splitlines():
             cells = line.split("|")
             if cells and cells[0] == DATABASE:
                 return {"xacts": int(cells[1]), "queries": int(cells[2])}
