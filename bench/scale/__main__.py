@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.scale.cluster import Cluster, env_knobs, say  # noqa: E402
+from bench.scale.cluster import MODEL, Cluster, env_knobs, say  # noqa: E402
 from bench.scale.scenarios import SCENARIOS, Harness  # noqa: E402
 
 
@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=1_000_000, help="the big job's rows")
     parser.add_argument("--other-rows", type=int, default=1_000,
                         help="the other organization's job (S2, S4-S8)")
+    parser.add_argument("--model", default=MODEL,
+                        help="the chat model of the catalog the simulated fleet serves")
     parser.add_argument("--workers", type=int, default=4, help="simulated GPU workers")
     parser.add_argument("--threads", type=int, default=4, help="threads per worker")
     parser.add_argument("--step-ms", type=int, default=50, help="simulated step time")
@@ -83,8 +85,8 @@ def main(argv: list[str] | None = None) -> int:
 
     checkpoint = args.checkpoint or simulated_checkpoint(args.base.parent /
                                                          "anex-scale-checkpoint")
-    cluster = Cluster(base=args.base, gpu_workers=args.workers, worker_threads=args.threads,
-                      env_extra=env_knobs(args))
+    cluster = Cluster(base=args.base, model=args.model, gpu_workers=args.workers,
+                      worker_threads=args.threads, env_extra=env_knobs(args))
     # A Ctrl-C or SIGTERM still stops every process group started.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     results: dict[str, bool] = {}

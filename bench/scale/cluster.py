@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -28,7 +29,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 DATABASE = "anex_scale"
 BUCKETS = {"world": "anex-scale-world", "eu": "anex-scale-eu"}
-MODEL = "tiny-qwen3"
+# The model the simulated fleet serves (--model): any chat model of the catalog, priced as
+# the catalog prices it; its checkpoint here is the estimates' tokenizer only.
+MODEL = "qwen3.8-27b"
 
 
 def say(message: str) -> None:
@@ -102,6 +105,7 @@ class Proc:
 @dataclass
 class Cluster:
     base: Path
+    model: str = MODEL
     gpu_workers: int = 4
     worker_threads: int = 4
     env_extra: dict[str, str] = field(default_factory=dict)
@@ -155,10 +159,12 @@ class Cluster:
         self._psql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         self._web_start()
         for number in (1, 2):
-            self._add(f"clock{number}", [sys.executable, "manage.py", "runperiodic"])
-        self._add("cpu", [sys.executable, "-m", "dramatiq", "anex.worker", "--processes", "1",
-                          "--threads", str(self.worker_threads), "--queues", "ingest",
-                          "webhooks", "periodic", "estimate", "jobs"])
+            self._add(f"clock{number}", self.role("clock") or
+                      [sys.executable, "manage.py", "runperiodic"])
+        self._add("cpu", self.role("worker-cpu") or
+                  [sys.executable, "-m", "dramatiq", "anex.worker", "--processes", "1",
+                   "--threads", str(self.worker_threads), "--queues", "ingest", "webhooks",
+                   "periodic", "estimate", "jobs"])
         for number in range(1, self.gpu_workers + 1):
             self.gpu_start(number)
         wait_port(self.ports["web"], 120)
@@ -309,11 +315,16 @@ class Cluster:
             "ANEX_S3_ENDPOINT_URL": f"http://127.0.0.1:{self.ports['s3relay']}",
             "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
             "AWS_DEFAULT_REGION": "us-east-1",
-            "ANEX_CHECKPOINTS": f"{MODEL}={checkpoint}",
+            "ANEX_CHECKPOINTS": f"{self.model}={checkpoint}",
             "ANEX_RUN_DIR": str(self.run_dir("shared")),
             "STATIC_ROOT": str(self.base / "static"),
             "ACCOUNT_EMAIL_VERIFICATION": "none",
             "LOG_LEVEL": "WARNING",
+            # The roles (anex/roles.py, where this checkout has it) read these.
+            "ANEX_DB_POOLER": "pgbouncer",
+            "ANEX_WEB_BIND": f"127.0.0.1:{self.ports['web']}", "ANEX_WEB_WORKERS": "2",
+            "ANEX_WEB_THREADS": "8", "ANEX_GPU_WORKER_THREADS": str(self.worker_threads),
+            "ANEX_CPU_WORKER_THREADS": "4",
         })
         env.update(self.env_extra)
         return env
@@ -329,6 +340,16 @@ class Cluster:
         out = self._manage("createorg", "--name", name, "--credits-cents", str(cents))
         return dict(json.loads(out))
 
+    def role(self, role: str, env: dict[str, str] | None = None) -> list[str] | None:
+        """A role's command as the product defines it (`python -m anex.roles --print ROLE`),
+        or None where this checkout has no anex/roles.py (then the harness's own)."""
+        if not (ROOT / "anex" / "roles.py").exists():
+            return None
+        out = subprocess.run([sys.executable, "-m", "anex.roles", "--print", role],
+                             env=env or self.env, cwd=ROOT, check=True, capture_output=True,
+                             text=True).stdout
+        return shlex.split(out.strip())
+
     def _add(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
         proc = Proc(name, argv, env or self.env, self.logs / f"{name}.log")
         self.procs[name] = proc
@@ -336,9 +357,10 @@ class Cluster:
         return proc
 
     def _web_start(self) -> None:
-        self._add("web", [sys.executable, "-m", "gunicorn", "anex.wsgi:application", "--bind",
-                          f"127.0.0.1:{self.ports['web']}", "--workers", "2", "--threads", "8",
-                          "--graceful-timeout", "10"])
+        self._add("web", self.role("web") or
+                  [sys.executable, "-m", "gunicorn", "anex.wsgi:application", "--bind",
+                   f"127.0.0.1:{self.ports['web']}", "--workers", "2", "--threads", "8",
+                   "--graceful-timeout", "10"])
 
     def gpu_name(self, number: int) -> str:
         return f"gpu{number}"
@@ -348,11 +370,16 @@ class Cluster:
         run_dir = self.run_dir(name)
         run_dir.mkdir(parents=True, exist_ok=True)
         env = {**self.env, "ANEX_RUN_DIR": str(run_dir), "ANEX_SCALE_WORKER": name,
-               "ANEX_WORKER_MODELS": MODEL, "ANEX_WORKER_REGIONS": "world"}
-        return self._add(name, [sys.executable, "-m", "dramatiq", "bench.scale.simworker",
-                                "--processes", "1", "--threads", str(self.worker_threads),
-                                "--queues", f"run.world.{MODEL}", f"sample.world.{MODEL}"],
-                         env)
+               "ANEX_WORKER_MODELS": self.model, "ANEX_WORKER_REGIONS": "world"}
+        # The product's worker-gpu command, its entry module swapped for the simulated one.
+        argv = self.role("worker-gpu", env)
+        if argv is not None and "anex.worker" in argv:
+            argv[argv.index("anex.worker")] = "bench.scale.simworker"
+        else:
+            argv = [sys.executable, "-m", "dramatiq", "bench.scale.simworker", "--processes",
+                    "1", "--threads", str(self.worker_threads), "--queues",
+                    f"run.world.{self.model}", f"sample.world.{self.model}"]
+        return self._add(name, argv, env)
 
     # -- measurements -----------------------------------------------------------------------
 

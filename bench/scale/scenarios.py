@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 import requests
 
-from bench.scale.cluster import MODEL, Cluster, say
+from bench.scale.cluster import Cluster, say
 from bench.scale.simengine import ENGINE_DEAD, POISON, STATS, simulated_answer
 
 
@@ -36,6 +36,7 @@ class Api:
         port = cluster.ports["web"]
         self.base = f"http://127.0.0.1:{port}/batch/v1"
         self.org = org
+        self.model = cluster.model
         self.session = requests.Session()
         self.session.headers.update({"Authorization": f"Bearer {key}",
                                      "Host": f"localhost:{port}"})
@@ -66,7 +67,7 @@ class Api:
         return str(target["id"])
 
     def submit(self, input_id: str, *, cap: int | None = 16) -> requests.Response:
-        body: dict[str, Any] = {"input_id": input_id, "model": MODEL, "reasoning": False}
+        body: dict[str, Any] = {"input_id": input_id, "model": self.model, "reasoning": False}
         if cap is not None:
             body["max_output_tokens"] = cap
         return self.call("POST", "/jobs", json=body)
@@ -296,7 +297,7 @@ class Harness:
         expected_errors = 0 if poison_at is None else 1
         charges = list(self.db(lambda: list(LedgerEntry.objects.filter(
             job_id=job_id, kind="charge").values_list("balance_delta", flat=True))))
-        model = model_get(MODEL)
+        model = model_get(self.cluster.model)
         assert model is not None
         priced = price(model, Usage(input_tokens=prompt, output_tokens=completion))
         charged = -sum(charges)
@@ -346,6 +347,23 @@ class Harness:
         return api, job_id, path
 
 
+def spans(h: Harness, job_id: str) -> str:
+    """Where a job's time went, off its JobEvents and its chunks' finish times."""
+    from jobs.models import Chunk, JobEvent
+
+    at = dict(h.db(lambda: list(JobEvent.objects.filter(job_id=job_id)
+                                 .values_list("to_status", "at"))))
+    finished = sorted(h.db(lambda: list(Chunk.objects.filter(
+        job_id=job_id, finished_at__isnull=False).values_list("finished_at", flat=True))))
+    if not finished or not {"in_progress", "finalizing", "done"} <= set(at):
+        return "(no complete record of its run)"
+    first, last = finished[0], finished[-1]
+    return (f"approve -> first chunk done {(first - at['in_progress']).total_seconds():.1f} s, "
+            f"first -> last chunk done {(last - first).total_seconds():.1f} s, last chunk -> "
+            f"finalizing {(at['finalizing'] - last).total_seconds():.1f} s, finalizing -> done "
+            f"{(at['done'] - at['finalizing']).total_seconds():.1f} s")
+
+
 def _status(job_id: str) -> str:
     from jobs.models import Job
 
@@ -375,17 +393,7 @@ def s1_figures(h: Harness, run: BigRun) -> bool:
     say(f"S1 figures: {run.rows:,} rows in {chunks} chunks, approve -> done {seconds:.1f} s, "
         f"{rate:,.0f} rows/s; SIMULATED fleet ideal {h.ideal_rows_per_second:,.0f} rows/s; "
         f"ratio {ratio:.2f} (the issue asks >= 0.9)")
-    finished = sorted(h.db(lambda: list(Chunk.objects.filter(job_id=run.job_id).values_list(
-        "finished_at", flat=True))))
-    if finished and "done" in at and "finalizing" in at:
-        first, last = finished[0], finished[-1]
-        steady = (last - first).total_seconds()
-        say(f"S1 where the time went: approve -> first chunk done "
-            f"{(first - at['in_progress']).total_seconds():.1f} s; first -> last chunk done "
-            f"{steady:.1f} s ({run.rows / max(steady, 1e-3):,.0f} rows/s, ratio "
-            f"{run.rows / max(steady, 1e-3) / h.ideal_rows_per_second:.2f} to the ideal); "
-            f"last chunk -> finalizing {(at['finalizing'] - last).total_seconds():.1f} s; "
-            f"finalizing -> done {(at['done'] - at['finalizing']).total_seconds():.1f} s")
+    say(f"S1 where the time went: {spans(h, run.job_id)}")
     ok = verdict("S1 throughput", ratio >= 0.9, f"ratio {ratio:.2f}") and ok
     shares = h.shares(run.approved, run.ended)
     total = sum(shares.values()) or 1
@@ -427,6 +435,7 @@ def s2(h: Harness) -> bool:
     run = h.big_job("S2", [(0.2, "the other organization's job approved", approve)])
     h.follower.join(timeout=900)  # type: ignore[attr-defined]
     ok = h.verify(api, job_id, path, "S2 other job result")
+    say(f"S2 the other organization's job: {spans(h, job_id)}")
     seconds = times.get("done", float("inf")) - times["approved"]
     big_left = run.ended - times["approved"]
     return verdict("S2 fairness", ok and seconds <= 15,
