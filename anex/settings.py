@@ -197,7 +197,7 @@ ANEX_CHECKPOINTS = env.path_mapping("ANEX_CHECKPOINTS")
 # What a worker process serves: its models (default: every configured checkpoint) and its
 # regions. A GPU worker sets one model; the embedded default's one worker serves all.
 ANEX_WORKER_MODELS = env.csv_list("ANEX_WORKER_MODELS", sorted(ANEX_CHECKPOINTS))
-ANEX_WORKER_REGIONS = env.csv_list("ANEX_WORKER_REGIONS", ["world", "eu"])
+# ANEX_WORKER_REGIONS: below, with the worker roles.
 
 # Inputs (the reference's "POST /inputs"): the size cap, the upload window, and how long
 # an input is kept after it lands.
@@ -423,3 +423,43 @@ SESSION_COOKIE_HTTPONLY = True
 # DEBUG turns them off.
 SESSION_COOKIE_SECURE = not DEBUG
 CSRF_COOKIE_SECURE = not DEBUG
+
+# Worker roles (anex/roles.py, docs/deploy.md): what each role's command starts. The web
+# tier: gunicorn's address, processes and threads (a realtime request mostly waits on its
+# engine, so threads).
+ANEX_WEB_BIND = env.string("ANEX_WEB_BIND", "127.0.0.1:8000")
+if not ANEX_WEB_BIND.rpartition(":")[2].isdigit() \
+        or not 1 <= int(ANEX_WEB_BIND.rpartition(":")[2]) <= 65535:
+    raise ImproperlyConfigured(
+        f"ANEX_WEB_BIND={ANEX_WEB_BIND!r} is not host:port (such as 0.0.0.0:8000).")
+ANEX_WEB_WORKERS = env.integer("ANEX_WEB_WORKERS", 2, minimum=1, maximum=64)
+ANEX_WEB_THREADS = env.integer("ANEX_WEB_THREADS", 16, minimum=1, maximum=256)
+# A GPU worker is one process (one engine per model it serves, on the GPUs it is given):
+# its threads share that engine's running batch. A CPU worker holds no engine, so it may
+# run several processes; one by default, never one per core.
+ANEX_GPU_WORKER_THREADS = env.integer("ANEX_GPU_WORKER_THREADS", 4, minimum=1, maximum=256)
+ANEX_CPU_WORKER_PROCESSES = env.integer("ANEX_CPU_WORKER_PROCESSES", 1, minimum=1,
+                                        maximum=256)
+ANEX_CPU_WORKER_THREADS = env.integer("ANEX_CPU_WORKER_THREADS", 8, minimum=1, maximum=256)
+# The share of each GPU's memory a worker's vLLM engine takes (weights and KV cache), and
+# how many GPUs one engine spans (tensor parallelism): passed to vLLM's engine constructor
+# on a GPU machine (inference/engines/runtime.py). A CPU build sizes its KV cache apart.
+ANEX_GPU_MEMORY_FRACTION = env.fraction("ANEX_GPU_MEMORY_FRACTION", 0.9)
+ANEX_TENSOR_PARALLEL_SIZE = env.integer("ANEX_TENSOR_PARALLEL_SIZE", 1, minimum=1,
+                                        maximum=64)
+# Placement: the regions a worker serves are named, never assumed. A worker that names
+# none serves the world region only, so EU data runs only on workers that name "eu"
+# (docs/decisions.md, "Worker roles and placement"); `make run`'s one machine names both.
+ANEX_WORKER_REGIONS = env.csv_list("ANEX_WORKER_REGIONS", ["world"])
+if not ANEX_WORKER_REGIONS or set(ANEX_WORKER_REGIONS) - {"world", "eu"}:
+    raise ImproperlyConfigured(
+        f"ANEX_WORKER_REGIONS={','.join(ANEX_WORKER_REGIONS)!r} must name one or both of "
+        "world and eu.")
+# Behind PgBouncer in transaction pooling mode (docs/deploy.md, "PgBouncer"): a server
+# connection is lent per transaction, so nothing may rely on session state. "pgbouncer"
+# turns off server-side cursors and psycopg's prepared statements; the product takes no
+# session-level lock and sets nothing on a session (tests/db/test_pgbouncer.py).
+ANEX_DB_POOLER = env.choice("ANEX_DB_POOLER", "none", ("none", "pgbouncer"))
+if ANEX_DB_POOLER == "pgbouncer":
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+    DATABASES["default"]["OPTIONS"]["prepare_threshold"] = None

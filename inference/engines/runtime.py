@@ -89,12 +89,13 @@ def feed_of(loaded: Loaded) -> EngineFeed:
         return feed
 
 
-def _build(checkpoint: Path, *, runner: str, max_model_len: int,
-           reasoning_parser: str | None) -> Loaded:
-    cpu = _prepare_environment()
-    from vllm import LLM
+def engine_options(checkpoint: Path, *, runner: str, max_model_len: int, cpu: bool,
+                   reasoning_parser: str | None = None) -> dict[str, Any]:
+    """The vLLM engine constructor's arguments. On a GPU machine the worker's share of each
+    GPU's memory and its tensor-parallel size come from the deployment (anex/roles.py,
+    ANEX_GPU_MEMORY_FRACTION and ANEX_TENSOR_PARALLEL_SIZE)."""
+    from django.conf import settings
 
-    started = time.monotonic()
     options: dict[str, Any] = {
         "model": str(checkpoint),
         "runner": runner,
@@ -103,6 +104,9 @@ def _build(checkpoint: Path, *, runner: str, max_model_len: int,
     }
     if cpu:
         options.update(gpu_memory_utilization=CPU_GPU_MEMORY_UTILIZATION, enforce_eager=True)
+    else:
+        options.update(gpu_memory_utilization=settings.ANEX_GPU_MEMORY_FRACTION,
+                       tensor_parallel_size=settings.ANEX_TENSOR_PARALLEL_SIZE)
     if runner == "generate":
         # Every question of a decision row, every turn of a conversation, shares its
         # prefix. (Pooling is left to vLLM: an encoder such as MiniLM has no KV cache.)
@@ -115,6 +119,17 @@ def _build(checkpoint: Path, *, runner: str, max_model_len: int,
             # The structured-output grammar starts after the thinking block, which this
             # parser recognises (</think> in the prompt or the output).
             options["reasoning_parser"] = reasoning_parser
+    return options
+
+
+def _build(checkpoint: Path, *, runner: str, max_model_len: int,
+           reasoning_parser: str | None) -> Loaded:
+    cpu = _prepare_environment()
+    from vllm import LLM
+
+    started = time.monotonic()
+    options = engine_options(checkpoint, runner=runner, max_model_len=max_model_len, cpu=cpu,
+                             reasoning_parser=reasoning_parser)
     with _kernel_scan_safe():
         llm = LLM(**options)
     seconds = time.monotonic() - started

@@ -133,9 +133,21 @@ def test_the_process_starts_with_good_settings() -> None:
     ("DEBUG", "perhaps", "DEBUG='perhaps' is not a boolean"),
     ("ANEX_EU_API_ORIGIN", "https://api.anex.sh", "must name different hosts"),
     ("ANEX_STORAGE_BACKEND", "ftp", "ANEX_STORAGE_BACKEND='ftp' is not one of"),
+    # The worker roles' settings (anex/roles.py).
+    ("ANEX_GPU_MEMORY_FRACTION", "90%", "ANEX_GPU_MEMORY_FRACTION='90%' is not a number"),
+    ("ANEX_TENSOR_PARALLEL_SIZE", "0", "ANEX_TENSOR_PARALLEL_SIZE=0 is below the minimum"),
+    ("ANEX_WORKER_REGIONS", "world,us", "must name one or both of world and eu"),
 ])
 def test_a_bad_value_stops_the_process_at_start(name: str, value: str, message: str) -> None:
     result = _start_django(**{name: value})
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr
     assert message in result.stderr
+
+
+def test_a_fraction_is_above_zero_and_at_most_one() -> None:
+    assert env(F="0.5").fraction("F", 0.9) == 0.5
+    assert env().fraction("F", 0.9) == 0.9
+    for bad in ("0", "1.01", "-0.2", "nan"):
+        with pytest.raises(ImproperlyConfigured, match="must be above 0 and at most 1"):
+            env(F=bad).fraction("F", 0.9)
