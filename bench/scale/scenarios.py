@@ -134,6 +134,7 @@ class Harness:
         self.data.mkdir(parents=True, exist_ok=True)
         self.orgs = 0
         self.last_big: BigRun | None = None
+        self.recovered_at = 0.0
         os.environ.update({**cluster.env, "DATABASE_URL": cluster.direct_url})
         import django
 
@@ -324,6 +325,19 @@ class Harness:
                        f"{len(attempts)} chunks, attempts {sorted(set(attempts))}, "
                        f"{extra} charged more than one attempt")
 
+    def flow_after(self, job_id: str, moment: float) -> float:
+        """Seconds from `moment` (time.time()) to the first of the job's chunks finished
+        after it (inf: none)."""
+        from datetime import UTC, datetime
+
+        from jobs.models import Chunk
+
+        since = datetime.fromtimestamp(moment, tz=UTC)
+        first = self.db(lambda: Chunk.objects.filter(job_id=job_id, finished_at__gt=since)
+                        .order_by("finished_at").values_list("finished_at", flat=True)
+                        .first())
+        return (first.timestamp() - moment) if first is not None else float("inf")
+
     def shares(self, since: float, until: float) -> dict[str, int]:
         """Rows each simulated GPU worker served in [since, until] (monotonic seconds)."""
         offset = time.time() - time.monotonic()
@@ -482,9 +496,17 @@ def fault_scenario(h: Harness, name: str, fraction: float, fault: str,
         time.sleep(1)
         action()
 
+    h.recovered_at = 0.0  # the fault's end (time.time()), set by the fault's action
     run = h.big_job(name, [(fraction, fault, inject)], poison_at=poison_at)
     other = api.wait(job_id, ("done",), 300)
     ok = h.verify(run.api, run.job_id, run.path, f"{name} big job", poison_at=poison_at)
+    if h.recovered_at:
+        flow = h.flow_after(run.job_id, h.recovered_at)
+        say(f"{name}: the first chunk finished {flow:.1f} s after the fault ended (the "
+            f"service back); the big job: {spans(h, run.job_id)}")
+        if name == "S5":
+            ok = verdict("S5 work flows again", flow <= 60,
+                         f"{flow:.1f} s from the broker's return (60 s asked)") and ok
     say(f"{name}: the big job took {run.ended - run.approved:.0f} s from approve; the other "
         f"organization's job is {other['status']}")
     ok = h.verify(api, job_id, path, f"{name} other organization's job") and ok
@@ -502,8 +524,11 @@ def s4(h: Harness) -> bool:
         proc = h.cluster.procs[h.cluster.gpu_name(1)]
         proc.signal_group(signal.SIGKILL)
         say(f"S4: SIGKILLed gpu1's process group; restarting it in {delay} s")
-        threading.Timer(delay, lambda: (h.cluster.gpu_start(1),
-                                        say("S4: gpu1 restarted"))).start()
+        def restart() -> None:
+            h.cluster.gpu_start(1)
+            h.recovered_at = time.time()
+            say("S4: gpu1 restarted")
+        threading.Timer(delay, restart).start()
 
     return fault_scenario(h, "S4", 0.3, "SIGKILL gpu1's process group", kill)
 
@@ -526,6 +551,7 @@ def s5(h: Harness) -> bool:
                 answers.append(0)
         time.sleep(5)
         h.cluster.redis_start()
+        h.recovered_at = time.time()
         say(f"S5: Redis back, empty; submits answered {sorted(answers)}")
 
     def after() -> bool:
@@ -553,6 +579,7 @@ def s6(h: Harness) -> bool:
         started = time.monotonic()
         h.cluster.postgres_stop()
         h.cluster.postgres_start()
+        h.recovered_at = time.time()
         say(f"S6: PostgreSQL restarted in {time.monotonic() - started:.1f} s")
 
     return fault_scenario(h, "S6", 0.6, "PostgreSQL restart", restart)
@@ -565,8 +592,11 @@ def s7(h: Harness) -> bool:
     def outage() -> None:
         h.cluster.procs["s3relay"].stop()
         say(f"S7: S3 unreachable for {delay} s")
-        threading.Timer(delay, lambda: (h.cluster.s3_relay_start(),
-                                        say("S7: S3 reachable again"))).start()
+        def back() -> None:
+            h.cluster.s3_relay_start()
+            h.recovered_at = time.time()
+            say("S7: S3 reachable again")
+        threading.Timer(delay, back).start()
 
     return fault_scenario(h, "S7", 0.7, "S3 stopped", outage)
 
