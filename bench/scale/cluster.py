@@ -112,6 +112,7 @@ class Cluster:
     ports: dict[str, int] = field(default_factory=dict)
     procs: dict[str, Proc] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+    roles: dict[str, list[str]] = field(default_factory=dict)
 
     # -- paths ------------------------------------------------------------------------------
 
@@ -345,10 +346,12 @@ class Cluster:
         or None where this checkout has no anex/roles.py (then the harness's own)."""
         if not (ROOT / "anex" / "roles.py").exists():
             return None
-        out = subprocess.run([sys.executable, "-m", "anex.roles", "--print", role],
-                             env=env or self.env, cwd=ROOT, check=True, capture_output=True,
-                             text=True).stdout
-        return shlex.split(out.strip())
+        if role not in self.roles:  # each asked once: a Django start-up apiece
+            out = subprocess.run([sys.executable, "-m", "anex.roles", "--print", role],
+                                 env=env or self.env, cwd=ROOT, check=True,
+                                 capture_output=True, text=True).stdout
+            self.roles[role] = shlex.split(out.strip())
+        return list(self.roles[role])
 
     def _add(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
         proc = Proc(name, argv, env or self.env, self.logs / f"{name}.log")
