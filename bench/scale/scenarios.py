@@ -5,6 +5,7 @@ and returns PASS (True) or FAIL. The GPU workers are SIMULATED (simengine.py).""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -326,17 +327,27 @@ class Harness:
                        f"{extra} charged more than one attempt")
 
     def flow_after(self, job_id: str, moment: float) -> float:
-        """Seconds from `moment` (time.time()) to the first of the job's chunks finished
-        after it (inf: none)."""
+        """Seconds from `moment` (time.time()) to the first of the job's chunks sent after
+        it that finished: a chunk that was running through the fault does not count
+        (inf: none)."""
         from datetime import UTC, datetime
 
         from jobs.models import Chunk
 
         since = datetime.fromtimestamp(moment, tz=UTC)
-        first = self.db(lambda: Chunk.objects.filter(job_id=job_id, finished_at__gt=since)
-                        .order_by("finished_at").values_list("finished_at", flat=True)
-                        .first())
+        first = self.db(lambda: Chunk.objects.filter(
+            job_id=job_id, queued_at__gt=since, finished_at__isnull=False)
+            .order_by("finished_at").values_list("finished_at", flat=True).first())
         return (first.timestamp() - moment) if first is not None else float("inf")
+
+    def stall(self, job_id: str) -> float:
+        """The longest wait between two of the job's chunks finishing, in seconds."""
+        from jobs.models import Chunk
+
+        moments = sorted(self.db(lambda: list(Chunk.objects.filter(
+            job_id=job_id, finished_at__isnull=False).values_list("finished_at", flat=True))))
+        return max(((b - a).total_seconds() for a, b in itertools.pairwise(moments)),
+                   default=0.0)
 
     def shares(self, since: float, until: float) -> dict[str, int]:
         """Rows each simulated GPU worker served in [since, until] (monotonic seconds)."""
@@ -502,8 +513,9 @@ def fault_scenario(h: Harness, name: str, fraction: float, fault: str,
     ok = h.verify(run.api, run.job_id, run.path, f"{name} big job", poison_at=poison_at)
     if h.recovered_at:
         flow = h.flow_after(run.job_id, h.recovered_at)
-        say(f"{name}: the first chunk finished {flow:.1f} s after the fault ended (the "
-            f"service back); the big job: {spans(h, run.job_id)}")
+        say(f"{name}: the first chunk sent after the fault ended finished {flow:.1f} s "
+            f"after it; the longest wait between two chunks finishing "
+            f"{h.stall(run.job_id):.1f} s; the big job: {spans(h, run.job_id)}")
         if name == "S5":
             ok = verdict("S5 work flows again", flow <= 60,
                          f"{flow:.1f} s from the broker's return (60 s asked)") and ok
