@@ -334,8 +334,15 @@ class Cluster:
         env = dict(self.env)
         if direct:
             env["DATABASE_URL"] = self.direct_url
-        return subprocess.run([sys.executable, "manage.py", *args], env=env, cwd=ROOT,
-                              check=True, capture_output=True, text=True).stdout
+        for attempt in range(3):
+            done = subprocess.run([sys.executable, "manage.py", *args], env=env, cwd=ROOT,
+                                  check=False, capture_output=True, text=True)
+            if done.returncode == 0:
+                return done.stdout
+            say(f"manage.py {args[0]} failed (try {attempt + 1} of 3): "
+                f"{done.stderr.strip()[-400:]}")
+            time.sleep(2)
+        raise RuntimeError(f"manage.py {' '.join(args)} failed three times")
 
     def org_create(self, name: str, cents: int) -> dict[str, str]:
         out = self._manage("createorg", "--name", name, "--credits-cents", str(cents))
