@@ -648,10 +648,14 @@ def s9(h: Harness) -> bool:
     charges = int(h.db(lambda: LedgerEntry.objects.filter(job_id=run.job_id,
                                                           kind="charge").count()))
     seconds = (done[-1] - finalizing[0]).total_seconds() if finalizing and done else -1.0
+    # The merge streams every row once: a smaller job is held to the 1M-row figure scaled
+    # down to its rows (linear), never to the 1M-row 90 s itself.
+    at_million = seconds * 1_000_000 / run.rows
     return verdict("S9 finalize", len(finalizing) == 1 and bool(done) and charges == 1
-                   and 0 <= seconds <= 90,
+                   and 0 <= at_million <= 90,
                    f"{run.rows:,}-row job: finalizing entered {len(finalizing)} time(s), "
-                   f"finalizing -> done {seconds:.1f} s (90 s asked at 1M rows), "
+                   f"finalizing -> done {seconds:.1f} s ({run.rows / max(seconds, 1e-3):,.0f} "
+                   f"rows/s; {at_million:,.0f} s at 1M rows at that rate, 90 s asked), "
                    f"{'done' if done else 'not done'}, {charges} charge(s)")
 
 
