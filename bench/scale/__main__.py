@@ -39,6 +39,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+# This checkout's code alone, in this process too (bench/scale/pathfix/sitecustomize.py).
+sys.meta_path[:] = [finder for finder in sys.meta_path
+                    if not getattr(finder, "__module__", "").startswith("__editable__")]
 
 from bench.scale.cluster import MODEL, Cluster, env_knobs, say  # noqa: E402
 from bench.scale.scenarios import SCENARIOS, Harness  # noqa: E402

@@ -304,7 +304,7 @@ class Cluster:
                if not key.startswith(("ANEX_", "DATABASE_", "REDIS_"))}
         env.update({
             "DJANGO_SETTINGS_MODULE": "anex.settings",
-            "PYTHONPATH": str(ROOT),
+            "PYTHONPATH": f"{ROOT}:{ROOT / 'bench' / 'scale' / 'pathfix'}",
             "SECRET_KEY": secrets.token_urlsafe(48),
             "DATABASE_URL": self.pooled_url,
             "REDIS_URL": f"redis://127.0.0.1:{self.ports['redis']}/0",
