@@ -143,6 +143,12 @@ class Cluster:
     # -- start ------------------------------------------------------------------------------
 
     def start(self, checkpoint: Path) -> None:
+        missing = [str(path) for path in (PG_BIN / "initdb", Path("/usr/sbin/pgbouncer"))
+                   if not path.exists()] + [name for name in ("redis-server",)
+                                            if shutil.which(name) is None]
+        if missing:
+            raise SystemExit(f"the scale harness needs {', '.join(missing)}: Debian's "
+                             "postgresql-15, pgbouncer and redis-server (apt-get install)")
         if self.base.exists():
             shutil.rmtree(self.base)
         for path in (self.logs, self.base / "pg", self.base / "redis", self.base / "run"):
