@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             f"({args.decode} steps x {args.step_ms} ms) = ideal "
             f"{harness.ideal_rows_per_second:,.0f} rows/s; checkpoint {checkpoint}")
         for name in wanted:
-            say(f"=== {name}: {SCENARIOS[name].__doc__.strip().splitlines()[0]}")
+            say(f"=== {name}: {(SCENARIOS[name].__doc__ or name).strip().splitlines()[0]}")
             try:
                 results[name] = SCENARIOS[name](harness)
             except Exception as error:  # a scenario that broke is a FAIL, the rest still run

@@ -274,7 +274,7 @@ class Harness:
         job = api.job(job_id)
         lines = api.result_lines(job_id)
         wanted = [orjson.loads(line) for line in path.read_bytes().splitlines()]
-        got_ids = [line.get("custom_id") for line in lines]
+        got_ids = [str(line.get("custom_id")) for line in lines]
         want_ids = [row["custom_id"] for row in wanted]
         seen: dict[str, int] = {}
         for custom_id in got_ids:
