@@ -12,7 +12,7 @@ INSTALLED_CPU := $(VENV)/.installed-cpu
 # tests flush their broker, which must never be the broker of a make run beside it.
 TEST_RUN_DIR ?= .run/test
 
-.PHONY: run test test-fast manage install install-cpu browser lint typecheck clean
+.PHONY: run test test-fast manage install install-cpu browser lint typecheck clean bench-scale
 
 # The embedded default serves the local models, so it needs the engines too.
 run: $(INSTALLED_CPU)
@@ -76,3 +76,9 @@ typecheck: $(INSTALLED)
 
 clean:
 	rm -rf .run
+
+# The scale harness (bench/scale, issue 21): PostgreSQL behind PgBouncer, Redis with AOF,
+# moto S3, gunicorn, two clocks, a CPU worker and four SIMULATED GPU workers on this
+# machine, driven through the batch API: make bench-scale ARGS="--scenario S1 --rows 20000"
+bench-scale: $(INSTALLED)
+	$(PY) -m bench.scale $(ARGS)
