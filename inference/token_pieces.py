@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Sequence
-from itertools import chain
 
 import numpy as np
 from tokenizers import Tokenizer

@@ -6,19 +6,21 @@ differ: thinking on or off, effort) by inference.chat_template.ChatTemplate.prom
 function the estimate counts with, and the chunk's prompts are encoded in one batch: the
 template's scaffolding with the model's special tokens, the messages' text as text
 (inference.tokens.ModelTokens.encode_prompts), so `<|im_end|>` or `</think>` in a message
-is never the model's token. vLLM gets the ids (prompt_token_ids) and tokenizes nothing. The rows then join
-the engine's running batch through its feed (feed.py), beside the rows of the worker's
-other chunks. A row the engine refuses fails alone:
+is never the model's token. vLLM gets the ids (prompt_token_ids) and tokenizes nothing. The
+rows then join the engine's running batch through its feed (feed.py), beside the rows of
+the worker's other chunks. A row the engine refuses fails alone:
 - its prompt leaves no room to answer in the context: refused before anything runs;
 - its response_format cannot be compiled into a grammar (vLLM refuses it as the request is
   added): that request alone is refused, every other row still runs.
 
 Thinking (output-format.txt): the checkpoint's template opens the trace of a thinking row
-(Qwen3's `<think>`, read off the template's own text, never off a message), so everything generated until `</think>` is reasoning and goes to
-`reasoning`; what follows is `content`. The reasoning budget closes a trace that reaches it
-with a notice (budget.py). A response_format is enforced by vLLM's structured outputs from
-the end of the trace on: with a reasoning parser configured, vLLM 0.32 starts the grammar
-only once the parser sees `</think>` (in the prompt for a row whose thinking is off).
+(Qwen3's `<think>`, read off the template's own text, never off a message), so everything
+generated until `</think>` is reasoning and goes to `reasoning`; what follows is `content`.
+The reasoning budget closes a trace that reaches it with a notice (budget.py). A
+response_format is enforced by vLLM's structured outputs from the end of the trace on: with
+a reasoning parser configured, vLLM 0.32 starts the grammar only once the parser sees
+`</think>` (in the prompt for a row whose thinking is off: the template's, as no message's
+text is ever that token).
 """
 
 from __future__ import annotations

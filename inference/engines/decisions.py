@@ -6,8 +6,9 @@ How a question is answered: the text, then the question and its options each beh
 one-token label (A, B, …), are rendered through the checkpoint's chat template with
 thinking off, and encoded as a chat row's prompt is (inference.tokens.ModelTokens
 .encode_prompts: the template's markup as special tokens, the text and the question as text,
-so a text holding `<|im_end|>` cannot end its turn); the model's next-token log-probabilities of the labels, renormalised over the
-labels, are the option probabilities. Every question of every row of a chunk is one prompt
+so a text holding `<|im_end|>` cannot end its turn); the model's next-token
+log-probabilities of the labels, renormalised over the labels, are the option
+probabilities. Every question of every row of a chunk is one prompt
 of one engine run through the checkpoint's feed (feed.py; max_tokens=1, logprob_token_ids =
 the labels): nothing is generated that anyone reads. The text comes first in each prompt,
 so a row's questions share their prefix and prefix caching reads the text once.

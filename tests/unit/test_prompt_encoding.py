@@ -27,8 +27,8 @@ from inference.checkpoints import CHAT_TEMPLATE, SPECIAL_TOKENS, THINK_TOKENS
 from inference.kinds.chat import chat_kwargs
 from inference.rows.core import JobOptions
 from inference.tokens import ModelTokens, checkpoint_tokens
-from jobs.validation import validate_jsonl
 from jobs.validation import lines as lines_module
+from jobs.validation import validate_jsonl
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
                                 reason="transformers comes with the engines (make install-cpu)")
