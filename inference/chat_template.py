@@ -187,7 +187,7 @@ class ChatTemplate:
         whatever the template raises, and ValueError where the template altered a
         stand-in (sliced, escaped or re-cased it), which no prompt can be cut from."""
         strings: list[str] = []
-        shaped, shape = _stood_in(messages, strings)
+        shaped, shape = _stood_in_messages(messages, strings)
         own = {key: value for key, value in kwargs.items()
                if key.isidentifier() and key not in RENDERING_ARGUMENTS}
         key: object = None
@@ -253,6 +253,45 @@ class ChatTemplate:
         return True
 
 
+def _stood_in_messages(messages: Any, strings: list[str]) -> tuple[Any, Any]:
+    """_stood_in over a list of messages, the common message (a role and a string content,
+    nothing else) taken without the general walk: the row checker renders every row."""
+    if type(messages) is not list:
+        return _stood_in(messages, strings)
+    shaped: list[Any] = []
+    shape: list[Any] = ["messages"]
+    for message in messages:
+        if type(message) is dict and len(message) == 2:
+            role, content = message.get("role"), message.get("content")
+            if type(role) is str and type(content) is str and _named(role):
+                keys = tuple(message)
+                if content:
+                    strings.append(content)
+                    content = f"{_OPEN}{len(strings) - 1}{_CLOSE}"
+                shaped.append({"role": role, "content": content} if keys[0] == "role"
+                              else {"content": content, "role": role})
+                shape.append((keys, role, bool(content)))
+                continue
+        item, inner = _stood_in(message, strings)
+        shaped.append(item)
+        shape.append(inner)
+    return shaped, tuple(shape)
+
+
+def _named(text: str) -> bool:
+    """Whether text looks like a name a template uses (_NAME), remembered: the few role
+    words and keys of a file come back on every row."""
+    known = _NAMES.get(text)
+    if known is None:
+        known = _NAME.fullmatch(text) is not None
+        if len(_NAMES) < 4096:
+            _NAMES[text] = known
+    return known
+
+
+_NAMES: dict[str, bool] = {}
+
+
 def _stood_in(value: Any, strings: list[str], structural: bool = False) -> tuple[Any, Any]:
     """The value with every string a numbered stand-in (appended to `strings`), and its
     shape (hashable: what the rendering depends on). Kept as they are: empty strings (a
@@ -261,7 +300,7 @@ def _stood_in(value: Any, strings: list[str], structural: bool = False) -> tuple
     booleans and nulls."""
     kind = type(value)
     if kind is str:
-        if not value or (structural and _NAME.fullmatch(value)):
+        if not value or (structural and _named(value)):
             return value, value
         strings.append(value)
         return f"{_OPEN}{len(strings) - 1}{_CLOSE}", _SLOT
@@ -269,7 +308,7 @@ def _stood_in(value: Any, strings: list[str], structural: bool = False) -> tuple
         shaped: dict[Any, Any] = {}
         shape: list[Any] = []
         for key, item in value.items():
-            name = key if type(key) is str and _NAME.fullmatch(key) else None
+            name = key if type(key) is str and _named(key) else None
             if name is None:
                 name, _ = _stood_in(str(key), strings)
             shaped[name], inner = _stood_in(item, strings, key in _STRUCTURAL)
@@ -441,7 +480,7 @@ def _probes() -> tuple[tuple[list[dict[str, Any]], dict[str, Any]], ...]:
     # shape once.
     shapes: dict[object, tuple[list[dict[str, Any]], dict[str, Any]]] = {}
     for messages, kwargs in probes:
-        shaped, shape = _stood_in(messages, [])
+        shaped, shape = _stood_in_messages(messages, [])
         shapes.setdefault((shape, tuple(sorted(kwargs.items()))), (shaped, kwargs))
     return (*probes, *shapes.values())
 
