@@ -79,8 +79,8 @@ class ModelTokens:
         plain = [text for text in texts if type(text) is str]
         counts = iter([len(encoding) for encoding in
                        self.tokenizer.encode_batch_fast(plain, add_special_tokens=False)])
-        prompts = [text for text in texts if type(text) is not str]
-        prompt_counts = iter(map(len, self.encode_prompts(prompts)))  # type: ignore[arg-type]
+        prompts = [text for text in texts if isinstance(text, ChatPrompt)]
+        prompt_counts = iter(map(len, self.encode_prompts(prompts)))
         return [next(counts) if type(text) is str else next(prompt_counts) for text in texts]
 
     @cached_property
