@@ -15,6 +15,12 @@ for such a tokenizer, and for any whose piecewise counts differ from its whole c
 probe corpus: the caller then counts whole texts. Exactness is held by
 tests/unit/test_token_pieces.py on the local checkpoints.
 
+A chat prompt (inference.chat_template.ChatPrompt) is counted as the engine encodes it, part
+by part: its scaffolding (the same few strings for every row of one layout, counted once per
+layout, cut at added tokens as above) plus each content piece's count as text, by the
+content tokenizer (no added tokens), from a memo of its own: `<|im_end|>` is one token in
+the scaffolding and several in content.
+
 One PieceCounts per file checked (JobContext), never shared: its memo is that file's. It
 remembers only short pieces, and only so many characters of them: a file of unique long
 messages would otherwise keep its whole text (several times its size) in the estimate's
