@@ -255,7 +255,8 @@ class CountPlan(Protocol):
 class _WholeCount:
     """A counter without steps: all of it in `encode`."""
 
-    def __init__(self, count: Callable[[list[str]], list[int]], texts: list[str]) -> None:
+    def __init__(self, count: Callable[[list[Counted]], list[int]],
+                 texts: list[Counted]) -> None:
         self._count, self._texts = count, texts
 
     def encode(self) -> list[int]:
