@@ -11,13 +11,26 @@ turns, the thinking kwargs, awkward strings, text parts, tool calls) comes out b
 as Jinja's, refusals included; otherwise Jinja alone (ChatTemplate.engine_name says which).
 At render time a minijinja error never decides: Jinja renders the row again, so a row is
 refused only where Jinja refuses it, with Jinja's own error.
+
+What a row's prompt is made of (ChatTemplate.prompt, docs/output-format.md "Special tokens in
+content"): the template's own text (scaffolding: role headers, turn markers, the generation
+prompt), where its markup is the model's special tokens, and the conversation's strings
+(content), which are always text. The template never sees a content string: it renders the
+messages with each string replaced by a stand-in, and the rendered text is cut at the
+stand-ins. So `<|im_end|>` in a message is the text `<|im_end|>`, never a turn's end, and
+nothing the template decides (where a trace opens, what it strips) reads a customer's
+string. Since the rendering then depends only on the conversation's shape (its roles, its
+keys, which strings are empty) and the kwargs, it is remembered per shape: a file of rows
+of one shape renders once.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from functools import cache, partial
 from pathlib import Path
@@ -41,6 +54,85 @@ RENDERING_ARGUMENTS = frozenset({
     "messages",
 })
 
+# A content string's stand-in: its number between two Unicode noncharacters (reserved for a
+# program's internal use, so no template's text carries them).
+_OPEN, _CLOSE = "\ufdd0", "\ufdd1"
+_STAND_IN = re.compile(f"{_OPEN}([0-9]+){_CLOSE}")
+# The keys whose string values a template compares with its own words ("user", "text",
+# "function") rather than prints: these stay as they are, when they look like such a word.
+_STRUCTURAL = frozenset({"role", "type"})
+# A dict key (or a structural value) a template could name: kept as it is. Any other key
+# (one holding `<`, `|`, `[`...) stands in like a value, as it is data to the template.
+_NAME = re.compile(r"[A-Za-z0-9_.\- ]*")
+# Shapes remembered per template (each a few short strings); emptied when full.
+LAYOUTS_MAX = 4096
+
+
+class _Slot:
+    """A stand-in's place in a conversation's shape (the memo's key)."""
+
+
+_SLOT = _Slot()
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PromptLayout:
+    """A rendered conversation shape: the template's text around the stand-ins
+    (`scaffolding`, one more than the gaps) and which string fills each gap (`slots`, an
+    index into the conversation's strings: a string may be printed twice or not at all).
+    Compared by identity: one object per shape in a template's memo, so a counter may
+    remember what its scaffolding counts."""
+
+    scaffolding: tuple[str, ...]
+    slots: tuple[int, ...]
+
+    def opens_trace(self, open_marker: str, close_marker: str) -> bool:
+        """The template's own text leaves a trace open: its last `open_marker` comes after
+        its last `close_marker`. Read off the scaffolding alone, never off content."""
+        opened = closed = (-1, -1)
+        for at, segment in enumerate(self.scaffolding):
+            start, end = segment.rfind(open_marker), segment.rfind(close_marker)
+            if start >= 0:
+                opened = (at, start)
+            if end >= 0:
+                closed = (at, end)
+        return opened > closed
+
+
+@dataclass(frozen=True, slots=True)
+class ChatPrompt:
+    """A row's prompt: its layout, and the conversation's strings that fill it. `parts`
+    alternate scaffolding and content (scaffolding first and last); the engine encodes
+    the scaffolding with the model's special tokens and the content as plain text
+    (inference.tokens.ModelTokens.encode_prompts), and the row checker counts it so."""
+
+    layout: PromptLayout
+    strings: tuple[str, ...]
+
+    @property
+    def content(self) -> list[str]:
+        strings = self.strings
+        return [strings[slot] for slot in self.layout.slots]
+
+    @property
+    def parts(self) -> list[str]:
+        parts = [self.layout.scaffolding[0]]
+        for text, segment in zip(self.content, self.layout.scaffolding[1:], strict=True):
+            parts += (text, segment)
+        return parts
+
+    @property
+    def text(self) -> str:
+        """The prompt as one text (what a reader sees; never what is encoded)."""
+        return "".join(self.parts)
+
+    @property
+    def chars(self) -> int:
+        return sum(map(len, self.layout.scaffolding)) + sum(map(len, self.content))
+
+    def opens_trace(self, open_marker: str, close_marker: str) -> bool:
+        return self.layout.opens_trace(open_marker, close_marker)
+
 
 class ChatTemplate:
     """A checkpoint's chat template, compiled once: by transformers' own sandboxed Jinja
@@ -52,6 +144,12 @@ class ChatTemplate:
 
         self._template = _compile_jinja_template(source)
         self._special = special_tokens
+        # Each conversation shape's layout (prompt). A template that reads the clock
+        # renders anew each time; one whose own text holds the stand-in markers renders no
+        # prompt at all (it could not be cut safely).
+        self._layouts: dict[object, PromptLayout] = {}
+        self._remembers = "strftime_now" not in source
+        self._marked = _OPEN in source or _CLOSE in source
         self._fast = _fast_compiled(source)
         if self._fast is not None and not self._agrees_on_probes(self._fast):
             self._fast = None
@@ -82,6 +180,40 @@ class ChatTemplate:
         own = {key: value for key, value in kwargs.items()
                if key.isidentifier() and key not in RENDERING_ARGUMENTS}
         return self._render(messages, {**self._special, **own})
+
+    def prompt(self, messages: list[dict[str, Any]], kwargs: dict[str, Any]) -> ChatPrompt:
+        """The row's prompt as scaffolding and content (ChatPrompt): the template rendered
+        over the messages with every string a stand-in, cut at the stand-ins. Raises
+        whatever the template raises, and ValueError where the template altered a
+        stand-in (sliced, escaped or re-cased it), which no prompt can be cut from."""
+        strings: list[str] = []
+        shaped, shape = _stood_in_messages(messages, strings)
+        own = {key: value for key, value in kwargs.items()
+               if key.isidentifier() and key not in RENDERING_ARGUMENTS}
+        key: object = None
+        if self._remembers:
+            try:
+                key = (shape, tuple(sorted(own.items())))
+                layout = self._layouts.get(key)
+            except TypeError:  # an unhashable kwarg: rendered, not remembered
+                key = layout = None
+            if layout is not None:
+                return ChatPrompt(layout, tuple(strings))
+        layout = self._layout(self._render(shaped, {**self._special, **own}), len(strings))
+        if key is not None:
+            if len(self._layouts) >= LAYOUTS_MAX:
+                self._layouts.clear()
+            self._layouts[key] = layout
+        return ChatPrompt(layout, tuple(strings))
+
+    def _layout(self, rendered: str, strings: int) -> PromptLayout:
+        cut = _STAND_IN.split(rendered)
+        scaffolding, slots = tuple(cut[::2]), tuple(map(int, cut[1::2]))
+        if self._marked or any(_OPEN in segment or _CLOSE in segment for segment in scaffolding) \
+                or any(slot >= strings for slot in slots):
+            raise ValueError("the chat template altered a message's text where it should "
+                             "print it whole")
+        return PromptLayout(scaffolding, slots)
 
     def _render(self, messages: list[dict[str, Any]], variables: dict[str, Any]) -> str:
         if self._fast is not None:
@@ -119,6 +251,73 @@ class ChatTemplate:
                         "probes Jinja renders", retried, rendered)
             return False
         return True
+
+
+def _stood_in_messages(messages: Any, strings: list[str]) -> tuple[Any, Any]:
+    """_stood_in over a list of messages, the common message (a role and a string content,
+    nothing else) taken without the general walk: the row checker renders every row."""
+    if type(messages) is not list:
+        return _stood_in(messages, strings)
+    shaped: list[Any] = []
+    shape: list[Any] = ["messages"]
+    for message in messages:
+        if type(message) is dict and len(message) == 2:
+            role, content = message.get("role"), message.get("content")
+            if type(role) is str and type(content) is str and _named(role):
+                keys = tuple(message)
+                if content:
+                    strings.append(content)
+                    content = f"{_OPEN}{len(strings) - 1}{_CLOSE}"
+                shaped.append({"role": role, "content": content} if keys[0] == "role"
+                              else {"content": content, "role": role})
+                shape.append((keys, role, bool(content)))
+                continue
+        item, inner = _stood_in(message, strings)
+        shaped.append(item)
+        shape.append(inner)
+    return shaped, tuple(shape)
+
+
+def _named(text: str) -> bool:
+    """Whether text looks like a name a template uses (_NAME), remembered: the few role
+    words and keys of a file come back on every row."""
+    known = _NAMES.get(text)
+    if known is None:
+        known = _NAME.fullmatch(text) is not None
+        if len(_NAMES) < 4096:
+            _NAMES[text] = known
+    return known
+
+
+_NAMES: dict[str, bool] = {}
+
+
+def _stood_in(value: Any, strings: list[str], structural: bool = False) -> tuple[Any, Any]:
+    """The value with every string a numbered stand-in (appended to `strings`), and its
+    shape (hashable: what the rendering depends on). Kept as they are: empty strings (a
+    template tests them), a role's or a type's value that looks like a word (a template
+    compares them), dict keys that look like names (a template looks them up), numbers,
+    booleans and nulls."""
+    kind = type(value)
+    if kind is str:
+        if not value or (structural and _named(value)):
+            return value, value
+        strings.append(value)
+        return f"{_OPEN}{len(strings) - 1}{_CLOSE}", _SLOT
+    if kind is dict:
+        shaped: dict[Any, Any] = {}
+        shape: list[Any] = []
+        for key, item in value.items():
+            name = key if type(key) is str and _named(key) else None
+            if name is None:
+                name, _ = _stood_in(str(key), strings)
+            shaped[name], inner = _stood_in(item, strings, key in _STRUCTURAL)
+            shape.append((name if name == key else _SLOT, inner))
+        return shaped, ("{", *shape)
+    if kind is list or kind is tuple:
+        items = [_stood_in(item, strings) for item in value]
+        return [item for item, _ in items], ("[", *(inner for _, inner in items))
+    return value, (kind, value)
 
 
 # -- minijinja, set up as transformers sets up Jinja (chat_template_utils,
@@ -277,7 +476,13 @@ def _probes() -> tuple[tuple[list[dict[str, Any]], dict[str, Any]], ...]:
              "name": "weather"},
         ]
         probes.extend((messages, kwargs) for kwargs in _PROBE_KWARGS)
-    return tuple(probes)
+    # And each as the prompts are rendered (ChatTemplate.prompt): with stand-ins, every
+    # shape once.
+    shapes: dict[object, tuple[list[dict[str, Any]], dict[str, Any]]] = {}
+    for messages, kwargs in probes:
+        shaped, shape = _stood_in_messages(messages, [])
+        shapes.setdefault((shape, tuple(sorted(kwargs.items()))), (shaped, kwargs))
+    return (*probes, *shapes.values())
 
 
 def _token_text(value: object) -> str | None:

@@ -15,6 +15,12 @@ for such a tokenizer, and for any whose piecewise counts differ from its whole c
 probe corpus: the caller then counts whole texts. Exactness is held by
 tests/unit/test_token_pieces.py on the local checkpoints.
 
+A chat prompt (inference.chat_template.ChatPrompt) is counted as the engine encodes it, part
+by part: its scaffolding (the same few strings for every row of one layout, counted once per
+layout, cut at added tokens as above) plus each content piece's count as text, by the
+content tokenizer (no added tokens), from a memo of its own: `<|im_end|>` is one token in
+the scaffolding and several in content.
+
 One PieceCounts per file checked (JobContext), never shared: its memo is that file's. It
 remembers only short pieces, and only so many characters of them: a file of unique long
 messages would otherwise keep its whole text (several times its size) in the estimate's
@@ -26,10 +32,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Sequence
-from itertools import chain
 
 import numpy as np
 from tokenizers import Tokenizer
+
+from inference.chat_template import ChatPrompt, PromptLayout
 
 # The memo is emptied when it holds this many pieces, or this many characters of them (a
 # file's repeated pieces come back at once; its unique ones would otherwise pile up): at
@@ -55,13 +62,22 @@ _PROBES = (
 
 class PieceCounts:
     """Token counts of texts, each text's pieces between added tokens counted once per
-    file."""
+    file; and of chat prompts (inference.chat_template.ChatPrompt), their scaffolding so
+    and their content pieces, as text, with the content tokenizer (inference.tokens)."""
 
-    def __init__(self, tokenizer: Tokenizer, split: Callable[[str], list[str]]) -> None:
+    def __init__(self, tokenizer: Tokenizer, split: Callable[[str], list[str]],
+                 content_tokenizer: Tokenizer | None = None) -> None:
         self._tokenizer = tokenizer
+        self._content_tokenizer = content_tokenizer
         self._split = split
         self._memo: dict[str, int] = {"": 0}
         self._memo_chars = 0
+        # Content pieces count differently ("<|im_end|>" is one token in the scaffolding,
+        # several in content): a memo of their own, bounded alike.
+        self._content_memo: dict[str, int] = {"": 0}
+        self._content_chars = 0
+        # Each prompt layout's scaffolding count (a file has a handful of layouts).
+        self._layouts: dict[PromptLayout, int] = {}
 
     @classmethod
     def splitter(cls, tokenizer: Tokenizer) -> Callable[[str], list[str]] | None:
@@ -77,33 +93,69 @@ class PieceCounts:
                  tokenizer.encode_batch_fast(probes, add_special_tokens=False)]
         return split if cls(tokenizer, split).count_batch(probes) == whole else None
 
-    def count_batch(self, texts: Sequence[str]) -> list[int]:
-        """Each text's count, exactly as the tokenizer counts it whole."""
+    def count_batch(self, texts: Sequence[str | ChatPrompt]) -> list[int]:
+        """Each text's count, exactly as the tokenizer counts it whole; each chat prompt's
+        as ModelTokens.encode_prompts encodes it."""
         plan = self.plan(texts)
         return plan.finish(plan.encode())
 
-    def plan(self, texts: Sequence[str]) -> PiecePlan:
+    def plan(self, texts: Sequence[str | ChatPrompt]) -> PiecePlan:
         """The count of texts in steps (PiecePlan), so that the tokenizing may run on
         another thread while this one goes on."""
-        pieces = list(map(self._split, texts))
-        flat = list(chain.from_iterable(pieces))
+        split, layouts = self._split, self._layouts
+        flat: list[str] = []  # pieces between added tokens, counted by the tokenizer
+        flat_owners: list[int] = []
+        content: list[str] = []  # content pieces, counted by the content tokenizer
+        content_owners: list[int] = []
+        fixed = np.zeros(len(texts), np.int64)  # added tokens cut out, known scaffolding
+        for at, text in enumerate(texts):
+            if type(text) is str:
+                pieces = split(text)
+                flat += pieces
+                flat_owners += [at] * len(pieces)
+                fixed[at] = len(pieces) - 1  # n pieces are cut by n - 1 added tokens
+            else:
+                assert isinstance(text, ChatPrompt)
+                layout = text.layout
+                framing = layouts.get(layout)
+                if framing is None:
+                    framing = layouts[layout] = sum(self.count_batch(list(layout.scaffolding)))
+                fixed[at] = framing
+                pieces = text.content
+                content += pieces
+                content_owners += [at] * len(pieces)
         looked = list(map(self._memo.get, flat))
         new = list({piece for piece, count in zip(flat, looked, strict=True) if count is None})
-        return PiecePlan(self, new, flat, looked,
-                         np.fromiter(map(len, pieces), np.int64, len(pieces)))
+        content_looked = list(map(self._content_memo.get, content))
+        content_new = list({piece for piece, count in zip(content, content_looked, strict=True)
+                            if count is None})
+        return PiecePlan(self, (new, flat, looked, flat_owners),
+                         (content_new, content, content_looked, content_owners), fixed)
 
-    def _learn(self, counted: dict[str, int]) -> None:
-        memo = self._memo
-        for piece, count in counted.items():
-            size = len(piece)
-            if size > MEMO_PIECE_CHARS:
-                continue
-            if len(memo) >= MEMO_PIECES or self._memo_chars + size > MEMO_CHARS:
-                memo.clear()
-                memo[""] = 0
-                self._memo_chars = 0
-            memo[piece] = count
-            self._memo_chars += size
+    def _learn(self, counted: dict[str, int], content: dict[str, int]) -> None:
+        self._memo_chars = _remember(self._memo, self._memo_chars, counted)
+        self._content_chars = _remember(self._content_memo, self._content_chars, content)
+
+
+def _remember(memo: dict[str, int], chars: int, counted: dict[str, int]) -> int:
+    """The memo with the short pieces of `counted` learnt, emptied whenever it would hold
+    too many pieces or characters; the characters it then holds."""
+    for piece, count in counted.items():
+        size = len(piece)
+        if size > MEMO_PIECE_CHARS:
+            continue
+        if len(memo) >= MEMO_PIECES or chars + size > MEMO_CHARS:
+            memo.clear()
+            memo[""] = 0
+            chars = 0
+        memo[piece] = count
+        chars += size
+    return chars
+
+
+# A plan's pieces of one kind: those not yet counted, all of them in order, what the memo
+# knew of each (None: not known), and which text each belongs to.
+_Pieces = tuple[list[str], list[str], list["int | None"], list[int]]
 
 
 class PiecePlan:
@@ -112,38 +164,52 @@ class PiecePlan:
     state, so on any thread), finished (`finish`, back on the planning thread: each text's
     sum, and the memo learns the new pieces)."""
 
-    __slots__ = ("_flat", "_looked", "_owner", "_sizes", "new")
+    __slots__ = ("_content", "_fixed", "_owner", "_pieces", "new")
 
-    def __init__(self, owner: PieceCounts, new: list[str], flat: list[str],
-                 looked: list[int | None], sizes: np.ndarray) -> None:
+    def __init__(self, owner: PieceCounts, pieces: _Pieces, content: _Pieces,
+                 fixed: np.ndarray) -> None:
         self._owner = owner
-        self.new = new
-        self._flat = flat
-        self._looked = looked
-        self._sizes = sizes
+        self._pieces = pieces
+        self._content = content
+        self._fixed = fixed
+        self.new = pieces[0] + content[0]
 
     def encode(self) -> list[int]:
-        """The new pieces' counts (the Rust tokenizer, without the GIL)."""
-        if not self.new:
-            return []
-        return [len(encoding) for encoding in self._owner._tokenizer.encode_batch_fast(
-            self.new, add_special_tokens=False)]
+        """The new pieces' counts (the Rust tokenizer, without the GIL): the plain ones,
+        then the content ones."""
+        owner, new, content_new = self._owner, self._pieces[0], self._content[0]
+        counts = [len(encoding) for encoding in owner._tokenizer.encode_batch_fast(
+            new, add_special_tokens=False)] if new else []
+        if content_new:
+            assert owner._content_tokenizer is not None, "chat prompts need the content tokenizer"
+            counts += [len(encoding) for encoding in owner._content_tokenizer.encode_batch_fast(
+                content_new, add_special_tokens=False)]
+        return counts
 
     def finish(self, counts: list[int]) -> list[int]:
         """Each text's count, given `encode`'s answer."""
-        sizes = self._sizes
-        if not len(sizes):
+        size = len(self._fixed)
+        if not size:
             return []
-        counted = dict(zip(self.new, counts, strict=True))
-        per_piece = np.fromiter(
-            (known if known is not None else counted[piece]
-             for piece, known in zip(self._flat, self._looked, strict=True)),
-            np.int64, len(self._flat))
-        self._owner._learn(counted)
-        starts = np.zeros(len(sizes), np.int64)
-        np.cumsum(sizes[:-1], out=starts[1:])
-        # n pieces are cut by n - 1 added tokens, one token each.
-        return (np.add.reduceat(per_piece, starts) + sizes - 1).tolist()  # type: ignore[no-any-return]
+        new, content_new = self._pieces[0], self._content[0]
+        counted = dict(zip(new, counts[:len(new)], strict=True))
+        content_counted = dict(zip(content_new, counts[len(new):], strict=True))
+        totals = self._fixed + _summed(self._pieces, counted, size) \
+            + _summed(self._content, content_counted, size)
+        self._owner._learn(counted, content_counted)
+        return totals.tolist()  # type: ignore[no-any-return]
+
+
+def _summed(pieces: _Pieces, counted: dict[str, int], size: int) -> np.ndarray:
+    """Each text's sum of its pieces' counts (a text may have none)."""
+    _, flat, looked, owners = pieces
+    if not flat:
+        return np.zeros(size, np.int64)
+    per_piece = np.fromiter(
+        (known if known is not None else counted[piece]
+         for piece, known in zip(flat, looked, strict=True)), np.int64, len(flat))
+    return np.bincount(np.array(owners, np.int64), weights=per_piece,
+                       minlength=size).astype(np.int64)
 
 
 def _cut_tokens(tokenizer: Tokenizer) -> list[object]:

@@ -2,20 +2,25 @@
 
 Each row's prompt is rendered here with the checkpoint's own chat template and that row's
 chat_template_kwargs (vLLM's LLM.chat takes one set of kwargs for a whole call, and rows
-differ: thinking on or off, effort) by inference.chat_template.ChatTemplate, the function the
-estimate counts with, and the chunk's prompts are encoded in one batch. The rows then join
-the engine's running batch through its feed (feed.py), beside the rows of the worker's
-other chunks. A row the engine refuses fails alone:
+differ: thinking on or off, effort) by inference.chat_template.ChatTemplate.prompt, the
+function the estimate counts with, and the chunk's prompts are encoded in one batch: the
+template's scaffolding with the model's special tokens, the messages' text as text
+(inference.tokens.ModelTokens.encode_prompts), so `<|im_end|>` or `</think>` in a message
+is never the model's token. vLLM gets the ids (prompt_token_ids) and tokenizes nothing. The
+rows then join the engine's running batch through its feed (feed.py), beside the rows of
+the worker's other chunks. A row the engine refuses fails alone:
 - its prompt leaves no room to answer in the context: refused before anything runs;
 - its response_format cannot be compiled into a grammar (vLLM refuses it as the request is
   added): that request alone is refused, every other row still runs.
 
 Thinking (output-format.txt): the checkpoint's template opens the trace of a thinking row
-(Qwen3's `<think>`), so everything generated until `</think>` is reasoning and goes to
-`reasoning`; what follows is `content`. The reasoning budget closes a trace that reaches it
-with a notice (budget.py). A response_format is enforced by vLLM's structured outputs from
-the end of the trace on: with a reasoning parser configured, vLLM 0.32 starts the grammar
-only once the parser sees `</think>` (in the prompt for a row whose thinking is off).
+(Qwen3's `<think>`, read off the template's own text, never off a message), so everything
+generated until `</think>` is reasoning and goes to `reasoning`; what follows is `content`.
+The reasoning budget closes a trace that reaches it with a notice (budget.py). A
+response_format is enforced by vLLM's structured outputs from the end of the trace on: with
+a reasoning parser configured, vLLM 0.32 starts the grammar only once the parser sees
+`</think>` (in the prompt for a row whose thinking is off: the template's, as no message's
+text is ever that token).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inference.chat_template import RENDERING_ARGUMENTS
+from inference.chat_template import ChatPrompt
 from inference.engines.runtime import feed_of, llm_load
 from inference.engines.thinking import thinking_args
 from inference.engines.types import (
@@ -70,8 +75,14 @@ class ChatEngine:
         self.load_seconds = loaded.seconds
         self.feed = feed_of(loaded)
         self.tokenizer = self.llm.get_tokenizer()
-        # The template and tokenizer the estimate counts with (inference/tokens.py).
-        self.tokens = checkpoint_tokens(checkpoint.resolve())
+        # The template and tokenizer the estimate counts with (inference/tokens.py): a row's
+        # prompt is rendered and encoded by nothing else.
+        tokens = checkpoint_tokens(checkpoint.resolve())
+        if tokens is None or tokens.template is None:
+            raise RuntimeError(f"checkpoint {checkpoint} has no tokenizer.json and chat "
+                               "template: its rows could be neither counted nor encoded")
+        self.tokens = tokens
+        self.template = tokens.template
         # The context a row is served in: the catalog's, within what the engine was built
         # with (it may be shared with another model id on the same checkpoint).
         self.context_tokens = min(context_tokens, int(self.llm.model_config.max_model_len))
@@ -100,21 +111,21 @@ class ChatEngine:
         """Every row rendered once, its prompt encoded in one batch with the chunk's others,
         then all of them through the engine's feed beside whatever else is running."""
         outcomes: list[ChatOutcome | None] = [None] * len(rows)
-        texts: list[str] = []
+        prompts: list[ChatPrompt] = []
         rendered: list[int] = []
         for index, row in enumerate(rows):
             try:
-                texts.append(self._render(row))
+                prompts.append(self._render(row))
             except RowRefused as refused:
                 outcomes[index] = ChatOutcome.failed(refused.error)
                 continue
             rendered.append(index)
         prepared: list[_Prepared] = []
         shared: dict[int, Any] = {}  # rows with the same plain settings share their params
-        for index, text, prompt in zip(rendered, texts, self._encode_batch(texts),
-                                       strict=True):
+        for index, prompt, ids in zip(rendered, prompts, self.tokens.encode_prompts(prompts),
+                                      strict=True):
             try:
-                prepared.append(self._prepare(index, rows[index], text, prompt, settings,
+                prepared.append(self._prepare(index, rows[index], prompt, ids, settings,
                                               shared))
             except RowRefused as refused:
                 outcomes[index] = ChatOutcome.failed(refused.error)
@@ -131,14 +142,9 @@ class ChatEngine:
         assert all(outcome is not None for outcome in outcomes)
         return [outcome for outcome in outcomes if outcome is not None]
 
-    def _encode_batch(self, texts: list[str]) -> list[list[int]]:
-        if self.tokens is not None:
-            return self.tokens.encode_batch(texts)
-        return [self._encode(text) for text in texts]
-
     # -- one row ----------------------------------------------------------------------------
 
-    def _prepare(self, index: int, row: ChatRow, text: str, prompt: list[int],
+    def _prepare(self, index: int, row: ChatRow, rendered: ChatPrompt, prompt: list[int],
                  settings: ChatSettings, shared: dict[int, Any]) -> _Prepared:
         from vllm import SamplingParams
 
@@ -149,7 +155,7 @@ class ChatEngine:
                 f"output in the {self.context_tokens:,}-token context of model "
                 f"'{self.model_id}'. Shorten or split this row.",
                 code="context_length_exceeded", param="messages"))
-        thinking = self._opens_trace(text)
+        thinking = self._opens_trace(rendered)
         response_format = _structured(row.response_format)
         extra_args = None
         if thinking and settings.reasoning_budget and self.open_id is not None \
@@ -186,30 +192,24 @@ class ChatEngine:
                         f"model '{self.model_id}' reads text only; this row carries a "
                         f"{kind!r} content part", param="messages"))
 
-    def _render(self, row: ChatRow) -> str:
-        """The row's prompt text: the checkpoint's template under the row's kwargs, by the
-        very function the estimate counts with (inference.chat_template.ChatTemplate)."""
+    def _render(self, row: ChatRow) -> ChatPrompt:
+        """The row's prompt: the checkpoint's template under the row's kwargs, by the very
+        function the estimate counts with (inference.chat_template.ChatTemplate.prompt)."""
         self._check_parts(row)
-        kwargs = row.chat_template_kwargs or {}
         try:
-            if self.tokens is not None and self.tokens.template is not None:
-                return self.tokens.template.render(row.messages, kwargs)
-            # The row's kwargs reach the template; none may stand in for a rendering argument.
-            own = {key: value for key, value in kwargs.items()
-                   if key.isidentifier() and key not in RENDERING_ARGUMENTS}
-            return str(self.tokenizer.apply_chat_template(
-                row.messages, tokenize=False, add_generation_prompt=True, **own))
+            return self.template.prompt(row.messages, row.chat_template_kwargs or {})
         except Exception as error:
             raise RowRefused(RowError.invalid_request(
                 f"The chat template of model '{self.model_id}' could not render this row's "
                 f"messages: {error}", param="messages")) from error
 
-    def _opens_trace(self, text: str) -> bool:
+    def _opens_trace(self, prompt: ChatPrompt) -> bool:
         """The template left a trace open: the row thinks (chat_template_kwargs decided).
-        Read off the text: both markers are single special tokens of the checkpoint."""
+        Read off the template's own text (both markers are single tokens of the
+        checkpoint there), never off a message's, which is text and opens nothing."""
         if self.open_id is None:
             return False
-        return text.rfind(THINK_OPEN) > text.rfind(THINK_CLOSE)
+        return prompt.opens_trace(THINK_OPEN, THINK_CLOSE)
 
     def _outcome(self, item: _Prepared, output: Any) -> ChatOutcome:
         completion = output.outputs[0]

@@ -4,8 +4,11 @@ probability per option and no generated text (the reference's "Decision jobs" an
 
 How a question is answered: the text, then the question and its options each behind a
 one-token label (A, B, …), are rendered through the checkpoint's chat template with
-thinking off; the model's next-token log-probabilities of the labels, renormalised over the
-labels, are the option probabilities. Every question of every row of a chunk is one prompt
+thinking off, and encoded as a chat row's prompt is (inference.tokens.ModelTokens
+.encode_prompts: the template's markup as special tokens, the text and the question as text,
+so a text holding `<|im_end|>` cannot end its turn); the model's next-token
+log-probabilities of the labels, renormalised over the labels, are the option
+probabilities. Every question of every row of a chunk is one prompt
 of one engine run through the checkpoint's feed (feed.py; max_tokens=1, logprob_token_ids =
 the labels): nothing is generated that anyone reads. The text comes first in each prompt,
 so a row's questions share their prefix and prefix caching reads the text once.
@@ -34,6 +37,7 @@ from inference.engines.feed import EngineFeed
 from inference.engines.runtime import feed_of, llm_load
 from inference.engines.types import DecisionOutcome, DecisionRow, RowError, RowRefused
 from inference.rows.decisions import answer_described, question_text, state_text
+from inference.tokens import ModelTokens, checkpoint_tokens
 
 ENGLISH = "english"
 MULTILINGUAL = "multilingual"
@@ -72,6 +76,7 @@ class _Reader:
     llm: Any
     feed: EngineFeed  # shared with the chat engine on the same checkpoint (feed.py)
     tokenizer: Any
+    tokens: ModelTokens  # its template and the encoders a chat row's prompt is encoded with
     labels: list[tuple[str, int]]
     max_model_len: int
 
@@ -103,12 +108,17 @@ class DecisionEngine:
                           reasoning_parser="qwen3")
         self.load_seconds += loaded.seconds
         tokenizer = loaded.llm.get_tokenizer()
+        tokens = checkpoint_tokens(path)
+        if tokens is None or tokens.template is None:
+            raise RuntimeError(f"checkpoint {path} has no tokenizer.json and chat template: "
+                               "its prompts could not be encoded")
         labels = []
         for label in LABELS:
             ids = tokenizer.encode(label, add_special_tokens=False)
             if len(ids) == 1:
                 labels.append((label, int(ids[0])))
-        return _Reader(llm=loaded.llm, feed=feed_of(loaded), tokenizer=tokenizer, labels=labels,
+        return _Reader(llm=loaded.llm, feed=feed_of(loaded), tokenizer=tokenizer, tokens=tokens,
+                       labels=labels,
                        max_model_len=int(loaded.llm.model_config.max_model_len))
 
     # -- the chunk --------------------------------------------------------------------------
@@ -180,10 +190,7 @@ class DecisionEngine:
 
     def _text_read(self, text: str, reader: _Reader) -> str:
         """The text cut to the model's context (the reference: a longer text is cut)."""
-        ids = reader.tokenizer.encode(text, add_special_tokens=False)
-        if len(ids) <= self.context_tokens:
-            return text
-        return str(reader.tokenizer.decode(ids[:self.context_tokens]))
+        return self._cut(text, self.context_tokens, reader)
 
     def _questions(self, row: DecisionRow, reader: _Reader) -> list[_Question]:
         if not isinstance(row.questions, dict) or not row.questions:
@@ -270,15 +277,17 @@ class DecisionEngine:
         return texts
 
     def _cut(self, text: str, tokens: int, reader: _Reader) -> str:
-        ids = reader.tokenizer.encode(text, add_special_tokens=False)
+        """The text's first `tokens` tokens, counted as the prompt encodes it (as text)."""
+        ids = reader.tokens.content_tokenizer.encode(text, add_special_tokens=False).ids
         return text if len(ids) <= tokens else str(reader.tokenizer.decode(ids[:tokens]))
 
     def _prompt(self, text: str, question: _Question, reader: _Reader) -> list[int]:
         messages = question_messages(text, question.instructions, list(zip(
             [label for label, _ in reader.labels], question.texts, strict=False)))
-        rendered = reader.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True, enable_thinking=False)
-        ids = list(reader.tokenizer.encode(str(rendered), add_special_tokens=False))
+        template = reader.tokens.template
+        assert template is not None  # _reader loads none without one
+        [ids] = reader.tokens.encode_prompts([template.prompt(messages,
+                                                              {"enable_thinking": False})])
         if len(ids) >= reader.max_model_len:
             raise RowRefused(RowError.invalid_request(
                 f"Question '{question.name}' does not fit the model's context with its text.",

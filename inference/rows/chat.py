@@ -9,7 +9,15 @@ is ignored, not refused.
 from __future__ import annotations
 
 from inference.response_format import response_format_problem
-from inference.rows.core import ZERO, JobContext, RowCost, RowRef, fit_check, listing
+from inference.rows.core import (
+    ZERO,
+    Counted,
+    JobContext,
+    RowCost,
+    RowRef,
+    fit_check,
+    listing,
+)
 from inference.rows.media import Media, parts_check, row_context
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -105,15 +113,17 @@ def chat_cost(messages: object, *, job: JobContext, row: RowRef,
     for text in texts:
         if len(text) > short:
             job.length_check(text)  # a string too long for any context is refused unread
+    counted: list[Counted] = [*texts]
     if not media:
         prompt = job.chat_prompt(messages, kwargs or {})
         if prompt is not None:  # exact: the engine's own prompt, template tokens and all
-            job.length_check(prompt)
-            texts, text_tokens = [prompt], 0
+            if prompt.chars > short:
+                job.length_check(prompt.text)
+            counted, text_tokens = [prompt], 0
         if job.deferring:  # counted with the file's next batch (CountBatch)
             return RowCost(text_tokens=text_tokens, context_limit=job.model.context_tokens,
-                           uncounted=texts)
-    text_tokens += sum(job.count_batch(texts)) if texts else 0
+                           uncounted=counted)
+    text_tokens += sum(job.count_batch(counted)) if counted else 0
     return row_fitted(text_tokens, media, job=job, row=row)
 
 

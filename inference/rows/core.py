@@ -11,6 +11,7 @@ from decimal import Decimal
 from typing import Protocol
 
 from inference.catalog import CatalogLimits, CatalogModel, catalog_limits, model_get
+from inference.chat_template import ChatPrompt
 from inference.pricing import Usage
 from inference.token_pieces import PieceCounts
 
@@ -40,6 +41,8 @@ INLINE_ITEMS_PER_ROW = {"image": 4, "audio": 1, "video": 1}
 MAX_TOKEN_BYTES = 128
 
 CountTokens = Callable[[str], int]
+# What is counted: a text, or a chat prompt (scaffolding and content, inference.tokens).
+Counted = str | ChatPrompt
 # Rows whose text is counted together, in one call into the tokenizer (encode_batch_fast).
 COUNT_BATCH_ROWS = 1024
 ProbeContentType = Callable[[str], str | None]
@@ -196,7 +199,7 @@ class RowCost:
     questions: int = 0
     # Text-only rows checked by a file validator: texts whose tokens join text_tokens when
     # the next batch is counted (CountBatch), and only then is the row's fit checked.
-    uncounted: list[str] | None = None
+    uncounted: list[Counted] | None = None
 
     @property
     def input_tokens(self) -> int:
@@ -252,7 +255,8 @@ class CountPlan(Protocol):
 class _WholeCount:
     """A counter without steps: all of it in `encode`."""
 
-    def __init__(self, count: Callable[[list[str]], list[int]], texts: list[str]) -> None:
+    def __init__(self, count: Callable[[list[Counted]], list[int]],
+                 texts: list[Counted]) -> None:
         self._count, self._texts = count, texts
 
     def encode(self) -> list[int]:
@@ -286,7 +290,7 @@ class JobContext:
         self._raw_count = count_tokens
         # The tokenizer's batch count and the chat engine's prompt, where the counter has
         # them (inference.tokens.ModelTokens); a plain callable counts one string at a time.
-        self._count_batch: Callable[[list[str]], list[int]] | None = getattr(
+        self._count_batch: Callable[[list[Counted]], list[int]] | None = getattr(
             count_tokens, "count_batch", None)
         # This file's own piecewise counter, where the tokenizer's counts can be taken so
         # (inference.token_pieces): a repeated system prompt is tokenized once per file.
@@ -298,8 +302,8 @@ class JobContext:
         if self._pieces is not None:
             self._count_batch = self._pieces.count_batch
         self._chat_prompt: Callable[[list[dict[str, object]], dict[str, object]],
-                                    str | None] | None = getattr(count_tokens, "chat_prompt",
-                                                                 None)
+                                    ChatPrompt | None] | None = getattr(
+            count_tokens, "chat_prompt", None)
         # Set by the file validators, which count text-only rows a batch at a time; a
         # lone request (realtime) is counted as it is checked.
         self.deferring = False
@@ -330,14 +334,16 @@ class JobContext:
         self.length_check(text)
         return self._raw_count(text)
 
-    def count_batch(self, texts: list[str]) -> list[int]:
+    def count_batch(self, texts: list[Counted]) -> list[int]:
         """Each text's count (already length-checked), in one tokenizer call where the
-        counter can."""
+        counter can (a chat prompt comes only from a counter that renders them, and
+        counts them too)."""
         if self._count_batch is not None:
             return self._count_batch(texts)
-        return [self._raw_count(text) for text in texts]
+        return [self._raw_count(text if isinstance(text, str) else text.text)
+                for text in texts]
 
-    def count_plan(self, texts: list[str]) -> CountPlan:
+    def count_plan(self, texts: list[Counted]) -> CountPlan:
         """count_batch in steps: `encode()` may run on another thread (it touches no
         Python state of this job), `finish(encoded)` back on this one gives the counts."""
         if self._pieces is not None:
@@ -345,9 +351,9 @@ class JobContext:
         return _WholeCount(self.count_batch, texts)
 
     def chat_prompt(self, messages: list[dict[str, object]],
-                    kwargs: dict[str, object]) -> str | None:
-        """The prompt text the chat engine will serve for these messages under these
-        template kwargs, by the engine's own function (inference.tokens); None without the
+                    kwargs: dict[str, object]) -> ChatPrompt | None:
+        """The prompt the chat engine will serve for these messages under these template
+        kwargs, by the engine's own function (inference.tokens); None without the
         checkpoint's template, or where the template refuses the messages (the engine then
         refuses the row alone when it is served)."""
         if self._chat_prompt is None:
@@ -428,7 +434,7 @@ class BlockCost:
 class PreparedRows(Protocol):
     """A block a fast lane has checked and not yet counted."""
 
-    texts: list[str]
+    texts: list[Counted]
 
     def cost(self, counts: list[int]) -> BlockCost | None:
         """The block's sums given each text's count; None when a row does not fit."""

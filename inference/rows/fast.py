@@ -25,7 +25,7 @@ import msgspec
 import numpy as np
 
 from inference.rows.chat import MESSAGE_TEMPLATE_TOKENS, ROLES, row_thinking, template_kwargs
-from inference.rows.core import CHAT, BlockCost, JobContext, RowRef, RowRejected
+from inference.rows.core import CHAT, BlockCost, Counted, JobContext, RowRef, RowRejected
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 assert set(Role.__args__) == set(ROLES)  # type: ignore[attr-defined]
@@ -130,23 +130,28 @@ class ChatFastRows:
             return None
         conversations = list(map(_MESSAGES, bodies))
         sizes = None
+        texts: list[Counted]
         if job.renders_chat:  # each row counted as the prompt the engine renders
-            texts = []
+            prompts = []
             for kwargs, messages in zip(map(_KWARGS, bodies), conversations, strict=True):
                 prompt = job.chat_prompt(
                     [{"role": message.role, "content": message.content}
                      for message in messages], settings[kwargs].kwargs)
                 if prompt is None:  # the template refuses it: counted line by line
                     return None
-                texts.append(prompt)
+                prompts.append(prompt)
+            # Measured whatever the block's size: a prompt carries the template's own text
+            # beside its content.
+            if max(prompt.chars for prompt in prompts) > job.unmeasured_chars:
+                return None
+            texts = [*prompts]
         else:  # each message's text, plus the template's few tokens around it
-            texts = list(map(_CONTENT, chain.from_iterable(conversations)))
+            plain = list(map(_CONTENT, chain.from_iterable(conversations)))
             sizes = np.fromiter(map(len, conversations), np.int64, len(conversations))
-        # A text no longer than the block itself needs no measuring (the rendered prompts
-        # carry the template's own text besides).
-        if (sizes is None or len(chunk) > job.unmeasured_chars) \
-                and max(map(len, texts)) > job.unmeasured_chars:
-            return None
+            # A text no longer than the block itself needs no measuring.
+            if len(chunk) > job.unmeasured_chars and max(map(len, plain)) > job.unmeasured_chars:
+                return None
+            texts = [*plain]
         thinking, efforts = 0, Counter[str]()
         for kwargs, rows in groups.items():
             setting = settings[kwargs]
@@ -176,7 +181,7 @@ class PreparedBlock:
 
     __slots__ = ("_cost", "_input_max", "_sizes", "texts")
 
-    def __init__(self, *, texts: list[str], sizes: np.ndarray | None, input_max: int,
+    def __init__(self, *, texts: list[Counted], sizes: np.ndarray | None, input_max: int,
                  cost: BlockCost) -> None:
         self.texts = texts
         self._sizes = sizes  # messages a row, where each message's text is counted
