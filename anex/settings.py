@@ -423,3 +423,8 @@ SESSION_COOKIE_HTTPONLY = True
 # DEBUG turns them off.
 SESSION_COOKIE_SECURE = not DEBUG
 CSRF_COOKIE_SECURE = not DEBUG
+
+# Security round 2 (issue 22 M4, M5; docs/decisions.md "Heavy free work" and "Roles and
+# offboarding"). Preflight checks one organization may have reading at once: each reads
+# and tokenizes a whole input, for free.
+ANEX_CHECKS_IN_FLIGHT = env.integer("ANEX_CHECKS_IN_FLIGHT", 3, minimum=1)

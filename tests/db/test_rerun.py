@@ -24,7 +24,7 @@ from jobs.constants import JobStatus
 from jobs.models import Chunk, Job
 from jobs.services.estimation import job_estimate
 from jobs.services.lifecycle import job_approve
-from jobs.services.rerun import merged_key
+from jobs.services.rerun import job_rerun_input, merged_key
 from jobs.services.rows import rows_read
 from jobs.services.running import chunk_run, job_finalize, job_start
 from jobs.storage import LocalRegionStorage, storage_for
@@ -87,8 +87,10 @@ def parent_done(organization: Organization, rows: int = 20, *, fmt: str = "jsonl
 
 
 def rerun(api: APIClient, job: Job, **body: Any) -> dict[str, Any]:
+    """POST the re-run, then derive the child's input as its job_rerun_input_task does."""
     response = api.post(f"{JOBS}/{job.pk}/rerun", body or None, format="json")
     assert response.status_code == 200, response.content
+    assert job_rerun_input(job_id=response.json()["id"]) is not None
     return response.json()  # type: ignore[no-any-return]
 
 
