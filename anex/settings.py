@@ -428,3 +428,10 @@ CSRF_COOKIE_SECURE = not DEBUG
 # offboarding"). Preflight checks one organization may have reading at once: each reads
 # and tokenizes a whole input, for free.
 ANEX_CHECKS_IN_FLIGHT = env.integer("ANEX_CHECKS_IN_FLIGHT", 3, minimum=1)
+# Active API keys one organization may hold: each has its own request rate.
+ANEX_API_KEYS_MAX = env.integer("ANEX_API_KEYS_MAX", 25, minimum=1)
+# Requests a minute one organization's keys may send together, beside each key's own rate
+# (ANEX_DEFAULT_RATE_LIMIT_PER_MINUTE): more keys do not make more rate.
+ANEX_ORG_RATE_LIMIT_PER_MINUTE = env.integer("ANEX_ORG_RATE_LIMIT_PER_MINUTE", 3000, minimum=1)
+# POSTs one console user may make a minute (every form: keys, members, settings).
+ANEX_CONSOLE_ACTIONS_PER_MINUTE = env.integer("ANEX_CONSOLE_ACTIONS_PER_MINUTE", 60, minimum=1)

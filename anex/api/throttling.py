@@ -56,13 +56,32 @@ class ApiKeyRateThrottle(BaseThrottle):
             return True
         limit = key_rate_limit(key)
         hit = window_hit(RATE_LIMITER, key.pk)
-        if hit is None or hit.count <= limit:
-            return True
-        self._wait = hit.seconds_left
-        return False
+        if hit is not None and hit.count > limit:
+            self._wait = hit.seconds_left
+            return False
+        organization_rate_count(key.organization_id)
+        return True
 
     def wait(self) -> float | None:
         return self._wait
+
+
+ORGANIZATION_RATE_DETAIL = (
+    "Too many requests: this organization's API keys together are sending requests faster "
+    "than its limit of {limit} a minute. Wait the seconds in the Retry-After header, then "
+    "retry.")
+
+
+def organization_rate_count(organization_id: object) -> None:
+    """Count one request against the organization's rate, beside its key's: past
+    ANEX_ORG_RATE_LIMIT_PER_MINUTE in a window, 429 whichever of its keys sent it, so
+    creating more keys does not buy more rate."""
+    limit = settings.ANEX_ORG_RATE_LIMIT_PER_MINUTE
+    hit = window_hit("ratelimit-org", organization_id)
+    if hit is not None and hit.count > limit:
+        raise RateLimited(ORGANIZATION_RATE_DETAIL.format(limit=limit),
+                          retry_after=max(1, math.ceil(hit.seconds_left)),
+                          code="rate_limit_exceeded")
 
 
 def client_address(request: HttpRequest | Request) -> str:
