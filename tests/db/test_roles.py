@@ -69,7 +69,7 @@ def test_the_last_owner_cannot_be_removed_or_demoted(organization: Organization)
     page = owner.get(MEMBERS).content.decode()
     assert "is the last owner of" in page
     # with a second owner, the first may step down
-    second, second_user = signed_in(organization, Role.MEMBER)
+    _, second_user = signed_in(organization, Role.MEMBER)
     owner.post(MEMBERS, {"action": "role", "member": membership(organization, second_user).pk,
                          "role": "owner"})
     owner.post(MEMBERS, {"action": "role", "member": mine.pk, "role": "member"})
@@ -167,7 +167,7 @@ def test_a_member_cannot_create_an_unbudgeted_key(organization: Organization) ->
 def test_keys_per_organization_are_capped(organization: Organization,
                                           settings: Settings) -> None:
     settings.ANEX_API_KEYS_MAX = 3
-    owner, owner_user = signed_in(organization)
+    owner, _owner_user = signed_in(organization)
     for n in range(3):
         owner.post(KEYS, {"name": f"k{n}"})
     page = owner.post(KEYS, {"name": "one too many"}).content.decode()
