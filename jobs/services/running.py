@@ -22,6 +22,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.db.models import Sum
 
+from anex.logsafe import exception_summary
 from billing.services import hold_open_cents
 from inference.catalog import model_get
 from inference.constants import InputFormat, RowOutcome
@@ -245,8 +246,9 @@ def chunk_run(*, chunk_id: uuid.UUID | str) -> ChunkStatus | None:
                                                      max_bytes=2**62)
     except Exception as error:
         failure = failure_class(error)
-        logger.exception("chunk %s of job %s failed (%s, attempt %s)", chunk.index, job.pk,
-                         failure, chunk.attempts)
+        # Without the message: it may quote a row (anex.logsafe).
+        logger.error("chunk %s of job %s failed (%s, attempt %s): %s", chunk.index, job.pk,
+                     failure, chunk.attempts, exception_summary(error))
         if failure == FailureClass.ENGINE:
             breaker.failed()
         return _chunk_retry_or_fail(chunk, failure)
