@@ -402,6 +402,26 @@ def _fetch(
             request_headers = _without(request_headers, _BODY_HEADERS)
 
 
+def url_mask(url: str) -> str:
+    """A URL as records keep it (audit events, webhook delivery rows): its scheme, host and
+    port, the rest masked. A webhook URL's path or query is often its credential (a token in
+    a Slack-style hook path, `?key=`), and a record is read by more people, for longer,
+    than the setting it came from."""
+    if not url:
+        return url
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return "…"
+    if not parts.scheme or not host:
+        return "…"
+    host = f"[{host}]" if ":" in host else host
+    rest = parts.path not in ("", "/") or parts.query or parts.fragment
+    return f"{parts.scheme}://{host}{f':{port}' if port else ''}/{'…' if rest else ''}"
+
+
 def url_check(url: str) -> None:
     """Refuse, without connecting, a URL that `fetch` would refuse (steps 1 and 2 above):
     for a URL saved now and fetched later, such as a webhook endpoint, so a bad one is
