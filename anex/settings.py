@@ -435,3 +435,5 @@ ANEX_API_KEYS_MAX = env.integer("ANEX_API_KEYS_MAX", 25, minimum=1)
 ANEX_ORG_RATE_LIMIT_PER_MINUTE = env.integer("ANEX_ORG_RATE_LIMIT_PER_MINUTE", 3000, minimum=1)
 # POSTs one console user may make a minute (every form: keys, members, settings).
 ANEX_CONSOLE_ACTIONS_PER_MINUTE = env.integer("ANEX_CONSOLE_ACTIONS_PER_MINUTE", 60, minimum=1)
+# Staff must have TOTP set up (allauth MFA) to open the admin (issue 22 L9).
+ANEX_STAFF_MFA_REQUIRED = env.boolean("ANEX_STAFF_MFA_REQUIRED", True)

@@ -37,8 +37,11 @@ NOT_YOUR_KEY = "Only an owner can revoke a key that someone else created."
 
 @transaction.atomic
 def organization_create(*, name: str, actor: Actor, eu_data_routing: bool = False,
-                        auto_approve: bool = False,
-                        progress_webhooks: bool = False) -> Organization:
+                        auto_approve: bool = False, progress_webhooks: bool = False,
+                        free_grant: bool = True) -> Organization:
+    """A new organization; with free_grant (createorg, the admin) the free credits at once.
+    A console sign-up's organization gets them only once its owner's address is verified
+    (signup_grant)."""
     organization = Organization.objects.create(
         name=name, eu_data_routing=eu_data_routing, auto_approve=auto_approve,
         progress_webhooks=progress_webhooks,
@@ -48,7 +51,7 @@ def organization_create(*, name: str, actor: Actor, eu_data_routing: bool = Fals
         target=organization,
         data={"name": name, "eu_data_routing": eu_data_routing, "auto_approve": auto_approve},
     )
-    if settings.ANEX_FREE_GRANT_CENTS > 0:
+    if free_grant and settings.ANEX_FREE_GRANT_CENTS > 0:
         credits_grant(organization=organization, cents=settings.ANEX_FREE_GRANT_CENTS,
                       reason="free grant for a new organization", actor=actor,
                       idempotency_key=f"grant:new-organization:{organization.pk}")
@@ -196,13 +199,50 @@ def invitation_revoke(*, invitation: Invitation, actor: Actor) -> bool:
 
 @transaction.atomic
 def organization_signup(*, user: User) -> Organization:
-    """A new console user's own organization, with them as its owner and the free grant
-    (console.accounts calls it as allauth saves the user)."""
+    """A new console user's own organization, with them as its owner (console.accounts
+    calls it as allauth saves the user). The free grant waits for the address to be
+    verified (signup_grant)."""
     actor = Actor(user=user)
     local_part = (user.email or user.get_username()).split("@")[0]
-    organization = organization_create(name=f"{local_part}'s organization", actor=actor)
+    organization = organization_create(name=f"{local_part}'s organization", actor=actor,
+                                       free_grant=False)
     membership_add(organization=organization, user=user, role=Role.OWNER, actor=actor)
     return organization
+
+
+# Mail providers that ignore dots in the local part: a.b@gmail.com is ab@gmail.com.
+DOTLESS_DOMAINS = {"gmail.com": "gmail.com", "googlemail.com": "gmail.com"}
+
+
+def mailbox_normalize(email: str) -> str:
+    """The mailbox an address delivers to, as far as the free grant is concerned: lower
+    case, without a +tag, and for Gmail without dots (docs/decisions.md, "The free grant")."""
+    local, _, domain = email.strip().lower().rpartition("@")
+    local = local.split("+", 1)[0]
+    domain = DOTLESS_DOMAINS.get(domain, domain)
+    if domain == "gmail.com":
+        local = local.replace(".", "")
+    return f"{local}@{domain}"
+
+
+@transaction.atomic
+def signup_grant(*, user: User, email: str) -> bool:
+    """The free grant for the organization a console sign-up made, once its owner has
+    verified `email` (console.accounts calls it when allauth confirms an address): one
+    grant per normalized mailbox, ever, so new accounts on a.b+1@gmail.com, ab+2@gmail.com
+    and so on farm nothing. Returns whether the organization holds the mailbox's grant."""
+    cents = settings.ANEX_FREE_GRANT_CENTS
+    membership = (Membership.objects.filter(user=user, role=Role.OWNER)
+                  .select_related("organization").order_by("created_at").first())
+    if cents <= 0 or membership is None:
+        return False
+    mailbox = hashlib.sha256(mailbox_normalize(email).encode()).hexdigest()
+    entry = credits_grant(organization=membership.organization, cents=cents,
+                          reason="free grant after email verification", actor=Actor(user=user),
+                          idempotency_key=f"grant:mailbox:{mailbox}")
+    # The key is the mailbox's: an entry of another organization's means it was granted
+    # there, and nothing was written here.
+    return entry.organization_id == membership.organization_id
 
 
 def _invitation_token_hash(token: str) -> str:
