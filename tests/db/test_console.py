@@ -168,7 +168,7 @@ def test_a_member_cannot_open_settings_or_the_audit_log_but_manages_jobs_and_key
     assert member.get("/console/jobs").status_code == 200
     nav = member.get("/console/keys").content.decode()
     assert "/console/settings" not in nav
-    # A member's key carries a spend budget (issue 22, M5: tests/db/test_roles.py).
+    # A member's key carries a spend budget (issue 22, M5: tests/db/test_member_roles.py).
     assert member.post("/console/keys", {"name": "ci", "spend_budget": "5"}).status_code == 200
     assert ApiKey.objects.for_org(organization).filter(name="ci").exists()
     assert member.post("/console/members", {"email": "x@example.com",
