@@ -174,7 +174,7 @@ def test_keys_per_organization_are_capped(organization: Organization,
     assert "has 3 active API keys, the most an organization may have" in page
     assert ApiKey.objects.filter(organization=organization).count() == 3
     # a revoked key frees its place
-    owner.post(f"{KEYS}/{ApiKey.objects.filter(organization=organization).first().pk}/revoke")
+    owner.post(f"{KEYS}/{ApiKey.objects.filter(organization=organization)[0].pk}/revoke")
     owner.post(KEYS, {"name": "replacement"})
     assert ApiKey.objects.filter(organization=organization, name="replacement").exists()
 
