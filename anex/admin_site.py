@@ -8,10 +8,14 @@ from functools import partial, update_wrapper
 from typing import Any, TypeVar, cast
 
 from allauth.account.decorators import secure_admin_login
+from allauth.mfa.models import Authenticator
+from allauth.mfa.utils import is_mfa_enabled
 from django.conf import settings
+from django.contrib import messages
 from django.contrib.admin import AdminSite
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase
 from django.http.request import split_domain_port
+from django.shortcuts import redirect
 from django.urls import URLPattern, URLResolver, path
 
 _View = TypeVar("_View", bound=Callable[..., HttpResponseBase])
@@ -26,6 +30,19 @@ def admin_host_require(request: HttpRequest) -> None:
     host, _port = split_domain_port(request.get_host())
     if host.lower() != admin_host:
         raise Http404("Not found.")
+
+
+STAFF_MFA_REQUIRED = ("Staff need two-factor authentication to use the admin: set up an "
+                      "authenticator app here, then open the admin again.")
+
+
+def staff_mfa_missing(request: HttpRequest) -> bool:
+    """A signed-in staff user without TOTP (ANEX_STAFF_MFA_REQUIRED): the admin holds every
+    organization's data and credits. With TOTP on, allauth's sign-in asks for the code, so
+    a session of such a user passed it."""
+    user = request.user
+    return bool(settings.ANEX_STAFF_MFA_REQUIRED and user.is_authenticated
+                and user.is_staff and not is_mfa_enabled(user, [Authenticator.Type.TOTP]))
 
 
 class AnexAdminSite(AdminSite):
@@ -44,6 +61,9 @@ class AnexAdminSite(AdminSite):
 
         def on_admin_host(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             admin_host_require(request)
+            if staff_mfa_missing(request):
+                messages.warning(request, STAFF_MFA_REQUIRED)
+                return redirect("mfa_activate_totp")
             return inner(request, *args, **kwargs)
 
         return cast(_View, update_wrapper(on_admin_host, inner))

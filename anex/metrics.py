@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-import dramatiq
 import redis
 from django.conf import settings
 from django.db import DatabaseError, connection
@@ -39,7 +38,6 @@ from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
-from dramatiq.brokers.redis import RedisBroker
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     REGISTRY,
@@ -58,12 +56,11 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from anex.regions import Region
-from inference.catalog import catalog_all, model_get
+from inference.catalog import model_get
 from inference.pricing import USAGE_RENAMED, Usage
-from jobs import dispatch
 from jobs.constants import TERMINAL_STATUSES, JobStatus
 from jobs.models import Chunk, Job
+from jobs.selectors import queue_depths
 from jobs.services.chunks import IN_FLIGHT, WAITING
 
 logger = logging.getLogger(__name__)
@@ -289,33 +286,6 @@ class EndedTotals:
 ENDED = EndedTotals()
 
 
-def queue_names() -> list[str]:
-    """Every queue work is sent to (jobs.dispatch): the fixed ones, and each region's run
-    and sample queue of every model in the catalog."""
-    fixed = [dispatch.INGEST, dispatch.WEBHOOKS, dispatch.PERIODIC, dispatch.ESTIMATE,
-             dispatch.JOBS]
-    per_model = [name(region, model_id) for region in Region.values
-                 for model_id in sorted(catalog_all())
-                 for name in (dispatch.run_queue, dispatch.sample_queue)]
-    return fixed + per_model
-
-
-def queue_depths() -> dict[str, tuple[int, int]]:
-    """Per queue, the messages waiting for a worker and those delayed (a retry's backoff,
-    a deferred chunk), as Dramatiq's Redis broker keeps them."""
-    broker = dramatiq.get_broker()
-    if not isinstance(broker, RedisBroker):
-        return {}
-    names = queue_names()
-    with broker.client.pipeline(transaction=False) as pipe:
-        for name in names:
-            pipe.llen(f"{broker.namespace}:{name}")
-            pipe.hlen(f"{broker.namespace}:{name}.DQ.msgs")
-        answers = pipe.execute()
-    return {name: (int(answers[2 * i]), int(answers[2 * i + 1]))
-            for i, name in enumerate(names)}
-
-
 def _by(values: Iterable[tuple[str, int]]) -> dict[str, int]:
     return {str(key): int(count) for key, count in values}
 
@@ -395,9 +365,12 @@ class FleetCollector(Collector):
                                   labels=["queue"])
         delayed = GaugeMetricFamily("anex_queue_delayed", "Messages delayed on a queue "
                                     "(a backoff or a deferral).", labels=["queue"])
-        for queue, (waiting, later) in queue_depths().items():
-            depth.add_metric([queue], waiting)
-            delayed.add_metric([queue], later)
+        depths = queue_depths()
+        if depths is None:
+            raise redis.RedisError("the broker did not answer")
+        for queue in depths:
+            depth.add_metric([queue.name], queue.ready)
+            delayed.add_metric([queue.name], queue.delayed)
         yield depth
         yield delayed
 

@@ -18,9 +18,11 @@ network: telling the two apart would let a customer map our internal DNS.
 
 Socket timeouts bound each read, so a source sending a byte every few seconds never trips
 them; one absolute deadline per fetch (connect, TLS, headers and body, every hop) does.
-Bodies are streamed under a byte cap. Redirects are handed back to the caller unless
-``max_redirects`` allows following them. Every failure is a `FetchError` whose message is
-safe to show the customer.
+The name lookup runs inside that deadline too. Bodies are streamed under a byte cap.
+Redirects are handed back to the caller unless ``max_redirects`` allows following them.
+Every failure is a `FetchError` whose message is safe to show the customer; every failure
+before a reply began (refused, timed out, TLS) reads the same (`no_reply`), so the fetcher
+is no port scanner.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ import socket
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Self
@@ -44,7 +48,6 @@ from urllib3.exceptions import (
     ConnectTimeoutError,
     HTTPError,
     NewConnectionError,
-    SSLError,
 )
 from urllib3.exceptions import TimeoutError as Urllib3Timeout
 
@@ -145,6 +148,11 @@ class _Deadline:
     def error(self, host: str) -> DeadlineExceeded:
         return DeadlineExceeded(f"{host} did not send its whole reply within "
                                 f"{self.seconds:g} seconds")
+
+    def unreachable(self, host: str) -> DeadlineExceeded:
+        """The deadline passed before a reply began: said as any failure to reach the host
+        is (_translate), so the time it took tells nothing about the port."""
+        return DeadlineExceeded(no_reply(host))
 
     def watch(self, sock: socket.socket) -> None:
         """Cut this connection at the deadline (now, if it has already passed)."""
@@ -362,7 +370,7 @@ def _fetch(
         target = _parse(url, allow_loopback=allow_loopback)
         if previous is not None and _origin(target) != _origin(previous):
             request_headers = _without(request_headers, _ORIGIN_BOUND_HEADERS)
-        addresses = _resolve(target, allow_loopback=allow_loopback)
+        addresses = _resolve(target, allow_loopback=allow_loopback, deadline=deadline)
         pool, response = _send(
             target,
             addresses,
@@ -392,6 +400,26 @@ def _fetch(
             method = "HEAD" if method == "HEAD" else "GET"
             body = None
             request_headers = _without(request_headers, _BODY_HEADERS)
+
+
+def url_mask(url: str) -> str:
+    """A URL as records keep it (audit events, webhook delivery rows): its scheme, host and
+    port, the rest masked. A webhook URL's path or query is often its credential (a token in
+    a Slack-style hook path, `?key=`), and a record is read by more people, for longer,
+    than the setting it came from."""
+    if not url:
+        return url
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return "…"
+    if not parts.scheme or not host:
+        return "…"
+    host = f"[{host}]" if ":" in host else host
+    rest = parts.path not in ("", "/") or parts.query or parts.fragment
+    return f"{parts.scheme}://{host}{f':{port}' if port else ''}/{'…' if rest else ''}"
 
 
 def url_check(url: str) -> None:
@@ -434,17 +462,42 @@ def _parse(url: str, *, allow_loopback: bool) -> _Target:
     return _Target(parts.scheme, host, port, request_path, host_header)
 
 
-def _resolve(target: _Target, *, allow_loopback: bool) -> list[IPAddress]:
-    """Resolve once and judge every address: one bad answer refuses the whole host.
+# Name lookups run here, so one that hangs (a resolver that never answers, a name whose
+# servers drop queries) is abandoned at the fetch's deadline instead of holding the fetch
+# past it: getaddrinfo itself cannot be interrupted. A lookup abandoned keeps its thread
+# until the system resolver gives up; with every thread busy, later lookups wait their
+# turn within their own deadlines.
+_RESOLVERS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="anex-dns")
+# The lookup's limit for url_check, which has no fetch deadline (a URL saved to be fetched
+# later: the webhook endpoint).
+RESOLVE_TIMEOUT = 10.0
+
+
+def _getaddrinfo(target: _Target, timeout: float) -> list[Any]:
+    lookup = _RESOLVERS.submit(socket.getaddrinfo, target.host, target.port,
+                               type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+    try:
+        return lookup.result(timeout=max(timeout, 0))
+    except FuturesTimeout:
+        lookup.cancel()
+        raise
+
+
+def _resolve(target: _Target, *, allow_loopback: bool,
+             deadline: _Deadline | None = None) -> list[IPAddress]:
+    """Resolve once, within the fetch's deadline, and judge every address: one bad answer
+    refuses the whole host.
 
     A name that does not resolve gets the same refusal as one that resolves to a private
     address, and neither names an address: any difference would tell a customer which
     names exist in our internal DNS."""
     not_public = UnsafeURL(f"{target.host} is not a public internet address")
     try:
-        infos = socket.getaddrinfo(
-            target.host, target.port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
-        )
+        infos = _getaddrinfo(target, deadline.remaining() if deadline else RESOLVE_TIMEOUT)
+    except FuturesTimeout:
+        if deadline is not None:
+            raise deadline.unreachable(target.host) from None
+        raise not_public from None
     except (OSError, UnicodeError):
         raise not_public from None
     addresses = list(dict.fromkeys(ipaddress.ip_address(info[4][0]) for info in infos))
@@ -508,7 +561,7 @@ def _send(
     for address in addresses:
         # The name lookup or an earlier address may have used the time up.
         if deadline.passed():
-            raise deadline.error(target.host)
+            raise deadline.unreachable(target.host)
         timeout = urllib3.Timeout(connect=min(connect_timeout, deadline.remaining()),
                                   read=read_timeout)
         pool = _pool(target, address, timeout=timeout, deadline=deadline, ca_certs=ca_certs)
@@ -536,7 +589,7 @@ def _send(
             # headers and hands back a reply that never finished arriving.
             response.close()
             pool.close()
-            raise deadline.error(target.host)
+            raise deadline.unreachable(target.host)
         return pool, response
     assert last_error is not None  # addresses is never empty
     raise _translate(last_error, target.host, deadline) from last_error
@@ -567,19 +620,23 @@ def _pool(
     )
 
 
+def no_reply(host: str) -> str:
+    """Every failure before a reply began, in one message: a refused connection, a timeout
+    and a failed TLS handshake told apart would make the fetcher a port scanner (closed,
+    filtered, open but not TLS) of any public host a customer names."""
+    return (f"{host} did not reply (the connection was refused or timed out, or its TLS "
+            "certificate did not verify)")
+
+
 def _translate(exc: HTTPError, host: str, deadline: _Deadline) -> FetchError:
     # Cut at the deadline, a connection fails in whatever way it was cut (a reset, a
-    # truncated reply, a broken handshake): the deadline is the reason.
+    # truncated reply, a broken handshake): the deadline is the reason. The exception's
+    # class still tells callers (a retry schedule) what happened; its message does not.
     if deadline.passed():
-        return deadline.error(host)
-    # NewConnectionError subclasses ConnectTimeoutError in urllib3, so it is checked first.
-    if isinstance(exc, NewConnectionError):
-        return FetchConnectionError(f"could not connect to {host}")
-    if isinstance(exc, Urllib3Timeout):
-        return FetchTimeout(f"{host} did not answer in time")
-    if isinstance(exc, SSLError):
-        return FetchConnectionError(f"could not verify the TLS certificate of {host}")
-    return FetchConnectionError(f"the connection to {host} failed")
+        return deadline.unreachable(host)
+    if isinstance(exc, Urllib3Timeout) and not isinstance(exc, NewConnectionError):
+        return FetchTimeout(no_reply(host))
+    return FetchConnectionError(no_reply(host))
 
 
 def _origin(target: _Target) -> tuple[str, str, int]:

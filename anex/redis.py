@@ -7,9 +7,12 @@ import logging
 import time
 from dataclasses import dataclass
 from functools import cache
+from typing import Literal
 
 import redis
 from django.conf import settings
+
+from anex.errors import Unavailable
 
 logger = logging.getLogger(__name__)
 
@@ -39,10 +42,19 @@ def window_counter(limiter: str, subject: object, now: float) -> tuple[str, floa
     return f"anex:{limiter}:{subject}:{window}", (window + 1) * WINDOW_SECONDS - now
 
 
-def window_hit(limiter: str, subject: object) -> WindowHit | None:
+LIMITER_UNAVAILABLE = ("A rate limit this request is counted against could not be checked "
+                       "right now, so nothing was done: retry after the seconds in the "
+                       "Retry-After header.")
+LIMITER_RETRY_AFTER = 10
+
+
+def window_hit(limiter: str, subject: object, *,
+               fail: Literal["open", "closed"]) -> WindowHit | None:
     """Count one hit for `subject` in the current fixed window of the `limiter` counters
-    (a key, a client address); None when Redis cannot be reached, and the caller lets the
-    request through."""
+    (a key, a client address). When Redis cannot be reached a limiter that fails open gets
+    None and lets the request through; one that fails closed raises Unavailable (503 with
+    Retry-After: nothing done).
+    Each caller says which (docs/decisions.md, "Limiters when Redis fails")."""
     counter, seconds_left = window_counter(limiter, subject, time.time())
     try:
         pipe = redis_client().pipeline()
@@ -50,6 +62,9 @@ def window_hit(limiter: str, subject: object) -> WindowHit | None:
         pipe.expire(counter, WINDOW_SECONDS * 2)
         count, _ = pipe.execute()
     except redis.RedisError as exc:
+        if fail == "closed":
+            logger.warning("%s limiter unavailable, request refused: %s", limiter, exc)
+            raise Unavailable(LIMITER_UNAVAILABLE, retry_after=LIMITER_RETRY_AFTER) from None
         logger.warning("%s limiter unavailable, request allowed: %s", limiter, exc)
         return None
     return WindowHit(int(count), seconds_left)

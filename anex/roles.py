@@ -88,8 +88,7 @@ def cpu_queues() -> tuple[str, ...]:
     from jobs import dispatch
     from realtime.tasks import QUEUE as REALTIME_SETTLE
 
-    return (dispatch.ESTIMATE, dispatch.INGEST, dispatch.WEBHOOKS, dispatch.JOBS,
-            dispatch.PERIODIC, REALTIME_SETTLE)
+    return (*dispatch.FIXED_QUEUES, REALTIME_SETTLE)
 
 
 def cpu_worker() -> Worker:

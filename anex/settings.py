@@ -474,3 +474,17 @@ if ANEX_DB_POOLER == "pgbouncer":
 ANEX_METRICS_TOKEN = env.string("ANEX_METRICS_TOKEN", "")
 # Outermost, so a request's latency counts every middleware and a refusal by one is counted.
 MIDDLEWARE.insert(0, "anex.metrics.RequestMetricsMiddleware")
+
+# Security round 2 (issue 22 M4, M5; docs/decisions.md "Heavy free work" and "Roles and
+# offboarding"). Preflight checks one organization may have reading at once: each reads
+# and tokenizes a whole input, for free.
+ANEX_CHECKS_IN_FLIGHT = env.integer("ANEX_CHECKS_IN_FLIGHT", 3, minimum=1)
+# Active API keys one organization may hold: each has its own request rate.
+ANEX_API_KEYS_MAX = env.integer("ANEX_API_KEYS_MAX", 25, minimum=1)
+# Requests a minute one organization's keys may send together, beside each key's own rate
+# (ANEX_DEFAULT_RATE_LIMIT_PER_MINUTE): more keys do not make more rate.
+ANEX_ORG_RATE_LIMIT_PER_MINUTE = env.integer("ANEX_ORG_RATE_LIMIT_PER_MINUTE", 3000, minimum=1)
+# POSTs one console user may make a minute (every form: keys, members, settings).
+ANEX_CONSOLE_ACTIONS_PER_MINUTE = env.integer("ANEX_CONSOLE_ACTIONS_PER_MINUTE", 60, minimum=1)
+# Staff must have TOTP set up (allauth MFA) to open the admin (issue 22 L9).
+ANEX_STAFF_MFA_REQUIRED = env.boolean("ANEX_STAFF_MFA_REQUIRED", True)

@@ -1,5 +1,6 @@
-"""allauth's hook into the console: a sign-up gets its own organization, and a sign-up
-with an address that already has an account costs the same work as one without."""
+"""allauth's hook into the console: a sign-up gets its own organization (its free grant
+once the address is verified), and a sign-up with an address that already has an account
+costs the same work as one without."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ from typing import Any
 
 from allauth.account.adapter import DefaultAccountAdapter
 from allauth.account.forms import SignupForm
+from allauth.account.models import EmailAddress
 from django.contrib.auth.hashers import make_password
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.http import HttpRequest
 from django.utils.crypto import get_random_string
 
-from console.services import organization_signup
+from console.services import organization_signup, signup_grant
 
 
 class ConsoleAccountAdapter(DefaultAccountAdapter):
@@ -26,6 +28,14 @@ class ConsoleAccountAdapter(DefaultAccountAdapter):
             if commit:
                 organization_signup(user=saved)
         return saved
+
+
+    def confirm_email(self, request: HttpRequest, email_address: EmailAddress) -> bool:
+        # The free grant waits for a verified address, one per mailbox (L8).
+        confirmed: bool = super().confirm_email(request, email_address)
+        if confirmed:
+            signup_grant(user=email_address.user, email=email_address.email)
+        return confirmed
 
 
 class ConsoleSignupForm(SignupForm):

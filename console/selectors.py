@@ -12,6 +12,7 @@ from django.db.models.functions import TruncDate
 from django.utils import timezone
 
 from anex.crypto import secret_decrypt
+from anex.errors import NotFound
 from billing.constants import EntryKind
 from billing.models import LedgerEntry
 from console.models import ApiKey, AuditEvent, Invitation, Membership, Organization
@@ -55,6 +56,22 @@ def membership_list(*, user: User) -> QuerySet[Membership]:
 
 def organization_member_list(*, organization: Organization) -> QuerySet[Membership]:
     return Membership.objects.for_org(organization).select_related("user").order_by("created_at")
+
+
+def membership_get(*, organization: Organization, id: int | str) -> Membership:
+    """One member of the organization; another organization's (or a malformed id) is 404."""
+    membership = None
+    if str(id).isdigit():
+        membership = (Membership.objects.for_org(organization).select_related(
+            "user", "organization").filter(pk=int(id)).first())
+    if membership is None:
+        raise NotFound.of("Member")
+    return membership
+
+
+def invitation_get(*, organization: Organization, id: uuid.UUID | str) -> Invitation:
+    return scoped_get(Invitation.objects.select_related("organization"),
+                      organization=organization, id=id, noun="Invitation")
 
 
 def invitation_open_list(*, organization: Organization) -> QuerySet[Invitation]:

@@ -26,12 +26,22 @@ from console.models import ApiKey, Invitation, Membership, Organization
 INVITATION_VALIDITY = timedelta(days=7)
 # Invitations an organization may send in 24 hours (each is a mail to any address).
 INVITATIONS_PER_DAY = 50
+LAST_OWNER = ("{email} is the last owner of {organization}: make another member an owner "
+              "first, so someone can still manage its settings, members and billing.")
+KEYS_MAX = ("{organization} has {count} active API keys, the most an organization may "
+            "have: revoke one it no longer uses, then create the new one.")
+MEMBER_KEY_BUDGET = ("A member's key needs a spend budget: only an owner can create a key "
+                     "without one.")
+NOT_YOUR_KEY = "Only an owner can revoke a key that someone else created."
 
 
 @transaction.atomic
 def organization_create(*, name: str, actor: Actor, eu_data_routing: bool = False,
-                        auto_approve: bool = False,
-                        progress_webhooks: bool = False) -> Organization:
+                        auto_approve: bool = False, progress_webhooks: bool = False,
+                        free_grant: bool = True) -> Organization:
+    """A new organization; with free_grant (createorg, the admin) the free credits at once.
+    A console sign-up's organization gets them only once its owner's address is verified
+    (signup_grant)."""
     organization = Organization.objects.create(
         name=name, eu_data_routing=eu_data_routing, auto_approve=auto_approve,
         progress_webhooks=progress_webhooks,
@@ -41,7 +51,7 @@ def organization_create(*, name: str, actor: Actor, eu_data_routing: bool = Fals
         target=organization,
         data={"name": name, "eu_data_routing": eu_data_routing, "auto_approve": auto_approve},
     )
-    if settings.ANEX_FREE_GRANT_CENTS > 0:
+    if free_grant and settings.ANEX_FREE_GRANT_CENTS > 0:
         credits_grant(organization=organization, cents=settings.ANEX_FREE_GRANT_CENTS,
                       reason="free grant for a new organization", actor=actor,
                       idempotency_key=f"grant:new-organization:{organization.pk}")
@@ -85,13 +95,15 @@ def _staff_or_system(actor: Actor) -> bool:
     return actor.system is not None or (actor.user is not None and actor.user.is_staff)
 
 
+def _is_owner(*, organization: Organization, actor: Actor) -> bool:
+    return actor.user is not None and Membership.objects.filter(
+        organization=organization, user=actor.user, role=Role.OWNER).exists()
+
+
 def owner_require(*, organization: Organization, actor: Actor, message: str) -> None:
     """Settings, members and the webhook are an owner's; staff and the system (createorg,
     the admin) act for them. A member, or a key, is refused."""
-    if _staff_or_system(actor):
-        return
-    if actor.user is None or not Membership.objects.filter(
-            organization=organization, user=actor.user, role=Role.OWNER).exists():
+    if not _staff_or_system(actor) and not _is_owner(organization=organization, actor=actor):
         raise PermissionDenied(message)
 
 
@@ -109,15 +121,128 @@ def membership_add(*, organization: Organization, user: User, role: Role,
     return membership
 
 
+def _owners_other_than(membership: Membership) -> int:
+    return Membership.objects.for_org(membership.organization).filter(
+        role=Role.OWNER).exclude(pk=membership.pk).count()
+
+
+def membership_remove(*, membership: Membership, actor: Actor,
+                      revoke_keys: bool = False) -> list[ApiKey]:
+    """Remove a member (owners only; never the last owner), and with revoke_keys revoke
+    the active keys they created in this organization, which otherwise keep working: a
+    key belongs to the organization, not to whoever made it. Returns the keys revoked."""
+    organization = membership.organization
+    owner_require(organization=organization, actor=actor,
+                   message="Only an owner can remove members.")
+    with transaction.atomic():
+        # Under the organization's row lock: two owners removing each other at once
+        # cannot leave it with none.
+        Organization.objects.select_for_update().filter(pk=organization.pk).first()
+        locked = Membership.objects.filter(pk=membership.pk).select_related("user").first()
+        if locked is None:
+            return []
+        if locked.role == Role.OWNER and not _owners_other_than(locked):
+            raise ValidationError(LAST_OWNER.format(email=locked.user.email,
+                                                    organization=organization.name),
+                                  code="last_owner")
+        revoked = []
+        if revoke_keys:
+            for key in ApiKey.objects.for_org(organization).filter(
+                    created_by=locked.user, revoked_at__isnull=True):
+                revoked.append(api_key_revoke(key=key, actor=actor))
+        locked.delete()
+        audit_record(organization=organization, actor=actor, action=AuditAction.MEMBER_REMOVED,
+                     target=locked, data={"user": locked.user.get_username(),
+                                          "role": locked.role,
+                                          "keys_revoked": [key.prefix for key in revoked]})
+    return revoked
+
+
+def membership_role_set(*, membership: Membership, actor: Actor, role: Role) -> Membership:
+    """Make a member an owner or an owner a member (owners only; the last owner stays)."""
+    organization = membership.organization
+    owner_require(organization=organization, actor=actor,
+                   message="Only an owner can change roles.")
+    with transaction.atomic():
+        Organization.objects.select_for_update().filter(pk=organization.pk).first()
+        locked = Membership.objects.select_related("user").get(pk=membership.pk)
+        if locked.role == role:
+            return locked
+        if locked.role == Role.OWNER and not _owners_other_than(locked):
+            raise ValidationError(LAST_OWNER.format(email=locked.user.email,
+                                                    organization=organization.name),
+                                  code="last_owner")
+        Membership.objects.filter(pk=locked.pk).update(role=role)
+        audit_record(organization=organization, actor=actor,
+                     action=AuditAction.MEMBER_ROLE_CHANGED, target=locked,
+                     data={"user": locked.user.get_username(),
+                           "from": locked.role, "to": str(role)})
+        locked.role = role
+    return locked
+
+
+@transaction.atomic
+def invitation_revoke(*, invitation: Invitation, actor: Actor) -> bool:
+    """Withdraw an open invitation (owners only): its link stops working at once. A repeat,
+    or an invitation already used or expired, changes nothing."""
+    owner_require(organization=invitation.organization, actor=actor,
+                   message="Only an owner can revoke invitations.")
+    now = timezone.now()
+    revoked = Invitation.objects.filter(pk=invitation.pk, accepted_at__isnull=True,
+                                        expires_at__gt=now).update(expires_at=now)
+    if revoked == 1:
+        audit_record(organization=invitation.organization, actor=actor,
+                     action=AuditAction.INVITATION_REVOKED, target=invitation,
+                     data={"email": invitation.email})
+    return revoked == 1
+
+
 @transaction.atomic
 def organization_signup(*, user: User) -> Organization:
-    """A new console user's own organization, with them as its owner and the free grant
-    (console.accounts calls it as allauth saves the user)."""
+    """A new console user's own organization, with them as its owner (console.accounts
+    calls it as allauth saves the user). The free grant waits for the address to be
+    verified (signup_grant)."""
     actor = Actor(user=user)
     local_part = (user.email or user.get_username()).split("@")[0]
-    organization = organization_create(name=f"{local_part}'s organization", actor=actor)
+    organization = organization_create(name=f"{local_part}'s organization", actor=actor,
+                                       free_grant=False)
     membership_add(organization=organization, user=user, role=Role.OWNER, actor=actor)
     return organization
+
+
+# Mail providers that ignore dots in the local part: a.b@gmail.com is ab@gmail.com.
+DOTLESS_DOMAINS = {"gmail.com": "gmail.com", "googlemail.com": "gmail.com"}
+
+
+def mailbox_normalize(email: str) -> str:
+    """The mailbox an address delivers to, as far as the free grant is concerned: lower
+    case, without a +tag, and for Gmail without dots (docs/decisions.md, "The free grant")."""
+    local, _, domain = email.strip().lower().rpartition("@")
+    local = local.split("+", 1)[0]
+    domain = DOTLESS_DOMAINS.get(domain, domain)
+    if domain == "gmail.com":
+        local = local.replace(".", "")
+    return f"{local}@{domain}"
+
+
+@transaction.atomic
+def signup_grant(*, user: User, email: str) -> bool:
+    """The free grant for the organization a console sign-up made, once its owner has
+    verified `email` (console.accounts calls it when allauth confirms an address): one
+    grant per normalized mailbox, ever, so new accounts on a.b+1@gmail.com, ab+2@gmail.com
+    and so on farm nothing. Returns whether the organization holds the mailbox's grant."""
+    cents = settings.ANEX_FREE_GRANT_CENTS
+    membership = (Membership.objects.filter(user=user, role=Role.OWNER)
+                  .select_related("organization").order_by("created_at").first())
+    if cents <= 0 or membership is None:
+        return False
+    mailbox = hashlib.sha256(mailbox_normalize(email).encode()).hexdigest()
+    entry = credits_grant(organization=membership.organization, cents=cents,
+                          reason="free grant after email verification", actor=Actor(user=user),
+                          idempotency_key=f"grant:mailbox:{mailbox}")
+    # The key is the mailbox's: an entry of another organization's means it was granted
+    # there, and nothing was written here.
+    return entry.organization_id == membership.organization_id
 
 
 def _invitation_token_hash(token: str) -> str:
@@ -195,7 +320,19 @@ def api_key_create(*, organization: Organization, actor: Actor, name: str = "",
                    expires_at: datetime | None = None, model_scopes: Iterable[str] = (),
                    spend_budget_cents: int | None = None,
                    rate_limit_per_minute: int | None = None) -> tuple[ApiKey, str]:
-    """Create a key; returns it with its plaintext, which is never available again."""
+    """Create a key; returns it with its plaintext, which is never available again. An
+    organization has at most ANEX_API_KEYS_MAX active keys (each has its own request
+    rate); a member's key carries a spend budget (docs/decisions.md, "Roles and
+    offboarding")."""
+    if spend_budget_cents is None and not _staff_or_system(actor) and not _is_owner(
+            organization=organization, actor=actor):
+        raise ValidationError(MEMBER_KEY_BUDGET, code="budget")
+    # Counted under the organization's row lock, so concurrent creations cannot overshoot.
+    Organization.objects.select_for_update().filter(pk=organization.pk).first()
+    active = ApiKey.objects.for_org(organization).filter(revoked_at__isnull=True).count()
+    if active >= settings.ANEX_API_KEYS_MAX:
+        raise ValidationError(KEYS_MAX.format(organization=organization.name, count=active),
+                              code="keys")
     parts = key_generate()
     key = ApiKey.objects.create(
         organization=organization,
@@ -225,7 +362,11 @@ def api_key_create(*, organization: Organization, actor: Actor, name: str = "",
 
 @transaction.atomic
 def api_key_revoke(*, key: ApiKey, actor: Actor) -> ApiKey:
-    """Revoke a key. A repeat is a no-op: the first revocation time and audit entry stand."""
+    """Revoke a key. A repeat is a no-op: the first revocation time and audit entry stand.
+    A member may revoke the keys they created; a key someone else created is an owner's
+    to revoke."""
+    if actor.user is not None and key.created_by_id != actor.user.pk:
+        owner_require(organization=key.organization, actor=actor, message=NOT_YOUR_KEY)
     revoked = ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(
         revoked_at=timezone.now()
     )

@@ -33,15 +33,23 @@ WEBHOOKS = "webhooks"
 PERIODIC = "periodic"
 ESTIMATE = "estimate"
 JOBS = "jobs"
+# Free work a customer starts at will (preflight checks): apart from the estimates, whose
+# jobs will be paid for, and taken after them by a worker holding both (jobs.tasks).
+CHECKS = "checks"
 # The default queue of the per-model actors; their messages go to run_queue/sample_queue.
 RUN = "run"
 SAMPLE = "sample"
+
+# The queues a CPU worker takes (anex/roles.py), and that the operations page and /metrics
+# read the depth of beside the per-model ones.
+FIXED_QUEUES = (ESTIMATE, CHECKS, INGEST, WEBHOOKS, JOBS, PERIODIC)
 
 ACTOR_QUEUES = {
     "input_copy_task": INGEST,
     "delivery_attempt_task": WEBHOOKS,
     "job_estimate_task": ESTIMATE,
-    "check_run_task": ESTIMATE,
+    "check_run_task": CHECKS,
+    "job_rerun_input_task": ESTIMATE,
     "job_start_task": JOBS,
     "job_finalize_task": JOBS,
     "chunk_run_task": RUN,

@@ -129,8 +129,7 @@ def queue_names() -> list[str]:
     from inference.catalog import catalog
     from jobs import dispatch
 
-    fixed = sorted(set(dispatch.ACTOR_QUEUES.values()) - {dispatch.RUN, dispatch.SAMPLE}
-                   | {dispatch.PERIODIC})
+    fixed = list(dispatch.FIXED_QUEUES)
     model_ids = sorted(set(catalog()) | set(settings.ANEX_CHECKPOINTS)
                        | set(settings.ANEX_WORKER_MODELS))
     return fixed + [name(region.value, model_id) for region in Region for model_id in model_ids

@@ -148,7 +148,7 @@ def _throttled(request: HttpRequest) -> float | None:
     """Seconds to wait when this client has started ANEX_UPLOADS_PER_MINUTE uploads this
     minute; None to go ahead (also when Redis is down: the limiter never takes uploads
     down with it)."""
-    hit = window_hit("uploads", client_address(request))
+    hit = window_hit("uploads", client_address(request), fail="open")
     if hit is None or hit.count <= settings.ANEX_UPLOADS_PER_MINUTE:
         return None
     return hit.seconds_left

@@ -23,6 +23,7 @@ from jobs.services.estimation import job_estimate
 from jobs.services.inputs import input_copy, inputs_expire
 from jobs.services.purge import results_purge_expired
 from jobs.services.recovery import ESTIMATE, SAMPLE, lease_retry, recover
+from jobs.services.rerun import job_rerun_input
 from jobs.services.running import chunk_run, job_finalize, job_start
 from jobs.services.sampling import job_sample
 from jobs.services.webhooks import delivery_attempt
@@ -122,11 +123,24 @@ def job_estimate_task(job_id: str) -> None:
             _hand_out_again(failed)
 
 
-@dramatiq.actor(queue_name=dispatch.ESTIMATE, max_retries=0, time_limit=ESTIMATE_TIME_LIMIT_MS)
+# A preflight check reads a whole input as an estimate does, for free: on its own queue,
+# and a worker holding both takes its estimates first (a higher number is a lower priority).
+CHECK_PRIORITY = 50
+
+
+@dramatiq.actor(queue_name=dispatch.CHECKS, max_retries=0, time_limit=ESTIMATE_TIME_LIMIT_MS,
+                priority=CHECK_PRIORITY)
 def check_run_task(check_id: str) -> None:
-    # A preflight check reads a whole input as an estimate does, on the same workers.
     with _about("check", check_id) as outcome:
         outcome.append(check_run(check_id=check_id))
+
+
+@dramatiq.actor(queue_name=dispatch.ESTIMATE, max_retries=0, time_limit=ESTIMATE_TIME_LIMIT_MS)
+def job_rerun_input_task(job_id: str) -> None:
+    # A re-run's rows are read from its parent's input here, not in the request; a lost
+    # message is sent again by the recovery pass (a submitted job's lease).
+    with _about("rerun input", job_id, job_id=job_id) as outcome:
+        outcome.append(job_rerun_input(job_id=job_id))
 
 
 @dramatiq.actor(queue_name=dispatch.JOBS, max_retries=3, time_limit=START_TIME_LIMIT_MS)

@@ -259,7 +259,7 @@ def _forward(*, urls: tuple[str, ...], path: str, body: dict[str, Any], what: st
     try:
         return engine_call(urls=urls, path=path, body=body)
     except EngineBusy as exc:
-        logger.warning("realtime %s engine busy: %s", what, exc)
+        logger.warning("realtime %s engine busy: %s", what, type(exc).__name__)
         raise Unavailable(ENGINE_BUSY_DETAIL.format(what=what),
                           retry_after=ENGINE_BUSY_RETRY_AFTER_SECONDS) from None
     except EngineTimedOut:
@@ -268,7 +268,8 @@ def _forward(*, urls: tuple[str, ...], path: str, body: dict[str, Any], what: st
             what=what, seconds=settings.ANEX_REALTIME_TIMEOUT_SECONDS,
             tokens=f"{tokens:,}")) from None
     except (EngineUnavailable, EngineRefused) as exc:
-        logger.error("realtime %s engine failed: %s", what, exc)
+        # The class only: an engine's refusal may quote the request (anex.logsafe).
+        logger.error("realtime %s engine failed: %s", what, type(exc).__name__)
         raise EngineFailed(ENGINE_FAILED_DETAIL.format(what=what)) from None
 
 

@@ -44,6 +44,7 @@ from typing import Any
 
 from django.conf import settings
 
+from anex.logsafe import exception_summary
 from inference.catalog import model_get
 from inference.engines import EngineNotConfigured
 from inference.engines.registry import Engine
@@ -165,7 +166,8 @@ class Batcher:
             if len(results) != sum(len(pending.items) for pending in batch):
                 raise EngineFailed("the engine answered a different number of items")
         except Exception as exc:  # the engine's failure is every waiting request's
-            logger.exception("engine call failed for %d requests", len(batch))
+            logger.error("engine call failed for %d requests: %s", len(batch),
+                         exception_summary(exc))
             for pending in batch:
                 pending.error = exc
                 pending.done.set()

@@ -351,3 +351,10 @@ def make_run(checkpoint_dirs: dict[str, Path],
     so it is up only while they run."""
     with make_run_launched(tmp_path_factory.mktemp("make-run"), checkpoint_dirs) as running:
         yield running
+
+
+@pytest.fixture(autouse=True)
+def staff_without_mfa(settings: Settings) -> None:
+    """The admin's tests sign staff in with force_login, without TOTP; the rule that staff
+    need it (ANEX_STAFF_MFA_REQUIRED) has its own test, tests/db/test_staff_mfa.py."""
+    settings.ANEX_STAFF_MFA_REQUIRED = False

@@ -2,8 +2,10 @@
 "Adopted from the peer API").
 
 Fixed one-minute windows counted in Redis, so every web process shares the count. When
-Redis cannot be reached the request is let through: a limiter outage must not take the
-API down with it.
+Redis cannot be reached all three fail open (docs/decisions.md, "Limiters when Redis
+fails"): a limiter outage must not take the API down with it; credits and budgets, in
+PostgreSQL, still bound what a key can spend, and a key's 238 random bits, not the
+invalid-key count, are what keep it from being guessed.
 
 A request with an invalid key has no key to count against, so its client (the address it
 comes from) is counted instead once its key was not found: past INVALID_KEYS_PER_MINUTE
@@ -55,14 +57,33 @@ class ApiKeyRateThrottle(BaseThrottle):
         if not isinstance(key, ApiKey):
             return True
         limit = key_rate_limit(key)
-        hit = window_hit(RATE_LIMITER, key.pk)
-        if hit is None or hit.count <= limit:
-            return True
-        self._wait = hit.seconds_left
-        return False
+        hit = window_hit(RATE_LIMITER, key.pk, fail="open")
+        if hit is not None and hit.count > limit:
+            self._wait = hit.seconds_left
+            return False
+        organization_rate_count(key.organization_id)
+        return True
 
     def wait(self) -> float | None:
         return self._wait
+
+
+ORGANIZATION_RATE_DETAIL = (
+    "Too many requests: this organization's API keys together are sending requests faster "
+    "than its limit of {limit} a minute. Wait the seconds in the Retry-After header, then "
+    "retry.")
+
+
+def organization_rate_count(organization_id: object) -> None:
+    """Count one request against the organization's rate, beside its key's: past
+    ANEX_ORG_RATE_LIMIT_PER_MINUTE in a window, 429 whichever of its keys sent it, so
+    creating more keys does not buy more rate."""
+    limit = settings.ANEX_ORG_RATE_LIMIT_PER_MINUTE
+    hit = window_hit("ratelimit-org", organization_id, fail="open")
+    if hit is not None and hit.count > limit:
+        raise RateLimited(ORGANIZATION_RATE_DETAIL.format(limit=limit),
+                          retry_after=max(1, math.ceil(hit.seconds_left)),
+                          code="rate_limit_exceeded")
 
 
 def client_address(request: HttpRequest | Request) -> str:
@@ -80,7 +101,7 @@ def client_address(request: HttpRequest | Request) -> str:
 def invalid_key_count(request: HttpRequest | Request) -> None:
     """Count one invalid key against this client (called once its key was not found); 429
     once the client has sent INVALID_KEYS_PER_MINUTE of them this window."""
-    hit = window_hit("invalid-keys", client_address(request))
+    hit = window_hit("invalid-keys", client_address(request), fail="open")
     if hit is not None and hit.count > INVALID_KEYS_PER_MINUTE:
         raise RateLimited(INVALID_KEYS_DETAIL, retry_after=max(1, math.ceil(hit.seconds_left)),
                           code="rate_limit_exceeded")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from functools import wraps
 from typing import Any, Concatenate, ParamSpec, cast
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
@@ -17,6 +18,7 @@ from django.shortcuts import redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
 
 from anex.errors import DomainError
+from anex.redis import window_hit
 from console.actors import Actor
 from console.constants import Role
 from console.models import Membership, Organization
@@ -51,6 +53,18 @@ class Console:
         return Actor(user=self.membership.user)
 
 
+CONSOLE_ACTIONS_LIMITED = ("Too many actions: the console takes {limit} a minute from one "
+                           "person. Wait a minute, then try again.")
+
+
+def console_action_allowed(user: User) -> bool:
+    """One more console action (a POST) by this user this minute, within
+    ANEX_CONSOLE_ACTIONS_PER_MINUTE. Fails open when Redis is down (docs/decisions.md,
+    "Limiters when Redis fails"): every action has its own bound besides."""
+    hit = window_hit("console-actions", user.pk, fail="open")
+    return hit is None or hit.count <= settings.ANEX_CONSOLE_ACTIONS_PER_MINUTE
+
+
 ConsoleView = Callable[Concatenate[HttpRequest, Console, P], HttpResponse]
 
 
@@ -72,6 +86,10 @@ def console_page(*, owner: bool = False) -> Callable[[ConsoleView[P]],
             if membership is None:
                 return render(request, "console/no_organization.html", status=200)
             console = Console(membership=membership)
+            if request.method == "POST" and not console_action_allowed(user):
+                messages.error(request, CONSOLE_ACTIONS_LIMITED.format(
+                    limit=settings.ANEX_CONSOLE_ACTIONS_PER_MINUTE))
+                return redirect(back(request))
             if owner and not console.is_owner:
                 raise PermissionDenied(f"Only an owner of {console.organization.name} can "
                                        "open this page.")

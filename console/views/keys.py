@@ -6,6 +6,7 @@ from datetime import UTC, datetime, time
 from uuid import UUID
 
 from django.contrib import messages
+from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.urls import reverse
@@ -24,15 +25,19 @@ def keys_page(request: HttpRequest, console: Console) -> HttpResponse:
     new_key = None
     if request.method == "POST" and form.is_valid():
         day = form.cleaned_data.get("expires_at")
-        key, plaintext = api_key_create(
-            organization=console.organization, actor=console.actor,
-            name=form.cleaned_data["name"], model_scopes=form.cleaned_data["model_scopes"],
-            spend_budget_cents=form.spend_budget_cents,
-            expires_at=datetime.combine(day, time.min, tzinfo=UTC) if day else None)
-        # Shown in this one response and kept nowhere (not even the session): only the
-        # key's digest is stored.
-        new_key = {"id": str(key.pk), "plaintext": plaintext}
-        form = ApiKeyForm()
+        try:
+            key, plaintext = api_key_create(
+                organization=console.organization, actor=console.actor,
+                name=form.cleaned_data["name"], model_scopes=form.cleaned_data["model_scopes"],
+                spend_budget_cents=form.spend_budget_cents,
+                expires_at=datetime.combine(day, time.min, tzinfo=UTC) if day else None)
+        except ValidationError as error:  # a member's key without a budget, or too many keys
+            form.add_error("spend_budget" if error.code == "budget" else None, error)
+        else:
+            # Shown in this one response and kept nowhere (not even the session): only the
+            # key's digest is stored.
+            new_key = {"id": str(key.pk), "plaintext": plaintext}
+            form = ApiKeyForm()
     response = page(request, console, "console/keys.html", "keys", form=form,
                     keys=api_key_list(organization=console.organization), new_key=new_key)
     if new_key is not None:

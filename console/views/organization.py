@@ -21,8 +21,10 @@ from console.constants import Role
 from console.forms import InviteForm, OrganizationNameForm, WebhookForm
 from console.selectors import (
     audit_event_list,
+    invitation_get,
     invitation_open_list,
     membership_current,
+    membership_get,
     organization_member_list,
     organization_webhook_secret,
 )
@@ -30,6 +32,9 @@ from console.services import (
     invitation_accept,
     invitation_create,
     invitation_for_token,
+    invitation_revoke,
+    membership_remove,
+    membership_role_set,
     organization_update,
 )
 from console.views.base import SESSION_ORGANIZATION, Console, console_page, fragment, page
@@ -121,7 +126,10 @@ def settings_page(request: HttpRequest, console: Console) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 @console_page()
 def members_page(request: HttpRequest, console: Console) -> HttpResponse:
-    form = InviteForm(request.POST or None)
+    action = request.POST.get("action", "invite")
+    form = InviteForm(request.POST if action == "invite" else None)
+    if request.method == "POST" and action != "invite":
+        return _member_action(request, console, action)
     if request.method == "POST":
         if not console.is_owner:
             raise PermissionDenied("Only an owner can invite members.")
@@ -140,6 +148,33 @@ def members_page(request: HttpRequest, console: Console) -> HttpResponse:
     return page(request, console, "console/members.html", "members", form=form,
                 members=organization_member_list(organization=console.organization),
                 invitations=invitation_open_list(organization=console.organization))
+
+
+def _member_action(request: HttpRequest, console: Console, action: str) -> HttpResponse:
+    """The Members page's owner actions: remove a member (optionally revoking the keys they
+    created), change a role, revoke an invitation. The services refuse a member."""
+    organization, actor = console.organization, console.actor
+    if action == "remove":
+        membership = membership_get(organization=organization, id=request.POST.get("member", ""))
+        revoked = membership_remove(membership=membership, actor=actor,
+                                    revoke_keys=request.POST.get("revoke_keys") == "on")
+        messages.success(request, f"Removed {membership.user.email}"
+                         + (f" and revoked {len(revoked)} of their keys." if revoked else "."))
+    elif action == "role":
+        membership = membership_get(organization=organization, id=request.POST.get("member", ""))
+        role = request.POST.get("role", "")
+        if role not in Role.values:
+            raise ValidationError("Pick owner or member.")
+        membership_role_set(membership=membership, actor=actor, role=Role(role))
+        messages.success(request, f"{membership.user.email} is now {Role(role).label.lower()}.")
+    elif action == "revoke_invitation":
+        invitation = invitation_get(organization=organization,
+                                    id=request.POST.get("invitation", ""))
+        invitation_revoke(invitation=invitation, actor=actor)
+        messages.success(request, f"Invitation to {invitation.email} revoked.")
+    else:
+        messages.error(request, "Unknown members action.")
+    return redirect("console-members")
 
 
 # An invitation's token, kept in the session while its invitee signs in or up: the sign-in

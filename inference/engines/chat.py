@@ -297,7 +297,8 @@ def _refusal_types() -> tuple[type[Exception], ...]:
 
 
 def _refusal(error: Exception) -> RowError:
-    logger.info("chat row refused by the engine: %s", error)
+    # The engine's message may quote the row: it goes to the row's error, not the logs.
+    logger.info("chat row refused by the engine: %s", type(error).__name__)
     param = getattr(error, "parameter", None)
     message = str(error).strip() or type(error).__name__
     if "grammar" in message or "schema" in message:

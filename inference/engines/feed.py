@@ -29,6 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from anex.logsafe import exception_summary
+
 logger = logging.getLogger(__name__)
 
 
@@ -109,8 +111,8 @@ class EngineFeed:
                     try:
                         outputs = engine.step()
                     except Exception as error:  # the engine itself failed: every caller's
-                        logger.exception("engine step failed; failing %d requests",
-                                         len(self._waiting))
+                        logger.error("engine step failed; failing %d requests: %s",
+                                     len(self._waiting), exception_summary(error))
                         self._fail_all(error)
                         break
                     for output in outputs:
@@ -136,7 +138,8 @@ class EngineFeed:
         try:
             self._add(item)
         except Exception as error:
-            logger.exception("adding a batch of %d requests failed", len(item.prompts))
+            logger.error("adding a batch of %d requests failed: %s", len(item.prompts),
+                         exception_summary(error))
             for request_id in item.request_ids:
                 self._waiting.pop(request_id, None)
             item.failure = error

@@ -5,8 +5,10 @@ is reported (up to CHECK_ERRORS_MAX) rather than the first.
 A check is free: it creates no job, takes no slot in the approval queue and holds no
 credits. It is admitted by the submit's own checks (jobs.services.submission
 job_request_admit: the same 402, 403, 421, 422 and input answers), and each organization
-may start ANEX_CHECKS_PER_MINUTE of them a minute, since reading and tokenizing a whole
-input is real work on the estimate workers. The rows are read by the check_run_task actor.
+may start ANEX_CHECKS_PER_MINUTE of them a minute and have ANEX_CHECKS_IN_FLIGHT of them
+reading at once, since reading and tokenizing a whole input is real work. The rows are
+read by the check_run_task actor, on its own queue below the estimates (jobs.dispatch
+CHECKS), so free checks never hold up the estimates of jobs that will be paid for.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from django.utils import timezone
 from anex.errors import RateLimited
 from anex.redis import window_hit
 from anex.regions import Region
+from billing.services import organization_lock
 from console.actors import Actor
 from console.models import Organization
 from inference.catalog import model_get
@@ -45,13 +48,18 @@ CHECK_FAILED_INTERNALLY = ("The check could not be completed (an internal error,
 CHECK_STALE = timedelta(minutes=35)
 RATE_LIMITED = ("Too many preflight checks: this organization may start {limit} a minute. "
                 "Wait the seconds in the Retry-After header, then retry.")
+IN_FLIGHT = ("Too many preflight checks in flight: this organization already has {count} "
+             "still checking (the limit is {limit}). Wait for one to finish (GET "
+             "/checks/{{id}}), then retry.")
+# What an in-flight refusal's Retry-After says: a check of a typical input reads in seconds.
+IN_FLIGHT_RETRY_AFTER = 10
 
 
 def _rate_limit(organization: Organization) -> None:
     """429 past ANEX_CHECKS_PER_MINUTE checks this minute (the reference's rate-limit
     answer: Retry-After and error.code rate_limit_exceeded)."""
     limit = settings.ANEX_CHECKS_PER_MINUTE
-    hit = window_hit("checks", organization.pk)
+    hit = window_hit("checks", organization.pk, fail="closed")
     if hit is None or hit.count <= limit:
         return
     detail = RATE_LIMITED.format(limit=limit)
@@ -67,6 +75,14 @@ def check_create(*, organization: Organization, actor: Actor, request: JobReques
     admitted = job_request_admit(organization=organization, actor=actor, request=request,
                                  host_region=host_region)
     with transaction.atomic():
+        # Counted under the organization lock, so concurrent requests cannot overshoot.
+        organization_lock(organization.pk)
+        checking = PreflightCheck.objects.for_org(organization).filter(
+            status=CheckStatus.CHECKING).count()
+        limit = settings.ANEX_CHECKS_IN_FLIGHT
+        if checking >= limit:
+            raise RateLimited(IN_FLIGHT.format(count=checking, limit=limit),
+                              retry_after=IN_FLIGHT_RETRY_AFTER, code="rate_limit_exceeded")
         check = PreflightCheck.objects.create(
             organization=organization, input=admitted.input, created_by_key=actor.key,
             model=admitted.model.id, options=request.options.to_json())

@@ -139,6 +139,10 @@ def job_estimate(*, job_id: uuid.UUID | str) -> JobStatus | None:
     An unexpected failure once claimed (storage, a tokenizer that will not load) raises
     ClaimedWorkFailed: its actor hands the work out again (jobs.tasks)."""
     job = Job.objects.select_related("input", "organization").get(pk=job_id)
+    if job.input_id is None:
+        # A re-run whose input is still being derived (jobs.services.rerun): its own task
+        # sends the estimate once it is.
+        return None
     if not _claim(job):
         return None
     with claimed_work("estimate", job_id=job.pk):

@@ -23,6 +23,12 @@ def merged_key(job: Job) -> str:
     return f"results/{job.organization_id}/{job.pk}/merged.{job.format}"
 
 
+def merged_stamp_key(job: Job) -> str:
+    """Beside the merged result: which finished re-runs it was made from, and its row
+    count (jobs.services.rerun), so an unchanged set is served without rebuilding it."""
+    return f"results/{job.organization_id}/{job.pk}/merged.stamp"
+
+
 def job_data_purge(*, job: Job) -> Job:
     """Remove every object of a stopped job; the first purge's time is kept."""
     storage = storage_for(job.data_residency)
@@ -36,6 +42,7 @@ def job_data_purge(*, job: Job) -> Job:
     ancestor: Job | None = job
     while ancestor is not None:
         storage_for(ancestor.data_residency).delete(merged_key(ancestor))
+        storage_for(ancestor.data_residency).delete(merged_stamp_key(ancestor))
         ancestor = ancestor.parent
     if job.input is not None:
         storage.delete(job.input.object_key)

@@ -99,7 +99,10 @@ def _job_give_up(reason: str) -> Callable[[Job], None]:
 
 
 def _send_estimate(job: Job) -> None:
-    dispatch.send("job_estimate_task", str(job.pk))
+    # A re-run whose input was never derived (its message lost) derives it first, and
+    # that task sends the estimate (jobs.services.rerun).
+    derive = job.parent_id is not None and job.input_id is None
+    dispatch.send("job_rerun_input_task" if derive else "job_estimate_task", str(job.pk))
 
 
 def _send_sample(job: Job) -> None:

@@ -2,7 +2,8 @@
 
 A re-run is a new job, the parent's child, whose input is exactly the parent's rows whose
 outcome is one of `include` (default: error), byte for byte and in the parent's order, so
-they keep their custom_ids. It is submitted through job_submit like any job: estimated,
+they keep their custom_ids. It is submitted through job_submit like any job (the request
+answers it `submitted` at once; a worker derives its input, job_rerun_input): estimated,
 approved (or auto-approved), run, charged and sent webhooks on its own; a row that
 succeeded in the parent is never run or billed again.
 
@@ -16,23 +17,27 @@ Every read is a stream: no file, and no list of rows, is held in memory.
 
 from __future__ import annotations
 
+import hashlib
 import tempfile
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 from django.db import transaction
 
-from anex.errors import Conflict, Gone
+from anex.errors import Conflict, DomainError, Gone
 from anex.regions import Region, region_check
 from billing.services import credits_require_positive
 from console.actors import Actor
 from inference.constants import InputFormat, RowOutcome
-from jobs.constants import TERMINAL_STATUSES, ChunkStatus, InputStatus
+from jobs import dispatch
+from jobs.constants import TERMINAL_STATUSES, ChunkStatus, FailureCode, InputStatus, JobStatus
 from jobs.models import Input, Job
 from jobs.results import records, records_costed, rows_write
 from jobs.services.data import DELETED, RESULT_LINK_SECONDS, job_result_link
 from jobs.services.inputs import INPUT_CHANGED, input_derived_create, input_refresh
-from jobs.services.purge import merged_key
+from jobs.services.lifecycle import WORKER, job_fail
+from jobs.services.purge import merged_key, merged_stamp_key
 from jobs.services.rows import input_parquet_path
 from jobs.services.submission import JobRequest, job_submit
 from jobs.storage import StorageChanged, storage_for
@@ -124,31 +129,69 @@ def _rerunnable(job: Job, include: list[str]) -> int:
 def job_rerun(*, job: Job, actor: Actor, include: list[str],
               host_region: Region) -> tuple[Job, int]:
     """Create the child job that runs `job`'s rows whose outcome is in `include` again;
-    returns it and how many rows it takes."""
+    returns it, `submitted`, and how many rows it takes. Its input is derived from the
+    parent's rows by job_rerun_input on a worker: the request reads none of them, so a
+    re-run of a 2 GiB job answers as fast as one of 2 rows."""
     count = _rerunnable(job, include)
-    # The cheap refusals a submit would make, before any row is read: 402, then 421.
+    # The cheap refusals a submit would make, before anything is written: 402, then 421.
     credits_require_positive(organization=job.organization)
     region_check(host_region=host_region, residency=job.data_residency, noun="job")
-    rows = _jsonl_lines(job, include) if job.format == InputFormat.JSONL \
-        else _parquet_bytes(job, include)
+    assert job.input is not None  # _rerunnable: the parent's input is ready
+    child = job_submit(
+        organization=job.organization, actor=actor, host_region=host_region, parent=job,
+        rerun_include=include,
+        request=JobRequest(options=job.options(), input_id=str(job.input.pk),
+                           data_residency=job.data_residency))
+    return child, count
+
+
+class _Taken(Exception):
+    """The child was cancelled, or another run of the task derived its input first."""
+
+
+def job_rerun_input(*, job_id: uuid.UUID | str) -> Input | None:
+    """The job_rerun_input_task actor's work: write the child's input from its parent's
+    picked rows, then send its estimate. Safe to run twice: the input is attached by a
+    guarded update, and a run that loses (or finds the child cancelled) removes its own
+    copy. A parent whose data or input went in the meantime fails the child unbilled."""
+    child = Job.objects.select_related("parent__input", "organization",
+                                       "created_by_key").get(pk=job_id)
+    parent = child.parent
+    if parent is None or child.input_id is not None or child.status != JobStatus.SUBMITTED:
+        return None
+    include = list(child.rerun_include or DEFAULT_INCLUDE)
+    actor = Actor(key=child.created_by_key) if child.created_by_key is not None else WORKER
     item: Input | None = None
     try:
+        _rerunnable(parent, include)
+        rows = _jsonl_lines(parent, include) if parent.format == InputFormat.JSONL \
+            else _parquet_bytes(parent, include)
         with transaction.atomic():
             item = input_derived_create(
-                organization=job.organization, actor=actor, fmt=InputFormat(job.format),
-                residency=Region(job.data_residency), chunks=rows, mode="rerun")
-            child = job_submit(
-                organization=job.organization, actor=actor, host_region=host_region,
-                parent=job, rerun_include=include,
-                request=JobRequest(options=job.options(), input_id=str(item.pk),
-                                   data_residency=job.data_residency))
-    except StorageChanged:
-        raise Conflict(INPUT_CHANGED) from None
+                organization=child.organization, actor=actor, fmt=InputFormat(parent.format),
+                residency=Region(parent.data_residency), chunks=rows, mode="rerun")
+            if Job.objects.filter(pk=child.pk, status=JobStatus.SUBMITTED,
+                                  input__isnull=True).update(input=item) != 1:
+                raise _Taken
+            dispatch.send_on_commit("job_estimate_task", str(child.pk))
+        return item
+    except _Taken:
+        _discard(item)
+        return None
+    except (StorageChanged, DomainError) as error:
+        _discard(item)  # its row rolled back: the object it names goes too
+        reason = INPUT_CHANGED if isinstance(error, StorageChanged) else error.detail
+        job_fail(job=child, code=FailureCode.INVALID_INPUT, reason=reason)
+        return None
     except BaseException:
-        if item is not None:  # its row rolled back: the object it names goes too
-            storage_for(job.data_residency).delete(item.object_key)
+        _discard(item)
         raise
-    return child, count
+
+
+def _discard(item: Input | None) -> None:
+    """Remove the object of a derived input whose row did not commit."""
+    if item is not None:
+        storage_for(item.data_residency).delete(item.object_key)
 
 
 # --- the merged result ------------------------------------------------------------------
@@ -194,15 +237,41 @@ def merged_records(job: Job) -> Iterator[dict[str, Any]]:
         yield latest
 
 
+def _merged_stamp(job: Job) -> str:
+    """What the merged file is made of: every finished re-run below the job (with its
+    result) in merge order. Any change to it (a re-run finishing, one's data deleted)
+    changes the stamp."""
+    def walk(parent: Job) -> Iterator[str]:
+        for child in _children(parent):
+            yield f"{child.pk}:{child.result_key}"
+            yield from walk(child)
+    return hashlib.sha256("\n".join(walk(job)).encode()).hexdigest()
+
+
 def job_result_merged_link(*, job: Job) -> dict[str, object]:
     """GET /jobs/{id}/result?merged=true: one file with every delivered row's latest
-    outcome, written now (a later re-run changes it); the plain result when the job has no
-    finished re-run."""
+    outcome; the plain result when the job has no finished re-run. The file is written
+    once per set of finished re-runs (its stamp beside it) and served from there: a poll
+    of ?merged=true does not read and rewrite every row each time."""
     link = job_result_link(job=job)  # 410, 409 as the plain result answers
     if not _children(job):
         return {**link, "merged": True}
-    key = merged_key(job)
-    count = rows_write(job, merged_records(job), key)
-    url = storage_for(job.data_residency).download_url(
+    storage = storage_for(job.data_residency)
+    key, stamp_key, stamp = merged_key(job), merged_stamp_key(job), _merged_stamp(job)
+    count = _stamped_count(job, stamp)
+    if count is None:
+        count = rows_write(job, merged_records(job), key)
+        # Written after the file, so a stamp never names a file that is not all there.
+        storage.write_stream(stamp_key, [f"{stamp} {count}".encode()], max_bytes=1024)
+    url = storage.download_url(
         key, expires_in=RESULT_LINK_SECONDS, filename=f"{job.pk}-merged.{job.format}")
     return {**link, "result_url": url, "row_count": count, "merged": True}
+
+
+def _stamped_count(job: Job, stamp: str) -> int | None:
+    """The row count of the merged file already written for this stamp, or None."""
+    storage = storage_for(job.data_residency)
+    if not storage.exists(merged_stamp_key(job)) or not storage.exists(merged_key(job)):
+        return None
+    written, _, count = storage.read_head(merged_stamp_key(job), 1024).decode().partition(" ")
+    return int(count) if written == stamp and count.isdigit() else None

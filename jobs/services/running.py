@@ -22,6 +22,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.db.models import Sum
 
+from anex.logsafe import exception_summary
 from billing.services import hold_open_cents
 from inference.catalog import model_get
 from inference.constants import InputFormat, RowOutcome
@@ -246,8 +247,9 @@ def chunk_run(*, chunk_id: uuid.UUID | str) -> ChunkStatus | None:
     except Exception as error:
         failure = failure_class(error)
         failure_note(failure)  # the operations page's recent failures by class
-        logger.exception("chunk %s of job %s failed (%s, attempt %s)", chunk.index, job.pk,
-                         failure, chunk.attempts)
+        # Without the message: it may quote a row (anex.logsafe).
+        logger.error("chunk %s of job %s failed (%s, attempt %s): %s", chunk.index, job.pk,
+                     failure, chunk.attempts, exception_summary(error))
         if failure == FailureClass.ENGINE:
             breaker.failed()
         return _chunk_retry_or_fail(chunk, failure)

@@ -140,7 +140,10 @@ def job_submit(*, organization: Organization, actor: Actor, request: JobRequest,
     """Create a job from a checked request, in `submitted`; estimating starts after commit.
 
     host_region is the region of the API host the request reached (421 if it is not the
-    job's). A re-run (jobs.services.rerun) names its `parent` and the outcomes it picked.
+    job's). A re-run (jobs.services.rerun) names its `parent` and the outcomes it picked,
+    and is admitted against the parent's input: its own input is derived from the parent's
+    rows by a worker (job_rerun_input_task), which then sends the estimate, so the request
+    reads none of them.
     """
     admitted = job_request_admit(organization=organization, actor=actor, request=request,
                                  host_region=host_region)
@@ -159,7 +162,7 @@ def job_submit(*, organization: Organization, actor: Actor, request: JobRequest,
                 "some, or let them expire, then resubmit.",
                 retry_after=APPROVAL_QUEUE_RETRY_AFTER)
         job = Job.objects.create(
-            organization=organization, input=item,
+            organization=organization, input=item if parent is None else None,
             task_type=TaskType(kind.task), format=item.format, data_residency=residency,
             created_by_key=actor.key, parent=parent, rerun_include=rerun_include,
             openai=openai, **Job.options_columns(request.options, generates=kind.generates))
@@ -170,6 +173,7 @@ def job_submit(*, organization: Organization, actor: Actor, request: JobRequest,
         job_created(job=job, actor=actor)
         audit_record(organization=organization, actor=actor, action=AuditAction.JOB_SUBMITTED,
                      target=job, data={"model": model.id, "input": str(item.pk)})
-        dispatch.send_on_commit("job_estimate_task", str(job.pk))
+        dispatch.send_on_commit(
+            "job_estimate_task" if parent is None else "job_rerun_input_task", str(job.pk))
     return job
 

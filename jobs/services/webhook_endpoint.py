@@ -12,7 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from anex.crypto import secret_encrypt
-from anex.net import FetchError
+from anex.net import FetchError, url_mask
 from console.actors import Actor
 from console.audit import audit_record
 from console.constants import AuditAction
@@ -64,7 +64,8 @@ def organization_webhook_set(*, organization: Organization, actor: Actor,
         Organization.objects.filter(pk=locked.pk).update(**fields)
     if "webhook_url" in fields:
         audit_record(organization=locked, actor=actor, action=AuditAction.WEBHOOK_ENDPOINT_SET,
-                     target=locked, data={"from": locked.webhook_url, "to": url})
+                     target=locked,
+                     data={"from": url_mask(locked.webhook_url), "to": url_mask(url)})
     organization.refresh_from_db()
     return organization
 

@@ -32,7 +32,7 @@ from django.utils import timezone
 from standardwebhooks import Webhook
 
 from anex.crypto import secret_decrypt
-from anex.net import FetchError, UnsafeURL, fetch, url_check
+from anex.net import FetchError, UnsafeURL, fetch, url_check, url_mask
 from console.models import Organization
 from jobs import dispatch
 from jobs.constants import DELIVERY_BACKOFF_SECONDS, DeliveryStatus, JobStatus
@@ -100,7 +100,7 @@ def delivery_enqueue(*, organization: Organization, url: str, event_type: str,
     event's id and the webhook-id of every attempt."""
     delivery_id = uuid.uuid4()
     delivery = WebhookDelivery.objects.create(
-        id=delivery_id, organization=organization, input=input, job=job, url=url,
+        id=delivery_id, organization=organization, input=input, job=job, url=url_mask(url),
         event_type=event_type, next_attempt_at=timezone.now(),
         payload={"type": event_type, "timestamp": _timestamp(unix=input is not None),
                  "id": f"msg_{delivery_id.hex}", "data": data},
@@ -179,7 +179,10 @@ def _signing_secrets(delivery: WebhookDelivery) -> list[str]:
 def _destination(delivery: WebhookDelivery) -> str:
     # An organization's events go to its endpoint as it is now, so fixing a broken URL in
     # Settings also reaches the retries already waiting.
-    return delivery.url if delivery.input is not None else delivery.organization.webhook_url
+    # The row keeps the URL masked (anex.net.url_mask): an ingest's callback goes to the
+    # URL its input holds.
+    return delivery.input.callback_url if delivery.input is not None \
+        else delivery.organization.webhook_url
 
 
 def _payload_for_attempt(delivery: WebhookDelivery) -> dict[str, Any]:
@@ -268,7 +271,7 @@ def delivery_attempt(*, delivery_id: uuid.UUID | str) -> DeliveryStatus | None:
     with transaction.atomic():
         WebhookDelivery.objects.filter(pk=delivery.pk).update(
             next_attempt_at=timezone.now() + timedelta(seconds=delay), leased_until=None,
-            url=url, last_status_code=status_code, last_error=error[:500])
+            url=url_mask(url), last_status_code=status_code, last_error=error[:500])
         _send_after_commit(delivery.pk, delay_seconds=delay)
     return DeliveryStatus.PENDING
 
@@ -277,7 +280,7 @@ def _settle(delivery: WebhookDelivery, outcome: DeliveryStatus, *, url: str,
             status_code: int | None, error: str = "") -> DeliveryStatus:
     with transaction.atomic():
         WebhookDelivery.objects.filter(pk=delivery.pk).update(
-            status=outcome, leased_until=None, url=url, last_status_code=status_code,
+            status=outcome, leased_until=None, url=url_mask(url), last_status_code=status_code,
             last_error=error[:500],
             delivered_at=timezone.now() if outcome == DeliveryStatus.DELIVERED else None)
         if delivery.job_id is not None:

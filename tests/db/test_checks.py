@@ -440,3 +440,46 @@ def test_an_expired_inputs_checks_lose_their_quoted_rows(
     assert api.get(f"{CHECKS}/{check_id}").json()["errors"] == []
     assert [e["custom_id"] for e in api.get(f"{CHECKS}/{kept_id}").json()["errors"]] == [
         "kept-row"]
+
+
+@pytest.mark.django_db
+def test_checks_in_flight_are_capped_per_organization(api: APIClient, organization: Organization,
+                                                      settings: Settings,
+                                                      client_for: Any) -> None:
+    # Issue 22, M4: the per-minute start rate let an organization keep ten whole-input reads
+    # going at once, minute after minute, for free.
+    settings.ANEX_CHECKS_IN_FLIGHT = 2
+    item = input_ready(organization, chat_row("a"))
+    body = {"input_id": str(item.pk), "model": "gemma4-12b"}
+    # given two checks still reading (nothing consumes their messages here)
+    first, _ = (check_start(api, str(item.pk)) for _ in range(2))
+    # when a third is started, from another key of the same organization
+    other = client_for(api_key_make(organization)[1])
+    refused = other.post(CHECKS, body, format="json")
+    # then it is refused with the reference's rate-limit envelope, nothing recorded
+    assert refused.status_code == 429 and int(refused["Retry-After"]) >= 1
+    assert refused.json()["error"] == {
+        "code": "rate_limit_exceeded",
+        "message": "Too many preflight checks in flight: this organization already has 2 "
+                   "still checking (the limit is 2). Wait for one to finish (GET "
+                   "/checks/{id}), then retry."}
+    assert PreflightCheck.objects.filter(organization=organization).count() == 2
+    # another organization is not held by it
+    theirs = organization_make()
+    their_item = input_ready(theirs, chat_row("a"))
+    assert client_for(api_key_make(theirs)[1]).post(
+        CHECKS, {"input_id": str(their_item.pk), "model": "gemma4-12b"},
+        format="json").status_code == 202
+    # and once one settles, the next is admitted
+    checked(api, first["id"])
+    assert other.post(CHECKS, body, format="json").status_code == 202
+
+
+def test_checks_run_on_their_own_queue_after_estimates() -> None:
+    """A worker holding both takes estimates (paid work) first: Dramatiq orders the
+    messages a worker holds by their actor's priority, a higher number later."""
+    from jobs import dispatch, tasks
+
+    assert dispatch.ACTOR_QUEUES["check_run_task"] == dispatch.CHECKS != dispatch.ESTIMATE
+    assert tasks.check_run_task.queue_name == dispatch.CHECKS
+    assert tasks.check_run_task.priority > tasks.job_estimate_task.priority

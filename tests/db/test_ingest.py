@@ -17,6 +17,7 @@ from pytest_django import Settings
 from rest_framework.test import APIClient
 
 from anex.crypto import secret_decrypt
+from anex.net import no_reply
 from jobs.constants import DELIVERY_BACKOFF_SECONDS, DeliveryStatus, InputStatus
 from jobs.models import Input, WebhookDelivery
 from jobs.services.inputs import input_copy
@@ -119,7 +120,7 @@ def test_a_source_too_slow_to_answer_fails_the_copy(api: APIClient, source: Loca
     source.routes["/slow.jsonl"] = stall
     monkeypatch.setattr("jobs.services.inputs.COPY_READ_TIMEOUT_SECONDS", 0.5)
     assert input_copy(input_id=created["id"]) == InputStatus.FAILED
-    assert Input.objects.get(pk=created["id"]).error == "127.0.0.1 did not answer in time"
+    assert Input.objects.get(pk=created["id"]).error == no_reply("127.0.0.1")
 
 
 @pytest.mark.django_db

@@ -22,9 +22,10 @@ from inference.constants import RowOutcome
 from inference.pricing import Usage
 from jobs.constants import JobStatus
 from jobs.models import Chunk, Job
+from jobs.services.data import DELETED
 from jobs.services.estimation import job_estimate
 from jobs.services.lifecycle import job_approve
-from jobs.services.rerun import merged_key
+from jobs.services.rerun import job_rerun_input, merged_key
 from jobs.services.rows import rows_read
 from jobs.services.running import chunk_run, job_finalize, job_start
 from jobs.storage import LocalRegionStorage, storage_for
@@ -87,8 +88,10 @@ def parent_done(organization: Organization, rows: int = 20, *, fmt: str = "jsonl
 
 
 def rerun(api: APIClient, job: Job, **body: Any) -> dict[str, Any]:
+    """POST the re-run, then derive the child's input as its job_rerun_input_task does."""
     response = api.post(f"{JOBS}/{job.pk}/rerun", body or None, format="json")
     assert response.status_code == 200, response.content
+    assert job_rerun_input(job_id=response.json()["id"]) is not None
     return response.json()  # type: ignore[no-any-return]
 
 
@@ -373,3 +376,100 @@ def test_deleting_a_parents_data_deletes_its_reruns_copies_of_its_rows(
     assert waiting.status == JobStatus.CANCELLED
     assert not local_path(finished.result_key).exists()
     assert api.get(f"{JOBS}/{finished.pk}/result").status_code == 410
+
+
+def test_a_rerun_reads_none_of_the_parents_rows_in_the_request(
+        api: APIClient, organization: Organization, monkeypatch: pytest.MonkeyPatch,
+        django_capture_on_commit_callbacks: Any) -> None:
+    # Issue 22, M4: POST /jobs/{id}/rerun streamed the parent's whole input inside the
+    # request and its transaction; a few such requests held web workers for minutes.
+    from jobs.storage import LocalRegionStorage
+    from tests.dispatched import Sent, dispatch_catch
+
+    parent = parent_done(organization)
+    caught: list[Sent] = []
+    dispatch_catch(monkeypatch, caught.append, "job_rerun_input_task", "job_estimate_task")
+    opened: list[str] = []
+    real_open = LocalRegionStorage.open
+    monkeypatch.setattr(LocalRegionStorage, "open",
+                        lambda self, key, **kw: (opened.append(key), real_open(self, key, **kw))[1])
+    # when a re-run is asked for
+    with django_capture_on_commit_callbacks(execute=True):
+        body = api.post(f"{JOBS}/{parent.pk}/rerun").json()
+    # then it answers the child submitted, with no input yet, and no row was read
+    assert (body["status"], body["row_count"]) == ("submitted", len(FAILED))
+    assert opened == [] and Job.objects.get(pk=body["id"]).input_id is None
+    # and its input is derived by the job_rerun_input_task actor, on the estimate queue
+    assert [(s.actor, s.id, s.queue) for s in caught] == [
+        ("job_rerun_input_task", body["id"], "estimate")]
+    # which, run (twice: a redelivered message), writes one input and sends the estimate
+    with django_capture_on_commit_callbacks(execute=True):
+        item = job_rerun_input(job_id=body["id"])
+    assert item is not None and job_rerun_input(job_id=body["id"]) is None
+    assert local_path(item.object_key).read_bytes() == b"".join(
+        chat_request_line(f"r{i}") for i in sorted(FAILED))
+    assert [s.actor for s in caught[1:]] == ["job_estimate_task"]
+    assert Job.objects.get(pk=body["id"]).input_id == item.pk
+    # an estimate that arrives before the input is derived leaves the job alone
+    early = api.post(f"{JOBS}/{parent.pk}/rerun").json()
+    assert job_estimate(job_id=early["id"]) is None
+    assert Job.objects.get(pk=early["id"]).status == JobStatus.SUBMITTED
+
+
+def test_a_lost_rerun_message_is_sent_again_by_the_recovery_pass(
+        api: APIClient, organization: Organization, monkeypatch: pytest.MonkeyPatch) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from jobs.services.recovery import SUBMITTED, lease_recover
+    from tests.dispatched import Sent, dispatch_catch
+
+    parent = parent_done(organization)
+    child_id = api.post(f"{JOBS}/{parent.pk}/rerun").json()["id"]
+    caught: list[Sent] = []
+    dispatch_catch(monkeypatch, caught.append, "job_rerun_input_task", "job_estimate_task")
+    lease_recover(SUBMITTED, timezone.now() + timedelta(minutes=6))
+    assert [(s.actor, s.id) for s in caught] == [("job_rerun_input_task", child_id)]
+
+
+def test_a_rerun_whose_parent_lost_its_data_meanwhile_fails_unbilled(
+        api: APIClient, organization: Organization) -> None:
+    parent = parent_done(organization)
+    child_id = api.post(f"{JOBS}/{parent.pk}/rerun").json()["id"]
+    Job.objects.filter(pk=parent.pk).update(data_deleted_at=parent.finished_at)
+    assert job_rerun_input(job_id=child_id) is None
+    child = Job.objects.get(pk=child_id)
+    assert (child.status, child.failure_code, child.input_id) == (
+        JobStatus.FAILED, "invalid_input", None)
+    assert child.failure_reason == DELETED
+    assert not LedgerEntry.objects.filter(idempotency_key=f"job:{child.pk}:charge").exists()
+
+
+def test_the_merged_file_is_written_once_per_set_of_finished_reruns(
+        api: APIClient, organization: Organization, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 22, M4: every GET ?merged=true read every row of the job and its re-runs and
+    # wrote the file again.
+    from jobs.services import rerun as rerun_service
+
+    writes: list[str] = []
+    real_write = rerun_service.rows_write
+    monkeypatch.setattr(rerun_service, "rows_write",
+                        lambda job, rows, key: (writes.append(key), real_write(job, rows, key))[1])
+    parent = parent_done(organization)
+    first = approve_and_run(api, rerun(api, parent)["id"],
+                            lambda ident: RowOutcome.ERROR if ident == "r9"
+                            else RowOutcome.SUCCESS, "first")
+    # when the merged file is asked for again and again
+    bodies = [merged(api, parent) for _ in range(3)]
+    # then it was written once, and served the same each time
+    assert writes == [merged_key(parent)] and bodies[0] == bodies[1] == bodies[2]
+    # a re-run still running changes nothing; once it finishes, the file is written again
+    second_id = rerun(api, first)["id"]
+    assert merged(api, parent) == bodies[0] and len(writes) == 1
+    approve_and_run(api, second_id, lambda ident: RowOutcome.SUCCESS, "second")
+    assert merged(api, parent)[9]["response"]["body"]["choices"][0]["message"]["content"] \
+        == "second:r9"
+    assert len(writes) == 2
+    merged(api, parent)
+    assert len(writes) == 2

@@ -28,6 +28,7 @@ from django.db import transaction
 from django.utils import timezone
 from pytest_django import Settings
 
+from anex.net import no_reply, url_mask
 from console.actors import Actor
 from console.constants import Role
 from console.models import AuditEvent, Organization
@@ -136,7 +137,8 @@ def test_setting_an_endpoint_gives_it_a_secret_encrypted_at_rest(receiver: Local
     assert stored.webhook_url == receiver.url("/hook")
     assert secret not in stored.webhook_secret_encrypted
     event = AuditEvent.objects.for_org(organization).get(action="webhook.endpoint_set")
-    assert event.data == {"from": "", "to": receiver.url("/hook")}
+    # the record keeps the endpoint's host only (issue 22 L9)
+    assert event.data == {"from": "", "to": url_mask(receiver.url("/hook"))}
     assert event.actor_user == owner
     # Setting it again (or another URL) keeps the secret the receiver already has.
     organization_webhook_set(organization=organization, actor=SYSTEM,
@@ -424,7 +426,7 @@ def test_a_receiver_that_never_answers_is_given_up_after_about_a_day(
             WebhookDelivery.objects.filter(pk=first.pk).update(next_attempt_at=timezone.now())
     assert outcome == DeliveryStatus.GAVE_UP
     assert first.attempts == len(DELIVERY_BACKOFF_SECONDS) + 1
-    assert first.last_error == "127.0.0.1 did not answer in time"
+    assert first.last_error == no_reply("127.0.0.1")
     assert 0.9 * sum(DELIVERY_BACKOFF_SECONDS) <= waited <= 1.1 * sum(DELIVERY_BACKOFF_SECONDS)
     assert 20 <= waited / 3600 <= 25  # "about a day"
     # Given up, it no longer holds back the job's next event.
@@ -560,3 +562,37 @@ def test_the_schedule_widens_for_about_a_day() -> None:
     # Wider each time by more than the +-10% jitter can undo.
     assert all(later * 0.9 > earlier * 1.1 for earlier, later in pairwise(gaps))
     assert 20 <= sum(gaps) / 3600 <= 25
+
+
+# -- issue 22, L9: records keep a webhook URL's host, never the rest -----------------------
+
+def test_a_url_is_masked_to_its_scheme_host_and_port() -> None:
+    assert url_mask("https://hooks.example.com/services/T0/B0/XyZsecret?key=k#f") == \
+        "https://hooks.example.com/…"
+    assert url_mask("https://hooks.example.com:8443/") == "https://hooks.example.com:8443/"
+    assert url_mask("https://[2001:db8::1]/t?k=1") == "https://[2001:db8::1]/…"
+    assert (url_mask(""), url_mask("not a url")) == ("", "…")
+
+
+@pytest.mark.django_db
+def test_audit_events_and_delivery_rows_keep_no_secret_part_of_the_url(
+        receiver: LocalServer, django_capture_on_commit_callbacks: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A webhook URL is often its own credential (a token in the path or the query): the
+    # audit log and the delivery rows, read by every owner and kept, held it in full.
+    dispatch_catch(monkeypatch, lambda message: None, "delivery_attempt_task")
+    secret_path = "/hook?token=s3cr3t-t0ken"
+    receiver.routes["/hook"] = lambda handler: reply(handler, 200, b"ok")
+    organization = organization_webhook_set(organization=organization_make(), actor=SYSTEM,
+                                            url=receiver.url(secret_path))
+    job = job_make(organization)
+    move(job, JobStatus.COST_READY, est_cost_cents=5)
+    deliver_all()
+    # the event still reached the full URL
+    assert [seen.path for seen in receiver.requests] == [secret_path]
+    # and no record keeps its secret part
+    delivery = WebhookDelivery.objects.get(organization=organization)
+    assert delivery.status == DeliveryStatus.DELIVERED
+    assert delivery.url == url_mask(receiver.url(secret_path)) and "s3cr3t" not in delivery.url
+    for event in AuditEvent.objects.for_org(organization):
+        assert "s3cr3t" not in json.dumps(event.data), event.action

@@ -18,8 +18,7 @@ APPS = ("anex", "billing", "console", "inference", "jobs", "openai_api", "realti
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ground", ("anex", "anex.api", "anex.env", "anex.settings", "anex.net", "anex.crypto",
                 "anex.db", "anex.redis", "anex.requestid", "anex.logcontext", "anex.broker",
-                "anex.regions",
-                "anex.errors", "anex.api.errors")),
+                "anex.regions", "anex.errors", "anex.api.errors", "anex.logsafe")),
     ("model facts", ("inference", "inference.apps", "inference.catalog", "inference.constants",
                      "inference.pricing", "inference.response_format", "inference.tokens",
                      "inference.chat_template", "inference.token_pieces",
