@@ -139,6 +139,31 @@ def rows_read(job: Job, chunk: Chunk) -> list[InputRow]:
     return rows
 
 
+def rows_at(job: Job, picks: list[list[int]]) -> list[InputRow]:
+    """The rows `picks` names (jobs.services.sampling.sample_pick: a JSONL row's index and
+    byte range, a parquet row's index), each read alone, in the order given."""
+    assert job.input is not None
+    if job.format == InputFormat.JSONL:
+        storage = storage_for(job.data_residency)
+        rows = []
+        for index, start, end in picks:
+            request = line_loads(storage.read_range(job.input.object_key, start, end,
+                                                    pin=job.input.content_pin).strip())
+            rows.append(InputRow(index, str(request["custom_id"]), request.get("body") or {}))
+        return rows
+    reading = kind_named(job.task_type).parquet
+    assert reading is not None, "a parquet input was validated for a kind that reads it"
+    parquet = parquet_open(input_parquet_path(job))
+    content, identity = parquet_columns(parquet, reading)
+    rows = []
+    for (index,) in picks:
+        for row_index, name, value in parquet_rows(parquet, content, identity, start=index):
+            rows.append(InputRow(row_index, str(name if identity else row_index),
+                                 reading.body(content, value)))
+            break
+    return rows
+
+
 def record(row: InputRow, served: ServedRow) -> dict[str, Any]:
     """One row's result as the chunk object keeps it; the result file is made from these."""
     return {"i": row.index, "id": row.ident, "outcome": served.outcome.value,
