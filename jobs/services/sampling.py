@@ -44,7 +44,14 @@ from inference.pricing import Usage, price, usage_from_json, usage_json
 from inference.warmth import startup_seconds
 from jobs import dispatch
 from jobs.constants import FailureCode, JobStatus, JobSubstate
-from jobs.failures import ClaimedWorkFailed
+from jobs.failures import (
+    BREAKER_RESEND_MS,
+    ClaimedWorkFailed,
+    FailureClass,
+    backoff_ms,
+    breaker_for,
+    failure_class,
+)
 from jobs.models import Job
 from jobs.services.lifecycle import (
     WORKER,
@@ -288,6 +295,16 @@ def job_sample(*, job_id: uuid.UUID | str) -> JobStatus | None:
     once; a failure other than the output not fitting (the engine not starting, storage)
     raises ClaimedWorkFailed: its actor hands it out again, and the job fails past the cap
     (jobs.services.recovery)."""
+    waiting = Job.objects.filter(pk=job_id).only("model", "data_residency").first()
+    if waiting is None:
+        return None
+    breaker = breaker_for(waiting.model)
+    if not breaker.allows():
+        # This worker's engine for the model keeps failing: the sample goes back unclaimed,
+        # for a worker whose engine answers (as a chunk does, jobs.services.running).
+        sample_send(waiting, delay_ms=backoff_ms(1, base_ms=BREAKER_RESEND_MS,
+                                                 cap_ms=BREAKER_RESEND_MS))
+        return None
     if not job_lease_claim(job_id=job_id, state=JobSubstate.SAMPLING):
         return None
     job = Job.objects.select_related("input", "organization").get(pk=job_id)
@@ -300,7 +317,10 @@ def job_sample(*, job_id: uuid.UUID | str) -> JobStatus | None:
         job_fail(job=job, code=FailureCode.INVALID_INPUT, reason=failure.message)
         return JobStatus.FAILED
     except Exception as error:
+        if failure_class(error) == FailureClass.ENGINE:
+            breaker.failed()
         raise ClaimedWorkFailed("sample", job_id=job.pk) from error
+    breaker.succeeded()
     # What it used replaces its reservation (a sample that failed keeps the reservation).
     Job.objects.filter(pk=job.pk).update(sample_tokens=result.tokens_used)
     rows = job.row_count or 0
