@@ -57,10 +57,11 @@ class FailureClass(StrEnum):
     UNEXPECTED = "unexpected"
 
 
-# vLLM's own names for an engine that stopped (vllm.v1.engine.exceptions), read by name so
-# that this module does not import vLLM.
+# vLLM's own names for an engine that stopped (vllm.v1.engine.exceptions), and the feed's
+# (inference/engines/feed.py EngineFailing), read by name so that this module does not
+# import vLLM.
 _ENGINE_ERRORS = frozenset({"EngineDeadError", "EngineGenerateError", "EngineNotConfigured",
-                            "EngineBuildFailed"})
+                            "EngineBuildFailed", "EngineFailing"})
 
 
 def failure_class(error: BaseException) -> FailureClass:
