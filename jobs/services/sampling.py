@@ -34,8 +34,7 @@ from django.utils import timezone
 from anex.errors import RateLimited
 from billing.services import organization_lock
 from inference.catalog import CatalogModel, model_get
-from inference.constants import InputFormat
-from inference.constants import MAX_OUTPUT_TOKENS
+from inference.constants import MAX_OUTPUT_TOKENS, InputFormat
 from inference.engines import ChatSettings
 from inference.kinds import kind_for
 from inference.kinds.base import InputRow

@@ -23,6 +23,7 @@ from inference.engines import ChatOutcome, ChatSettings
 from inference.kinds.base import InputRow
 from inference.kinds.chat import ChatKind
 from inference.pricing import Usage
+from jobs import dispatch
 from jobs.constants import JobStatus, JobSubstate
 from jobs.dispatch import run_queues_declare, sample_queue
 from jobs.models import Job
@@ -31,7 +32,6 @@ from jobs.services.running import job_start
 from jobs.services.sampling import SAMPLE_ROWS, job_sample, sample_allowance
 from jobs.storage import LocalRegionStorage
 from tests.db.test_fair_dispatch import answer, approved_job
-from jobs import dispatch
 from tests.dispatched import Sent, dispatch_catch
 from tests.factories import input_ready, organization_make
 from tests.workers import running_worker, until

@@ -1,6 +1,7 @@
 """Issue 11, item 5: sampled estimates are free work on the paid models' workers, so an
 organization's sampled tokens are capped per hour; samples queue apart from paid chunks
-(and, since issue 21, run ahead of them); a sample that crashes fails its job (tests/db/test_jobs_recovery.py)."""
+(and, since issue 21, run ahead of them); a sample that crashes fails its job
+(tests/db/test_jobs_recovery.py)."""
 
 from __future__ import annotations
 
