@@ -142,7 +142,7 @@ def test_a_sample_runs_next_though_paid_chunks_are_queued(
     settings.ANEX_WORKER_REGIONS = ["world"]
     settings.ANEX_WORKER_MODELS = [MODEL]
     settings.ANEX_CHUNK_ROWS = 1
-    settings.ANEX_DISPATCH_IN_FLIGHT = settings.ANEX_DISPATCH_JOB_IN_FLIGHT = 6
+    settings.ANEX_DISPATCH_IN_FLIGHT = settings.ANEX_DISPATCH_JOB_IN_FLIGHT = 4
     broker = dramatiq.get_broker()
     broker.flush_all()
     run_queues_declare()
@@ -168,9 +168,9 @@ def test_a_sample_runs_next_though_paid_chunks_are_queued(
 
     monkeypatch.setattr("jobs.services.running.execute", chunk_step)
     monkeypatch.setattr(ChatKind, "engine", lambda self, model_id: Engine(ran))
-    # An organization's paid job: six chunks queued in the model's run queue.
-    paid = approved_job(organization_make(), rows=6)
-    assert job_start(job_id=paid.pk) == 6
+    # An organization's paid job: four chunks queued in the model's run queue.
+    paid = approved_job(organization_make(), rows=4)
+    assert job_start(job_id=paid.pk) == 4
     # Another organization's job waits for its sample (sent once a chunk runs, above).
     job = sampling_job(api, organization, 3)
     assert len(held) == 1 and held[0].queue == sample_queue("world", MODEL)
@@ -183,5 +183,5 @@ def test_a_sample_runs_next_though_paid_chunks_are_queued(
         until(done, timeout=120)
     assert sample_taken.is_set()
     # One thread: the chunk it was running, then the sample, then the rest of the chunks
-    # (behind them, the sample would have waited for all six).
-    assert ran == ["chunk", "sample"] + ["chunk"] * 5
+    # (behind them, the sample would have waited for all four).
+    assert ran == ["chunk", "sample"] + ["chunk"] * 3
