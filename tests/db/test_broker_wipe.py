@@ -16,6 +16,7 @@ from collections import Counter
 
 import dramatiq
 import pytest
+from dramatiq.brokers.redis import RedisBroker
 from pytest_django import Settings
 
 from anex.periodic import tick
@@ -47,6 +48,7 @@ def small_room(settings: Settings) -> None:
 def queued_chunks() -> Counter[str]:
     """Every chunk message the broker holds, by chunk id (a duplicate counts twice)."""
     broker = dramatiq.get_broker()
+    assert isinstance(broker, RedisBroker)
     key = f"{broker.namespace}:{run_queue('world', MODEL)}.msgs"
     return Counter(str(dramatiq.Message.decode(raw).args[0])
                    for raw in broker.client.hvals(key))
@@ -56,6 +58,7 @@ def test_after_a_wipe_the_next_pass_resends_what_was_lost_and_nothing_twice(
         monkeypatch: pytest.MonkeyPatch) -> None:
     dispatch_catch(monkeypatch, lambda message: None, "job_start_task")  # started here
     broker = dramatiq.get_broker()
+    assert isinstance(broker, RedisBroker)
     broker.flush_all()
     dispatch.run_queues_declare()
     recover()  # the broker's sentinel is set: no wipe seen from here on

@@ -15,6 +15,7 @@ from typing import Any
 
 import dramatiq
 import pytest
+from dramatiq.brokers.redis import RedisBroker
 from pytest_django import Settings
 from rest_framework.test import APIClient
 
@@ -144,6 +145,7 @@ def test_a_sample_runs_next_though_paid_chunks_are_queued(
     settings.ANEX_CHUNK_ROWS = 1
     settings.ANEX_DISPATCH_IN_FLIGHT = settings.ANEX_DISPATCH_JOB_IN_FLIGHT = 4
     broker = dramatiq.get_broker()
+    assert isinstance(broker, RedisBroker)
     broker.flush_all()
     run_queues_declare()
     send = dispatch.send
