@@ -136,6 +136,33 @@ def test_a_small_file_is_sampled_whole(api: APIClient, organization: Organizatio
     assert len(engine.seen) == 5
 
 
+@pytest.mark.django_db
+def test_a_parquet_inputs_sample_reads_its_rows_by_index(
+        organization: Organization, monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    dispatch_catch(monkeypatch, lambda message: None, "job_sample_task")
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"id": [f"p{i}" for i in range(200)],
+                             "prompt": [f"question {i}" for i in range(200)]}), buffer,
+                   row_group_size=50)
+    item = input_ready(organization, buffer.getvalue(), fmt="parquet")
+    job = Job.objects.create(organization=organization, model=MODEL, input=item,
+                             format="parquet", status=JobStatus.SUBMITTED)
+    assert job_estimate(job_id=job.pk) == JobStatus.ESTIMATING
+    job.refresh_from_db()
+    picks = job.sample_rows or []
+    assert len(picks) == SAMPLE_ROWS and all(len(pick) == 1 for pick in picks)
+    engine = Engine()
+    monkeypatch.setattr(ChatKind, "engine", lambda self, model_id: engine)
+    assert job_sample(job_id=job.pk) == JobStatus.COST_READY
+    assert sorted(request.messages[-1]["content"] for request in engine.seen) == \
+        sorted(f"question {index}" for (index,) in picks)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_sample_runs_next_though_paid_chunks_are_queued(
         api: APIClient, organization: Organization, settings: Settings,
