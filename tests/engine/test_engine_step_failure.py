@@ -108,4 +108,5 @@ def test_a_failed_step_fails_only_the_row_at_fault(worker: Callable[..., None]) 
     chunks = Chunk.objects.filter(job__in=[a, b])
     assert {(c.status, c.attempts, c.deferrals) for c in chunks} == {(ChunkStatus.DONE, 1, 0)}
     a.refresh_from_db()
-    assert (a.success_rows, a.error_rows) == (7, 1)
+    # (answered rows stop on the 12-token cap: truncated, a success with a marker)
+    assert ((a.success_rows or 0) + (a.truncated_rows or 0), a.error_rows) == (7, 1)
