@@ -7,12 +7,18 @@ on one engine, measured in alternating rounds so both sides see the same machine
 
 Chat (tiny-qwen3, greedy, thinking off): for each output cap,
   (a) a whole anex job after the engine is up: approve -> chunks through the broker and a
-      worker running 4 threads (as `make run` starts it) -> the engine's feed -> chunk
-      results -> the merged result file, timed from approve to done;
+      worker as `make run` starts it (4 threads, Dramatiq's default poll of idle queues)
+      -> the engine's feed -> chunk results -> the merged result file, timed from approve
+      to done;
   (b) vLLM's LLM.chat directly, every row in one call, on the same engine;
   and, with --run-batch, (c) vLLM's batch runner (`python -m vllm.entrypoints.openai.
   run_batch`, what `vllm run-batch` runs), timed whole and with its start-up taken off.
-Both sides' greedy outputs are compared row by row (text and token count).
+Every row decodes the whole cap on both sides (ignore_eos: the trained tiny model would
+otherwise stop after about 13 tokens whatever the cap, and the 128-token case would measure
+the overheads, not decoding): LLM.chat is given ignore_eos, and the job's requests get it
+where the job's SamplingParams reach the engine feed (this process is the worker; the
+product itself never ignores EOS). Rows/s and output tokens/s are printed for both sides;
+both sides' greedy outputs are compared row by row (text and token count).
 
 Embeddings (all-minilm-l6-v2, --embed-rows short rows): (a) a whole anex embedding job
 from approve to done, against (b) LLM.embed directly; and the seconds from submit to
@@ -39,10 +45,26 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "anex.settings")
 CHAT_MODEL, EMBED_MODEL = "tiny-qwen3", "all-minilm-l6-v2"
-WORKER_THREADS = 4  # what `make run` starts (anex.devstack)
-# How long an idle queue's consumer sleeps between polls, at most (Dramatiq's
-# worker_timeout, 1000 ms by default: up to a second per hop, approve -> start -> chunks).
-WORKER_POLL_MS = 100
+# The worker `make run` starts (anex.devstack: `dramatiq anex.worker --processes 1 --threads
+# 4`): 4 threads, and Dramatiq's own worker_timeout (an idle queue's consumer polls up to
+# once a second), not a faster poll that would flatter the job side.
+WORKER_THREADS = 4
+
+
+def decode_the_cap() -> None:
+    """Every job request decodes its whole cap (ignore_eos), as LLM.chat is asked to: set
+    where the job's SamplingParams are handed to the engine feed, in this process."""
+    from inference.engines.feed import EngineFeed
+
+    run = EngineFeed.run
+
+    def run_to_the_cap(self: EngineFeed, prompts: Any, params: Any) -> Any:
+        for item in params:
+            if getattr(item, "max_tokens", None) and item.max_tokens > 1:  # not a decision
+                item.ignore_eos = True
+        return run(self, prompts, params)
+
+    EngineFeed.run = run_to_the_cap  # type: ignore[method-assign]
 
 
 def chat_rows(path: Path, rows: int, tokens: int, tag: str) -> None:
@@ -218,13 +240,14 @@ def chat_bench(bench: Bench, rows: int, tokens: int, rounds: int,
     model = model_get(CHAT_MODEL)
     assert model is not None
     llm = engine_for(CHAT_MODEL).llm  # type: ignore[union-attr]
-    params = SamplingParams(max_tokens=tokens, temperature=0.0)
+    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
     kwargs = {"enable_thinking": False}
     # Warm-up at full size: the first batch of a size pays for allocations both sides reuse.
     llm.chat([[{"role": "user", "content": f"warm up {i}"}] for i in range(rows)], params,
              use_tqdm=False, chat_template_kwargs=kwargs)
     ratios, anex_best, direct_best = [], float("inf"), float("inf")
-    mismatched = generated = 0
+    mismatched = generated = served_tokens = 0
+    anex_total = direct_total = 0.0
     bench.spans = []
     folder = Path(tempfile.mkdtemp())
     for number in range(rounds):
@@ -246,17 +269,22 @@ def chat_bench(bench: Bench, rows: int, tokens: int, rounds: int,
             direct_seconds, outputs = direct()
         ratios.append(direct_seconds / anex_seconds)
         anex_best, direct_best = min(anex_best, anex_seconds), min(direct_best, direct_seconds)
+        anex_total, direct_total = anex_total + anex_seconds, direct_total + direct_seconds
         served = bench.result_rows()
         for i, output in enumerate(outputs):
             body = served[f"row-{i}"]
             completion = output.outputs[0]
             generated += len(completion.token_ids)
+            served_tokens += body["usage"]["completion_tokens"]
             if body["choices"][0]["message"]["content"] != completion.text or \
                     body["usage"]["completion_tokens"] != len(completion.token_ids):
                 mismatched += 1
     result: dict[str, Any] = {"anex": rows / anex_best, "direct": rows / direct_best,
               "ratio": statistics.median(ratios), "ratios": ratios, "mismatched": mismatched,
-              "generated": generated,
+              "generated": generated, "served_tokens": served_tokens,
+              # Output tokens a second over all rounds, each side its own tokens.
+              "anex_tokens": served_tokens / anex_total,
+              "direct_tokens": generated / direct_total,
               "spans": [statistics.median(span) for span in zip(*bench.spans, strict=True)]}
     if run_batch:
         one = folder / "one.jsonl"
@@ -328,13 +356,14 @@ def main() -> None:
     broker = dramatiq.get_broker()
     broker.flush_all()
     run_queues_declare()
-    worker = dramatiq.Worker(broker, worker_threads=WORKER_THREADS,
-                             worker_timeout=WORKER_POLL_MS)
+    decode_the_cap()
+    worker = dramatiq.Worker(broker, worker_threads=WORKER_THREADS)  # Dramatiq's poll
     worker.start()
     print(f"{time.strftime('%Y-%m-%d')}  {os.cpu_count()} CPU cores, load "
-          f"{os.getloadavg()[0]:.1f}, chunks of {bench.settings.ANEX_CHUNK_ROWS} rows, worker "
-          f"threads {WORKER_THREADS} polling every {WORKER_POLL_MS} ms, median of "
-          f"{args.rounds} alternating rounds", flush=True)
+          f"{os.getloadavg()[0]:.1f}, chunks of {bench.settings.ANEX_CHUNK_ROWS} rows, "
+          f"{bench.settings.ANEX_DISPATCH_IN_FLIGHT} in flight, worker threads "
+          f"{WORKER_THREADS} polling every {worker.worker_timeout} ms (as make run), every "
+          f"row decoding its cap, median of {args.rounds} alternating rounds", flush=True)
     try:
         if args.cost_ready_rows:
             seconds = cost_ready_seconds(bench, args.cost_ready_rows)
@@ -343,11 +372,13 @@ def main() -> None:
         for tokens in args.tokens:
             r = chat_bench(bench, args.rows, tokens, args.rounds, args.run_batch)
             print(
-                f"chat  {args.rows} rows x {tokens:>3} tokens: anex {r['anex']:7.1f} rows/s  "
-                f"LLM.chat {r['direct']:7.1f} rows/s  anex/direct = {r['ratio']:.2f} "
+                f"chat  {args.rows} rows x {tokens:>3} tokens: anex {r['anex']:7.1f} rows/s "
+                f"{r['anex_tokens']:8.0f} tokens/s  LLM.chat {r['direct']:7.1f} rows/s "
+                f"{r['direct_tokens']:8.0f} tokens/s  anex/direct = {r['ratio']:.2f} "
                 f"(rounds {', '.join(f'{x:.2f}' for x in r['ratios'])}); greedy outputs "
                 f"differing: {r['mismatched']} of {args.rows * args.rounds} rows "
-                f"({r['generated']} tokens)", flush=True)
+                f"({r['generated']} tokens direct, {r['served_tokens']} served; "
+                f"{r['generated'] / (args.rows * args.rounds):.1f} a row)", flush=True)
             if r["spans"]:
                 start, busy, idle, finish = r["spans"]
                 print(f"      anex job, median: approve -> first engine step {start:.2f} s, "

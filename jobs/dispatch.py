@@ -115,6 +115,42 @@ def broker_require() -> None:
         raise Unavailable(BROKER_DOWN) from None
 
 
+# A key the broker's Redis keeps while it keeps its messages: gone, the broker was wiped
+# (flushed, or restarted with no saved data) and every message it held went with it.
+BROKER_SENTINEL = "anex:broker:sentinel"
+
+
+def _redis_broker() -> RedisBroker | None:
+    broker = dramatiq.get_broker()
+    return broker if isinstance(broker, RedisBroker) else None
+
+
+def broker_wiped() -> bool:
+    """Whether the broker lost its messages since this last answered no: its sentinel key
+    is gone. The key is set again here (SET NX), so of two callers at once one is told."""
+    broker = _redis_broker()
+    return broker is not None and bool(broker.client.set(BROKER_SENTINEL, "1", nx=True))
+
+
+def broker_held(actor: str) -> set[str]:
+    """The first argument (the id) of every message to `actor` the broker holds: queued,
+    delayed, or taken by a worker and not yet acknowledged (Dramatiq's Redis broker keeps
+    each in its queue's `.msgs` hash until then; dead letters, `.XQ`, are not held work).
+    A scan of the broker, for the recovery after a wipe, which is when it is nearly empty."""
+    broker = _redis_broker()
+    if broker is None:
+        return set()
+    held: set[str] = set()
+    for key in broker.client.scan_iter(match=f"{broker.namespace}:*.msgs", count=1000):
+        if key.endswith(b".XQ.msgs"):
+            continue
+        for _, raw in broker.client.hscan_iter(key, count=1000):
+            message = dramatiq.Message.decode(raw)
+            if message.actor_name == actor and message.args:
+                held.add(str(message.args[0]))
+    return held
+
+
 def chunk_send(*, chunk_id: uuid.UUID, region: str, model: str,
                delay_ms: int | None = None) -> None:
     """A chunk to its model's run queue in its region."""

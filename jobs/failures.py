@@ -57,10 +57,11 @@ class FailureClass(StrEnum):
     UNEXPECTED = "unexpected"
 
 
-# vLLM's own names for an engine that stopped (vllm.v1.engine.exceptions), read by name so
-# that this module does not import vLLM.
+# vLLM's own names for an engine that stopped (vllm.v1.engine.exceptions), and the feed's
+# (inference/engines/feed.py EngineFailing), read by name so that this module does not
+# import vLLM.
 _ENGINE_ERRORS = frozenset({"EngineDeadError", "EngineGenerateError", "EngineNotConfigured",
-                            "EngineBuildFailed"})
+                            "EngineBuildFailed", "EngineFailing"})
 
 
 def failure_class(error: BaseException) -> FailureClass:
@@ -91,6 +92,10 @@ def backoff_ms(failures: int, *, base_ms: int, cap_ms: int) -> int:
     once."""
     ceiling = min(cap_ms, base_ms * 2 ** max(failures - 1, 0))
     return ceiling // 2 + random.randint(0, ceiling // 2)  # noqa: S311 - not a secret
+
+
+# Work an open breaker hands back (a chunk, a sample) is offered again after about this long.
+BREAKER_RESEND_MS = 10_000
 
 
 class Breaker:
@@ -154,6 +159,17 @@ def breakers_open() -> list[str]:
     """The models whose breaker is open in this process (for readiness and the logs)."""
     with _BREAKERS_LOCK:
         return sorted(model for model, breaker in _BREAKERS.items() if breaker.open)
+
+
+def worker_engine_state() -> dict[str, object]:
+    """This worker process's engines as readiness reads them: `ready` while no breaker is
+    open, `open` the models whose work it hands back (its engine for them keeps failing),
+    `failing` each model's engine failures in a row (0: its last run succeeded)."""
+    with _BREAKERS_LOCK:
+        breakers = list(_BREAKERS.values())
+    failing = {breaker.model: breaker.failures for breaker in breakers}
+    opened = sorted(breaker.model for breaker in breakers if breaker.open)
+    return {"ready": not opened, "open": opened, "failing": failing}
 
 
 def breakers_reset() -> None:

@@ -93,6 +93,10 @@ class Job(models.Model):
     # sampled tokens from sampled_at (jobs.services.sampling).
     sample_tokens = models.PositiveBigIntegerField(null=True, blank=True)
     sampled_at = models.DateTimeField(null=True, blank=True)
+    # The rows the sampled estimate runs, picked where the input was read while estimating:
+    # [[row index, byte start, byte end], ...] (a parquet input's: [[row index], ...]), so
+    # the GPU worker reads those rows alone (jobs.services.sampling).
+    sample_rows = models.JSONField(null=True, blank=True)
     row_count = models.PositiveIntegerField(null=True, blank=True)
     success_rows = models.PositiveIntegerField(null=True, blank=True)
     error_rows = models.PositiveIntegerField(null=True, blank=True)

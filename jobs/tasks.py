@@ -157,9 +157,19 @@ def job_finalize_task(job_id: str) -> None:
         outcome.append(job_finalize(job_id=job_id))
 
 
+# Of the messages a worker holds, a lower number runs first (Dramatiq's actor priority).
+# Samples go first: a sampled estimate is small (at most 64 rows, bounded by each
+# organization's hourly allowance) and its rows join the engine's running batch beside the
+# chunks (inference/engines/feed.py), so it costs paid work little; behind the chunks, on a
+# busy model it would wait for the whole backlog (docs/decisions.md, "Samples").
+CHUNK_PRIORITY = 10
+SAMPLE_PRIORITY = 0
+
+
 # Sent to "run.<region>.<model>" queues (jobs.dispatch.run_queue), which only the
 # workers serving that model consume; the queue named here is only its default.
-@dramatiq.actor(queue_name=dispatch.RUN, max_retries=0, time_limit=CHUNK_TIME_LIMIT_MS)
+@dramatiq.actor(queue_name=dispatch.RUN, max_retries=0, time_limit=CHUNK_TIME_LIMIT_MS,
+                priority=CHUNK_PRIORITY)
 def chunk_run_task(chunk_id: str) -> None:
     with _about("chunk", chunk_id, job_id=_job_of_chunk(chunk_id),
                 chunk_id=chunk_id) as outcome:
@@ -167,10 +177,8 @@ def chunk_run_task(chunk_id: str) -> None:
 
 
 # Sent to "sample.<region>.<model>" queues (jobs.dispatch.sample_queue), which the
-# workers serving the model consume beside its run queue: the sample needs its engine. A
-# worker takes the chunks it holds before the samples it holds (a higher number is a lower
-# priority), so free samples never keep paid work waiting.
-SAMPLE_PRIORITY = 100
+# workers serving the model consume beside its run queue, each queue with its own
+# consumer: the sample needs the model's engine, but never waits in the chunks' queue.
 
 
 @dramatiq.actor(queue_name=dispatch.SAMPLE, max_retries=0, time_limit=CHUNK_TIME_LIMIT_MS,

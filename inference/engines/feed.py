@@ -13,8 +13,16 @@ Only the feed's thread touches the engine while it has work: it holds the engine
 (runtime.Loaded.lock) from its first request until the engine is empty, so another user of
 the same vLLM engine (the decision engine on a shared checkpoint) waits, as before, for a
 quiet engine. A request the engine refuses as it is added fails alone (its slot carries the
-exception); a failure of a step fails every request in flight, whose callers fail their
-chunks (retried by the chunk's own attempts).
+exception).
+
+A failed step (docs/decisions.md, "A failed engine step"): every request it held is taken
+out and run again apart, in halves, the feed's other callers waiting meanwhile; a half that
+finishes delivers its outputs, one that fails again is halved, and a request that fails
+alone is the one at fault: its slot carries RequestFailed, its row's error. So the other
+requests in that batch (other chunks, other tenants') are answered as if nothing happened,
+and no chunk is failed, deferred or charged an attempt for another's row. An engine that is
+dead (vLLM's EngineDeadError), or that fails every request alone, fails every caller, whose
+chunks go back for another worker (jobs.failures: the engine's failure, no attempt spent).
 """
 
 from __future__ import annotations
@@ -33,6 +41,20 @@ from anex.logsafe import exception_summary
 
 logger = logging.getLogger(__name__)
 
+# vLLM's name for an engine that stopped for good: nothing run on it again can succeed.
+_DEAD = "EngineDeadError"
+
+
+class EngineFailing(RuntimeError):
+    """Every request of a failed step failed again alone: the engine's fault, not a row's
+    (jobs.failures classes it with vLLM's own engine errors)."""
+
+
+class RequestFailed(Exception):
+    """A request the engine's step failed on, in the batch and again alone: its row's
+    error, not its caller's (the other requests of the step were run again and answered)."""
+
+
 
 @dataclass
 class _Batch:
@@ -45,6 +67,14 @@ class _Batch:
     done: threading.Event = field(default_factory=threading.Event)
     failure: BaseException | None = None
     request_ids: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Held:
+    """One request taken back from the engine after a failed step, to run again."""
+
+    batch: _Batch
+    position: int
 
 
 class EngineFeed:
@@ -110,11 +140,9 @@ class EngineFeed:
                         break
                     try:
                         outputs = engine.step()
-                    except Exception as error:  # the engine itself failed: every caller's
-                        logger.error("engine step failed; failing %d requests: %s",
-                                     len(self._waiting), exception_summary(error))
-                        self._fail_all(error)
-                        break
+                    except Exception as error:
+                        self._step_failed(error)
+                        continue
                     for output in outputs:
                         if output.finished:
                             self._deliver(output)
@@ -176,6 +204,105 @@ class EngineFeed:
         if batch.left == 0:
             batch.done.set()
 
+    # -- a failed step ---------------------------------------------------------------------
+
+    def _step_failed(self, error: Exception) -> None:
+        """The step failed: the requests it held run again apart, in halves, until the one
+        at fault is alone (RequestFailed in its slot); a dead engine fails every caller."""
+        if _dead(error):
+            logger.error("the engine is dead; failing %d requests", len(self._waiting))
+            self._fail_all(error)
+            return
+        held = self._take_back()
+        # Without the message: it may quote a row (anex.logsafe).
+        logger.warning("engine step failed with %d requests in it; running them again "
+                       "apart to find the one at fault: %s", len(held),
+                       exception_summary(error))
+        groups = _halves(held) if len(held) > 1 else [held]
+        alone: list[tuple[_Held, Exception]] = []
+        answered = 0
+        while groups:
+            group = groups.pop(0)
+            failure, left = self._run_apart(group)
+            answered += len(group) - len(left)
+            if failure is None:
+                continue
+            if _dead(failure):
+                logger.error("the engine died while running a failed step's requests again")
+                self._fail_held(left + [item for item, _ in alone]
+                                + [item for rest in groups for item in rest], failure)
+                return
+            if len(left) == 1:
+                alone.append((left[0], failure))
+            elif left:
+                groups[:0] = _halves(left)
+        if len(alone) > 1 and answered == 0:
+            # Every request fails, each alone: the engine is at fault, not the rows.
+            logger.error("every request fails alone: the engine is failing, not a row")
+            self._fail_held([item for item, _ in alone], EngineFailing(str(alone[0][1])))
+            return
+        for item, failure in alone:
+            logger.error("a request failed the engine's step alone: its row fails (%s)",
+                         type(failure).__name__)
+            self._settle(item, RequestFailed(f"{type(failure).__name__}: {failure}"))
+
+    def _take_back(self) -> list[_Held]:
+        """Every request in the engine, out of it (aborted), as it was handed in."""
+        held = [_Held(batch, position) for batch, position in self._waiting.values()]
+        ids = list(self._waiting)
+        self._waiting.clear()
+        for item in held:
+            item.batch.request_ids[:] = [i for i in item.batch.request_ids if i not in ids]
+        self._abort(ids)
+        return held
+
+    def _run_apart(self, group: list[_Held]) -> tuple[Exception | None, list[_Held]]:
+        """The group's requests alone in the engine until they finish: (None, []) when
+        they all did, else the step's failure and those that had not finished (taken
+        back out of the engine)."""
+        for item in group:
+            self._add_one(item.batch, item.position)
+        try:
+            while self._waiting:
+                for output in self.llm.llm_engine.step():
+                    if output.finished:
+                        self._deliver(output)
+        except Exception as error:
+            return error, self._take_back()
+        return None, []
+
+    def _add_one(self, batch: _Batch, position: int) -> None:
+        request_id = f"feed-{next(self._ids)}"
+        try:
+            self.llm.llm_engine.add_request(request_id, batch.prompts[position],
+                                            batch.params[position])
+        except Exception as error:  # refused as it is added: this row alone
+            self._settle(_Held(batch, position), error)
+            return
+        self._waiting[request_id] = (batch, position)
+        batch.request_ids.append(request_id)
+
+    def _settle(self, item: _Held, result: Any) -> None:
+        item.batch.results[item.position] = result
+        item.batch.left -= 1
+        if item.batch.left == 0:
+            item.batch.done.set()
+
+    def _fail_held(self, held: list[_Held], error: Exception) -> None:
+        """Every caller with a request among `held` fails with `error` (its chunk's)."""
+        batches = {id(item.batch): item.batch for item in held}
+        for batch in batches.values():
+            batch.failure = error
+            batch.done.set()
+
+    def _abort(self, ids: list[str]) -> None:
+        if not ids:
+            return
+        try:
+            self.llm.llm_engine.abort_request(ids, internal=False)
+        except Exception:  # the engine is already broken; its callers are told
+            logger.exception("aborting %d requests failed", len(ids))
+
     def _fail_all(self, error: Exception) -> None:
         batches = {id(batch): batch for batch, _ in self._waiting.values()}
         ids = list(self._waiting)
@@ -187,3 +314,17 @@ class EngineFeed:
         for batch in batches.values():
             batch.failure = error
             batch.done.set()
+
+
+def _dead(error: BaseException) -> bool:
+    seen: BaseException | None = error
+    while seen is not None:
+        if type(seen).__name__ == _DEAD:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _halves(items: list[_Held]) -> list[list[_Held]]:
+    middle = (len(items) + 1) // 2
+    return [part for part in (items[:middle], items[middle:]) if part]

@@ -238,11 +238,55 @@ def lease_recover(lease: Lease, now: datetime) -> int:
     return count
 
 
+# --- a wiped broker ---------------------------------------------------------------------
+#
+# Redis flushed, or restarted with nothing saved, takes every queued message with it. The
+# leases above would resend them only as each goes stale (minutes), BATCH at a time; the
+# pass notices the wipe itself (dispatch.broker_wiped: a sentinel key gone) and at once
+# sends again everything that waits for a worker, but not what the broker holds already
+# (sent since it came back): the database says what is due, the broker what is queued.
+
+# Jobs whose work waits, unclaimed, for a message: the actor it goes to, and its send.
+_WAITING_JOBS: tuple[tuple[str, Callable[[], QuerySet[Job]], Callable[[Job], object]], ...] = (
+    ("job_estimate_task", lambda: Job.objects.filter(status=JobStatus.SUBMITTED)
+     | Job.objects.filter(claimed=False, **job_state_fields(JobStatus.ESTIMATING)),
+     _send_estimate),
+    ("job_sample_task", lambda: Job.objects.filter(
+        claimed=False, **job_state_fields(JobSubstate.SAMPLING)), sample_send),
+    ("job_start_task", lambda: Job.objects.filter(status=JobStatus.IN_PROGRESS,
+                                                  chunks__isnull=True), _send_start),
+)
+
+
+def broker_wipe_recover() -> int:
+    """After a broker wipe, every message it lost sent again now (no attempt counted: the
+    work was never taken); how many. Nothing when the broker was not wiped."""
+    if not dispatch.broker_wiped():
+        return 0
+    count = 0
+    held = dispatch.broker_held("chunk_run_task")
+    for chunk in CHUNK_QUEUED.rows().select_related("job").iterator():
+        # chunk_send is guarded on the queued_at read: two senders at once send it once.
+        if str(chunk.pk) not in held and chunk_send(chunk=chunk):
+            count += 1
+    for actor, rows, send in _WAITING_JOBS:
+        held = dispatch.broker_held(actor)
+        for job in rows().distinct().iterator():
+            if str(job.pk) not in held:
+                send(job)
+                count += 1
+    logger.warning("the broker lost its messages (its sentinel key was gone): %d sent "
+                   "again", count)
+    return count
+
+
 def recover() -> dict[str, int]:
-    """The periodic pass (jobs.tasks.recover_task): every lease in the table, then the
-    webhook outbox, whose deliveries carry their own lease and attempt cap."""
+    """The periodic pass (jobs.tasks.recover_task): a wiped broker's messages first, every
+    lease in the table, then the webhook outbox, whose deliveries carry their own lease
+    and attempt cap."""
     now = timezone.now()
-    counts = {lease.what: lease_recover(lease, now) for lease in LEASES}
+    counts = {"broker wiped": broker_wipe_recover()}
+    counts.update({lease.what: lease_recover(lease, now) for lease in LEASES})
     # Chunks waiting to be sent, in case no chunk's end released them (a dispatcher or a
     # start that died between its commit and its release).
     counts["chunk release"] = sum(len(chunks_release(region=region, model=model))

@@ -119,23 +119,40 @@ def rows_read(job: Job, chunk: Chunk) -> list[InputRow]:
             job.input.object_key, chunk.byte_start, chunk.byte_end,
             pin=job.input.content_pin)  # the frozen bytes, or StorageChanged
         lines = [line for line in data.splitlines() if line.strip()]
-        rows = []
-        for offset, line in enumerate(lines):
-            request = line_loads(line)
-            rows.append(InputRow(chunk.first_row + offset, str(request["custom_id"]),
-                                 request.get("body") or {}))
-        return rows
+        return [_jsonl_row(chunk.first_row + offset, line) for offset, line in enumerate(lines)]
+    return _parquet_read(job, [(chunk.first_row, chunk.row_count)])
+
+
+def rows_at(job: Job, picks: list[list[int]]) -> list[InputRow]:
+    """The rows `picks` names (jobs.services.sampling.sample_pick: a JSONL row's index and
+    byte range, a parquet row's index), each read alone, in the order given."""
+    assert job.input is not None
+    if job.format == InputFormat.JSONL:
+        storage = storage_for(job.data_residency)
+        return [_jsonl_row(index, storage.read_range(job.input.object_key, start, end,
+                                                     pin=job.input.content_pin).strip())
+                for index, start, end in picks]
+    return _parquet_read(job, [(index, 1) for index, *_ in picks])
+
+
+def _jsonl_row(index: int, line: bytes) -> InputRow:
+    request = line_loads(line)
+    return InputRow(index, str(request["custom_id"]), request.get("body") or {})
+
+
+def _parquet_read(job: Job, spans: list[tuple[int, int]]) -> list[InputRow]:
+    """The rows of each (first row, count) span of a parquet input, span by span."""
     reading = kind_named(job.task_type).parquet
     assert reading is not None, "a parquet input was validated for a kind that reads it"
     parquet = parquet_open(input_parquet_path(job))
     content, identity = parquet_columns(parquet, reading)
     rows = []
-    for row_index, name, value in parquet_rows(parquet, content, identity,
-                                               start=chunk.first_row):
-        if row_index >= chunk.first_row + chunk.row_count:
-            break
-        rows.append(InputRow(row_index, str(name if identity else row_index),
-                             reading.body(content, value)))
+    for first, count in spans:
+        for row_index, name, value in parquet_rows(parquet, content, identity, start=first):
+            if row_index >= first + count:
+                break
+            rows.append(InputRow(row_index, str(name if identity else row_index),
+                                 reading.body(content, value)))
     return rows
 
 

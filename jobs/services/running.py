@@ -31,7 +31,14 @@ from inference.kinds.base import InputRow
 from inference.kinds.metering import RowMeter
 from inference.pricing import Usage, price, usage_cost_usd, usage_json
 from jobs.constants import CHUNK_SETTLED, ChunkStatus, FailureCode, JobStatus
-from jobs.failures import FailureClass, backoff_ms, breaker_for, failure_class, failure_note
+from jobs.failures import (
+    BREAKER_RESEND_MS,
+    FailureClass,
+    backoff_ms,
+    breaker_for,
+    failure_class,
+    failure_note,
+)
 from jobs.jsonl import line_dumps
 from jobs.models import Chunk, Job
 from jobs.results import chunk_key, result_write
@@ -76,8 +83,6 @@ CHUNK_ATTEMPTS = 3
 CHUNK_DEFERRALS = 10
 INFRA_RETRY_BASE_MS = 15_000
 INFRA_RETRY_CAP_MS = 10 * 60_000
-# A chunk an open breaker hands back is offered again after about this long.
-BREAKER_RESEND_MS = 10_000
 
 
 # --- starting ---------------------------------------------------------------------------

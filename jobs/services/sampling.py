@@ -34,7 +34,7 @@ from django.utils import timezone
 from anex.errors import RateLimited
 from billing.services import organization_lock
 from inference.catalog import CatalogModel, model_get
-from inference.constants import MAX_OUTPUT_TOKENS
+from inference.constants import MAX_OUTPUT_TOKENS, InputFormat
 from inference.engines import ChatSettings
 from inference.kinds import kind_for
 from inference.kinds.base import InputRow
@@ -43,7 +43,14 @@ from inference.pricing import Usage, price, usage_from_json, usage_json
 from inference.warmth import startup_seconds
 from jobs import dispatch
 from jobs.constants import FailureCode, JobStatus, JobSubstate
-from jobs.failures import ClaimedWorkFailed
+from jobs.failures import (
+    BREAKER_RESEND_MS,
+    ClaimedWorkFailed,
+    FailureClass,
+    backoff_ms,
+    breaker_for,
+    failure_class,
+)
 from jobs.models import Job
 from jobs.services.lifecycle import (
     WORKER,
@@ -52,8 +59,8 @@ from jobs.services.lifecycle import (
     job_lease_claim,
     job_transition,
 )
-from jobs.services.rows import rows_read
-from jobs.services.running import chunks_plan
+from jobs.services.rows import rows_at
+from jobs.storage import storage_for
 
 logger = logging.getLogger(__name__)
 
@@ -140,6 +147,7 @@ def sample_enqueue(*, job: Job, model: CatalogModel, rows: int,
     nothing reaches a worker."""
     reserved = sample_reservation(job=job, model=model, rows=rows,
                                   input_tokens=usage.input_tokens + usage.media_tokens)
+    picks = sample_pick(job, rows=rows)
     with transaction.atomic():
         # Counted and reserved under the organization lock (then the job's, in
         # job_transition): concurrent estimates of one organization cannot all see the
@@ -150,7 +158,7 @@ def sample_enqueue(*, job: Job, model: CatalogModel, rows: int,
             job=job, to=JobSubstate.SAMPLING, actor=WORKER, row_count=rows,
             est_input_tok=usage.input_tokens + usage.media_tokens,
             est_usage=usage_json(usage), sample_tokens=reserved,
-            sampled_at=timezone.now()) is not None
+            sampled_at=timezone.now(), sample_rows=picks) is not None
     if allowance.spent:
         job_fail(job=job, code=FailureCode.INVALID_INPUT, reason=allowance.message())
         return JobStatus.FAILED
@@ -193,18 +201,38 @@ class EstimateFailed(Exception):
         self.message = message
 
 
+def sample_pick(job: Job, *, rows: int) -> list[list[int]]:
+    """A uniform random sample of the job's `rows` rows (all of them when the file is
+    small), as Job.sample_rows keeps it: each row's index and, for JSONL, its byte range.
+    Run where the input is read while estimating (a CPU worker), so the sample's GPU worker
+    reads those rows alone rather than the whole input again."""
+    wanted = set(range(rows)) if rows <= SAMPLE_ROWS \
+        else set(random.sample(range(rows), SAMPLE_ROWS))
+    assert job.input is not None
+    if job.format == InputFormat.PARQUET:  # read by row index: no offsets to keep
+        return [[index] for index in sorted(wanted)]
+    picks: list[list[int]] = []
+    position = index = 0
+    # Row numbering as chunks_plan's: blank lines are no rows. Pinned to the frozen bytes.
+    with storage_for(job.data_residency).open(job.input.object_key,
+                                              pin=job.input.content_pin) as stream:
+        for line in stream:
+            start, position = position, position + len(line)
+            if not line.strip():
+                continue
+            if index in wanted:
+                picks.append([index, start, position])
+            index += 1
+    return picks
+
+
 def _sample_rows(job: Job) -> tuple[list[InputRow], bool]:
-    """A uniform random sample of the job's rows (all of them when the file is small)."""
+    """The sampled rows, read alone (sample_pick chose them while estimating)."""
     total = job.row_count or 0
-    whole = total <= SAMPLE_ROWS
-    wanted = set(range(total)) if whole else set(random.sample(range(total), SAMPLE_ROWS))
-    rows: list[InputRow] = []
-    for chunk in chunks_plan(job):
-        span = range(chunk.first_row, chunk.first_row + chunk.row_count)
-        if wanted.isdisjoint(span):
-            continue
-        rows += [row for row in rows_read(job, chunk) if row.index in wanted]
-    return rows, whole
+    picks = job.sample_rows
+    if picks is None:  # queued before the picks were kept with the job
+        picks = sample_pick(job, rows=total)
+    return rows_at(job, picks), total <= SAMPLE_ROWS
 
 
 def sample_generate(job: Job, model: CatalogModel) -> SampleResult:
@@ -266,6 +294,16 @@ def job_sample(*, job_id: uuid.UUID | str) -> JobStatus | None:
     once; a failure other than the output not fitting (the engine not starting, storage)
     raises ClaimedWorkFailed: its actor hands it out again, and the job fails past the cap
     (jobs.services.recovery)."""
+    waiting = Job.objects.filter(pk=job_id).only("model", "data_residency").first()
+    if waiting is None:
+        return None
+    breaker = breaker_for(waiting.model)
+    if not breaker.allows():
+        # This worker's engine for the model keeps failing: the sample goes back unclaimed,
+        # for a worker whose engine answers (as a chunk does, jobs.services.running).
+        sample_send(waiting, delay_ms=backoff_ms(1, base_ms=BREAKER_RESEND_MS,
+                                                 cap_ms=BREAKER_RESEND_MS))
+        return None
     if not job_lease_claim(job_id=job_id, state=JobSubstate.SAMPLING):
         return None
     job = Job.objects.select_related("input", "organization").get(pk=job_id)
@@ -278,7 +316,10 @@ def job_sample(*, job_id: uuid.UUID | str) -> JobStatus | None:
         job_fail(job=job, code=FailureCode.INVALID_INPUT, reason=failure.message)
         return JobStatus.FAILED
     except Exception as error:
+        if failure_class(error) == FailureClass.ENGINE:
+            breaker.failed()
         raise ClaimedWorkFailed("sample", job_id=job.pk) from error
+    breaker.succeeded()
     # What it used replaces its reservation (a sample that failed keeps the reservation).
     Job.objects.filter(pk=job.pk).update(sample_tokens=result.tokens_used)
     rows = job.row_count or 0

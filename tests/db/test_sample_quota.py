@@ -1,6 +1,7 @@
 """Issue 11, item 5: sampled estimates are free work on the paid models' workers, so an
 organization's sampled tokens are capped per hour; samples queue apart from paid chunks
-and below them; a sample that crashes fails its job (tests/db/test_jobs_recovery.py)."""
+(and, since issue 21, run ahead of them); a sample that crashes fails its job
+(tests/db/test_jobs_recovery.py)."""
 
 from __future__ import annotations
 
@@ -142,10 +143,11 @@ def test_a_samples_reservation_is_bounded_by_the_sample_and_the_context(
                               input_tokens=120_000) == 131_072
 
 
-def test_samples_queue_apart_from_chunks_and_below_them(settings: Settings) -> None:
+def test_samples_queue_apart_from_chunks_and_ahead_of_them(settings: Settings) -> None:
     settings.ANEX_WORKER_REGIONS = ["world"]
     settings.ANEX_WORKER_MODELS = ["tiny-qwen3"]
     # A worker serving a model consumes its samples beside its chunks ...
     assert run_queues_declare() == ["run.world.tiny-qwen3", "sample.world.tiny-qwen3"]
-    # ... and of the messages it holds, takes chunks first (a lower number runs first).
-    assert job_sample_task.priority > chunk_run_task.priority
+    # ... and of the messages it holds, takes samples first (a lower number runs first;
+    # issue 21: a sample never waits behind paid chunks, tests/db/test_fleet_samples.py).
+    assert job_sample_task.priority < chunk_run_task.priority
