@@ -4,7 +4,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("jobs", "0014_chunk_unsettled_index"),
+        ("jobs", "0016_chunk_started_at_job_metrics_indexes"),
     ]
 
     operations = [
