@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import itertools
 import os
 import ssl
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,14 @@ pytest_plugins = ["tests.engine_fixtures"]
 # `pytest --fast`) is unit and db, on xdist workers, without vLLM or torch; a test there
 # that takes a real engine through its fixtures is marked engine, and runs with the engine
 # tier. `make test` (and CI) runs the fast tier, then the rest: -m "engine or e2e or browser".
+# The test run caches its bytecode whatever PYTHONDONTWRITEBYTECODE says (it is set on
+# some machines, this one among them): without a cache every xdist worker, the template's
+# migrate and each subprocess a test starts compile the project and the test modules again
+# (pytest's assertion rewriting too), a third of the fast tier's CPU on 2 cores here. The
+# controller has imported the apps by now; its workers and subprocesses inherit this.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
 TESTS = Path(__file__).resolve().parent
 SLOW_TIERS = ("engine", "e2e", "browser")
 ENGINE_FIXTURES = {"checkpoint_dirs", "chat_engine", "embedding_engine", "decision_engine"}
@@ -176,6 +186,7 @@ TRUNCATED_TABLES = """
 # Rows the flush's post_migrate signal writes back as they were (every model's content type
 # and permissions): kept, rather than deleted and inserted again after each such test.
 KEPT_TABLES = {"django_content_type", "auth_permission"}
+STORAGE_NUMBERS = itertools.count()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -255,12 +266,21 @@ def fast_password_hasher(settings: Settings) -> None:
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+@pytest.fixture(scope="session")
+def storage_roots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("storage")
+
+
 @pytest.fixture(autouse=True)
-def local_storage(settings: Settings, tmp_path: Path) -> Path:
-    """Every test stores objects in its own local storage; tests of S3 switch backends."""
+def local_storage(settings: Settings, storage_roots: Path) -> Path:
+    """Every test stores objects in its own local storage; tests of S3 switch backends.
+    A folder of the session's, named per test and made only when something is written
+    (the storage makes its folders as it writes): a tmp_path for each of the fast tier's
+    1,500 tests cost a directory scan, a mkdir and a later rmtree, where most store nothing."""
+    root = storage_roots / str(next(STORAGE_NUMBERS))
     settings.ANEX_STORAGE_BACKEND = "local"
-    settings.ANEX_STORAGE_ROOT = tmp_path / "storage"
-    return tmp_path / "storage"
+    settings.ANEX_STORAGE_ROOT = root
+    return root
 
 
 @pytest.fixture

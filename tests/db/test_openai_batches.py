@@ -10,12 +10,9 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
-import openai
 import pytest
-from openai import OpenAI
 from pytest_django import Settings
 
 from billing.models import LedgerEntry
@@ -26,7 +23,15 @@ from jobs.services.estimation import job_estimate
 from openai_api.models import OpenAIBatch, OpenAIFile
 from tests.dispatched import Sent, dispatch_catch
 from tests.factories import api_key_make, organization_make
+from tests.lazy import lazy_module
 from tests.workers import until
+
+if TYPE_CHECKING:
+    import httpx
+    import openai
+    from openai import OpenAI
+else:  # imported by the first test that uses them, not by every worker's collection
+    httpx, openai = lazy_module("httpx"), lazy_module("openai")
 
 pytestmark = pytest.mark.django_db(transaction=True)
 EMBED = "qwen3-embedding-8b"
@@ -51,7 +56,7 @@ def estimates(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def client_for(live_server: Any, plaintext: str, **options: Any) -> OpenAI:
-    return OpenAI(base_url=f"{live_server.url}/openai/v1", api_key=plaintext, **options)
+    return openai.OpenAI(base_url=f"{live_server.url}/openai/v1", api_key=plaintext, **options)
 
 
 @pytest.fixture
@@ -388,7 +393,7 @@ def test_the_eu_host_serves_the_eu_data_and_the_other_host_names_it(
     settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, "127.0.0.1", "localhost"]
     organization = organization_make(eu_data_routing=True)
     _key, plaintext = api_key_make(organization)
-    eu = OpenAI(base_url=f"{settings.ANEX_EU_API_ORIGIN}/openai/v1", api_key=plaintext)
+    eu = openai.OpenAI(base_url=f"{settings.ANEX_EU_API_ORIGIN}/openai/v1", api_key=plaintext)
     world = client_for(live_server, plaintext)
     content = jsonl(line("r1"))
     file = eu.files.create(file=("eu.jsonl", content), purpose="batch")

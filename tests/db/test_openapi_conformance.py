@@ -16,14 +16,12 @@ import socket
 import uuid
 import zlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-import schemathesis
 from django.db import connections
 from pytest_django import Settings
 from rest_framework.test import APIClient
-from schemathesis.engine import events
 
 from anex.wsgi import application
 from billing.services import credits_grant
@@ -36,7 +34,16 @@ from jobs.idempotency import HEADER, KEY_MAX_LENGTH, MISMATCH_DETAIL
 from realtime.selectors import realtime_frozen_forget
 from tests.dispatched import dispatch_catch
 from tests.factories import SYSTEM, api_key_make, chat_request_line, input_ready, job_make
+from tests.lazy import lazy_module
 from tests.servers import LocalServer, reply
+
+if TYPE_CHECKING:
+    import schemathesis
+    import schemathesis.engine.events as events
+    import schemathesis.openapi
+else:  # imported by the one test that runs it, not by every worker's collection
+    schemathesis = lazy_module("schemathesis")
+    events = lazy_module("schemathesis.engine.events")
 
 # Bounded, and derandomized with a fixed seed: the same run every time, in well under a
 # minute. The coverage phase is not bounded by it; it covers every schema rule once.

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-import boto3
 import pytest
 import requests
-from moto.server import ThreadedMotoServer
 from pytest_django import Settings
 from rest_framework.test import APIClient
 
@@ -21,7 +20,14 @@ from jobs.models import Input
 from jobs.services.inputs import input_copy, input_upload_create
 from jobs.storage import RegionStorage, StorageTooLarge, storage_for
 from tests.factories import SYSTEM, organization_make
+from tests.lazy import lazy_module
 from tests.servers import LocalServer, reply, tls_context
+
+if TYPE_CHECKING:
+    import boto3
+    import moto.server as moto_server
+else:  # imported by the first test that uses them, not by every worker's collection
+    boto3, moto_server = lazy_module("boto3"), lazy_module("moto.server")
 
 BUCKETS = {"world": "anex-test-world", "eu": "anex-test-eu"}
 DATA = b'{"custom_id":"a","method":"POST","url":"/v1/embeddings","body":{"input":"x"}}\n' * 40
@@ -32,7 +38,7 @@ def s3_endpoint() -> Iterator[str]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     yield f"http://127.0.0.1:{port}"
     server.stop()

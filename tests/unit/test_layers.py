@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -67,7 +68,7 @@ def imported(path: Path, module: str, known: dict[str, Path], *,
              types: bool) -> Iterator[str]:
     """The project modules `module` imports, wherever in it the import stands; with
     `types` false, less those imported under TYPE_CHECKING only."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = parsed(path)
     typing_only = {id(inner) for node in ast.walk(tree)
                    if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
                    for inner in ast.walk(node)}
@@ -89,6 +90,13 @@ def imported(path: Path, module: str, known: dict[str, Path], *,
                 break
 
 
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """A module's syntax tree, read once for the tests here (they only read it)."""
+    return ast.parse(path.read_text(encoding="utf-8"))
+
+
+@functools.cache
 def import_graph(*, types: bool = True) -> dict[str, set[str]]:
     known = project_modules()
     return {module: set(imported(path, module, known, types=types))
