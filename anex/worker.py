@@ -32,6 +32,10 @@ run_queues_declare()
 if metrics:
     import dramatiq
 
-    from anex.workermetrics import worker_metrics_install
+    from anex.workermetrics import WORKER_PROCESS_CHECKS, worker_metrics_install
+    from jobs.failures import worker_engine_state
 
+    # Unready while a model's breaker is open: its engine keeps failing, and the worker hands
+    # that model's work back instead of taking it (jobs.failures).
+    WORKER_PROCESS_CHECKS["breaker"] = lambda: bool(worker_engine_state()["ready"])
     worker_metrics_install(dramatiq.get_broker())

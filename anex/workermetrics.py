@@ -42,8 +42,8 @@ logger = logging.getLogger(__name__)
 
 DIR_PREFIX = "anex-worker-metrics-"
 # Checks a worker process evaluates and publishes (True: fine), each shown on /readyz as
-# "<name>". The hook for a worker's breaker (jobs.failures, issue 21): anex/worker.py adds
-# WORKER_PROCESS_CHECKS["breaker"] = <a function that is False while it is open>.
+# "<name>": anex/worker.py adds "breaker", False while a model's breaker is open
+# (jobs.failures.worker_engine_state).
 WORKER_PROCESS_CHECKS: dict[str, Callable[[], bool]] = {}
 CHECK_EVERY_SECONDS = 5.0
 
