@@ -1,7 +1,8 @@
-"""GET /healthz: can this process reach its database and its broker? (liveness, as it
-always was.) GET /readyz: is this process ready for traffic: its database, its broker, its
-storage and, where it fronts realtime engines (ANEX_REALTIME_ENGINES), each engine answering
-(an engine server answers once its engine has loaded). A worker answers /readyz on its own
+"""GET /healthz: liveness, the process answers and nothing else (a database or broker
+outage must not get a healthy web process restarted). GET /readyz: is this process ready
+for traffic: its database, its broker, its storage and, where it fronts realtime engines
+(ANEX_REALTIME_ENGINES), each engine answering (an engine server answers once its engine has
+loaded). A worker answers /readyz on its own
 metrics port (anex/workermetrics.py) from the same checks."""
 
 from __future__ import annotations
@@ -53,15 +54,7 @@ def broker_reachable() -> bool:
 
 @require_GET
 def healthz(request: HttpRequest) -> JsonResponse:
-    checks = {
-        "database": "ok" if database_reachable() else "unreachable",
-        "broker": "ok" if broker_reachable() else "unreachable",
-    }
-    healthy = all(state == "ok" for state in checks.values())
-    response = JsonResponse({"status": "ok" if healthy else "unavailable", **checks},
-                            status=200 if healthy else 503)
-    if not healthy:
-        response["Retry-After"] = str(settings.ANEX_RETRY_AFTER_SECONDS)
+    response = JsonResponse({"status": "ok"})
     response["Cache-Control"] = "no-store"
     return response
 
