@@ -391,8 +391,11 @@ def test_a_rerun_reads_none_of_the_parents_rows_in_the_request(
     dispatch_catch(monkeypatch, caught.append, "job_rerun_input_task", "job_estimate_task")
     opened: list[str] = []
     real_open = LocalRegionStorage.open
-    monkeypatch.setattr(LocalRegionStorage, "open",
-                        lambda self, key, **kw: (opened.append(key), real_open(self, key, **kw))[1])
+    def open_noted(self: LocalRegionStorage, key: str, **kw: Any) -> Any:
+        opened.append(key)
+        return real_open(self, key, **kw)
+
+    monkeypatch.setattr(LocalRegionStorage, "open", open_noted)
     # when a re-run is asked for
     with django_capture_on_commit_callbacks(execute=True):
         body = api.post(f"{JOBS}/{parent.pk}/rerun").json()
@@ -454,8 +457,11 @@ def test_the_merged_file_is_written_once_per_set_of_finished_reruns(
 
     writes: list[str] = []
     real_write = rerun_service.rows_write
-    monkeypatch.setattr(rerun_service, "rows_write",
-                        lambda job, rows, key: (writes.append(key), real_write(job, rows, key))[1])
+    def write_noted(job: Any, rows: Any, key: str) -> Any:
+        writes.append(key)
+        return real_write(job, rows, key)
+
+    monkeypatch.setattr(rerun_service, "rows_write", write_noted)
     parent = parent_done(organization)
     first = approve_and_run(api, rerun(api, parent)["id"],
                             lambda ident: RowOutcome.ERROR if ident == "r9"

@@ -820,12 +820,11 @@ def test_a_closed_port_a_silent_one_and_a_failed_handshake_read_the_same(
     silent.listen(1)
     dns.add("files.customer.test", ["127.0.0.1"])
     messages = []
-    options: dict[str, Any]
-    for url, options in [(f"http://127.0.0.1:{closed}/", {}),
-                         (f"http://127.0.0.1:{silent.getsockname()[1]}/",
-                          {"read_timeout": 0.3}),
-                         (server.url("/", host="files.customer.test").replace("http:", "https:"),
-                          {})]:
+    cases: list[tuple[str, dict[str, Any]]] = [
+        (f"http://127.0.0.1:{closed}/", {}),
+        (f"http://127.0.0.1:{silent.getsockname()[1]}/", {"read_timeout": 0.3}),
+        (server.url("/", host="files.customer.test").replace("http:", "https:"), {})]
+    for url, options in cases:
         with pytest.raises(FetchError) as failed:
             fetch("GET", url, **options)
         messages.append(str(failed.value))
