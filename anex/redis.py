@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Literal
@@ -55,16 +56,28 @@ def window_hit(limiter: str, subject: object, *,
     None and lets the request through; one that fails closed raises Unavailable (503 with
     Retry-After: nothing done).
     Each caller says which (docs/decisions.md, "Limiters when Redis fails")."""
-    counter, seconds_left = window_counter(limiter, subject, time.time())
+    hits = windows_hit([(limiter, subject)], fail=fail)
+    return None if hits is None else hits[0]
+
+
+def windows_hit(counted: Sequence[tuple[str, object]], *,
+                fail: Literal["open", "closed"]) -> list[WindowHit] | None:
+    """window_hit for several (limiter, subject) pairs in one round trip (a request counted
+    against its key's rate and its organization's), their hits in the same order."""
+    now = time.time()
+    counters = [window_counter(limiter, subject, now) for limiter, subject in counted]
+    names = ", ".join(limiter for limiter, _ in counted)
     try:
         pipe = redis_client().pipeline()
-        pipe.incr(counter)
-        pipe.expire(counter, WINDOW_SECONDS * 2)
-        count, _ = pipe.execute()
+        for counter, _ in counters:
+            pipe.incr(counter)
+            pipe.expire(counter, WINDOW_SECONDS * 2)
+        answers = pipe.execute()
     except redis.RedisError as exc:
         if fail == "closed":
-            logger.warning("%s limiter unavailable, request refused: %s", limiter, exc)
+            logger.warning("%s limiter unavailable, request refused: %s", names, exc)
             raise Unavailable(LIMITER_UNAVAILABLE, retry_after=LIMITER_RETRY_AFTER) from None
-        logger.warning("%s limiter unavailable, request allowed: %s", limiter, exc)
+        logger.warning("%s limiter unavailable, request allowed: %s", names, exc)
         return None
-    return WindowHit(int(count), seconds_left)
+    return [WindowHit(int(answers[2 * i]), seconds_left)
+            for i, (_, seconds_left) in enumerate(counters)]

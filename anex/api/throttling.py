@@ -24,7 +24,7 @@ from django.http import HttpRequest
 from rest_framework.throttling import BaseThrottle
 
 from anex.errors import RateLimited
-from anex.redis import window_hit
+from anex.redis import window_hit, windows_hit
 from console.models import ApiKey
 
 if TYPE_CHECKING:
@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 RATE_LIMITER = "ratelimit"  # the per-key request counters
+# An organization's keys together: past ANEX_ORG_RATE_LIMIT_PER_MINUTE in a window, 429
+# whichever of its keys sent it, so creating more keys does not buy more rate.
+ORGANIZATION_RATE_LIMITER = "ratelimit-org"
 # A client that sends a valid key gets this wrong rarely (a rotated key in one deploy);
 # a flood of guessed or revoked keys is held to it.
 INVALID_KEYS_PER_MINUTE = 60
@@ -56,12 +59,21 @@ class ApiKeyRateThrottle(BaseThrottle):
         key = request.auth
         if not isinstance(key, ApiKey):
             return True
-        limit = key_rate_limit(key)
-        hit = window_hit(RATE_LIMITER, key.pk, fail="open")
-        if hit is not None and hit.count > limit:
-            self._wait = hit.seconds_left
+        # The key's rate and its organization's, counted in one round trip (a request
+        # refused by its key's limit still counts against the organization: it was sent).
+        hits = windows_hit([(RATE_LIMITER, key.pk), (ORGANIZATION_RATE_LIMITER,
+                                                       key.organization_id)], fail="open")
+        if hits is None:
+            return True
+        key_hit, organization_hit = hits
+        if key_hit.count > key_rate_limit(key):
+            self._wait = key_hit.seconds_left
             return False
-        organization_rate_count(key.organization_id)
+        limit = settings.ANEX_ORG_RATE_LIMIT_PER_MINUTE
+        if organization_hit.count > limit:
+            raise RateLimited(ORGANIZATION_RATE_DETAIL.format(limit=limit),
+                              retry_after=max(1, math.ceil(organization_hit.seconds_left)),
+                              code="rate_limit_exceeded")
         return True
 
     def wait(self) -> float | None:
@@ -72,18 +84,6 @@ ORGANIZATION_RATE_DETAIL = (
     "Too many requests: this organization's API keys together are sending requests faster "
     "than its limit of {limit} a minute. Wait the seconds in the Retry-After header, then "
     "retry.")
-
-
-def organization_rate_count(organization_id: object) -> None:
-    """Count one request against the organization's rate, beside its key's: past
-    ANEX_ORG_RATE_LIMIT_PER_MINUTE in a window, 429 whichever of its keys sent it, so
-    creating more keys does not buy more rate."""
-    limit = settings.ANEX_ORG_RATE_LIMIT_PER_MINUTE
-    hit = window_hit("ratelimit-org", organization_id, fail="open")
-    if hit is not None and hit.count > limit:
-        raise RateLimited(ORGANIZATION_RATE_DETAIL.format(limit=limit),
-                          retry_after=max(1, math.ceil(hit.seconds_left)),
-                          code="rate_limit_exceeded")
 
 
 def client_address(request: HttpRequest | Request) -> str:
