@@ -59,7 +59,7 @@ def test_run_brings_everything_up_and_ctrl_c_takes_it_down(
         assert "anex is up" in output, output
         assert re.search(r"demo API key\s+sk-[a-z0-9]{12}_[A-Za-z0-9]{40}", output), output
 
-        status, body = get(f"http://127.0.0.1:{port}/healthz")
+        status, body = get(f"http://127.0.0.1:{port}/readyz")
         assert status == 200 and b'"database": "ok"' in body
         status, body = get(f"http://localhost:{port}/openapi.json")
         assert status == 200 and b'"openapi": "3.1' in body

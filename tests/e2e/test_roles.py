@@ -138,7 +138,9 @@ def test_make_run_starts_the_role_commands(make_run) -> None:  # type: ignore[no
     """`make run`'s children are the roles' own commands (anex.roles execs them)."""
     launcher = psutil.Process(make_run.launcher.pid)
     commands = [" ".join(child.cmdline()) for child in launcher.children()]
-    assert any("gunicorn anex.wsgi:application" in line for line in commands), commands
+    # (gunicorn's master retitles itself "gunicorn: master [anex.wsgi:application]")
+    assert any("gunicorn" in line and "anex.wsgi:application" in line
+               for line in commands), commands
     assert any("anex.worker" in line and "--queues estimate" in line for line in commands), \
         commands
     assert any("anex.worker" in line and f"run.eu.{MODEL}" in line and "--processes 1" in line

@@ -79,7 +79,7 @@ def test_a_worker_serves_dramatiqs_metrics_and_is_ready(tmp_path: Path) -> None:
     with worker(tmp_path) as base:
         body = readyz_until(base, 200)
         assert body["checks"] == {"database": "ok", "broker": "ok", "storage": "ok",
-                                  "workers": "ok"}
+                                  "workers": "ok", "breaker": "ok"}
         # when it runs a message (a webhook delivery that is not due: nothing to do)
         dispatch.send("delivery_attempt_task", str(uuid.uuid4()))
         deadline = time.monotonic() + 60
@@ -106,7 +106,8 @@ def test_a_gpu_worker_whose_engine_is_not_loaded_is_not_ready(tmp_path: Path) ->
             assert time.monotonic() < deadline, body
             body = readyz_until(base, 503)
         assert body["checks"] == {"database": "ok", "broker": "ok", "storage": "ok",
-                                  "workers": "ok", f"engine:{EMBEDDER}": "failed"}
+                                  "workers": "ok", "breaker": "ok",
+                                  f"engine:{EMBEDDER}": "failed"}
         assert body["status"] == "unavailable"
 
 

@@ -230,7 +230,11 @@ def test_text_parts_are_read_and_other_parts_refused(chat_engine: ChatEngine) ->
          ChatRow(messages=USER, chat_template_kwargs=OFF),
          ChatRow(messages=[{"role": "user", "content": image}], chat_template_kwargs=OFF)],
         ChatSettings(max_tokens=4))
-    assert ok(as_parts).prompt_tokens == ok(as_text).prompt_tokens
-    assert as_parts.content == as_text.content
+    # Each text part is customer content encoded as text on its own (issue 22 M1), so a
+    # token breaks where one part meets the next: at most one token more per boundary than
+    # the same text in one string. (Joining adjacent parts before encoding would give the
+    # one string's tokens back: open, in the stop's note.)
+    assert ok(as_text).prompt_tokens <= ok(as_parts).prompt_tokens \
+        <= ok(as_text).prompt_tokens + len(parts) - 1
     assert refused.error is not None and refused.error.param == "messages"
     assert "'image_url'" in refused.error.message
