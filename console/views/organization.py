@@ -127,7 +127,10 @@ def settings_page(request: HttpRequest, console: Console) -> HttpResponse:
 @console_page()
 def members_page(request: HttpRequest, console: Console) -> HttpResponse:
     action = request.POST.get("action", "invite")
-    form = InviteForm(request.POST if action == "invite" else None)
+    # Bound only to an invitation's POST: a bound empty form on GET would show its role
+    # select with no choice made (the browser's first, owner) and "required" errors.
+    form = InviteForm(request.POST if request.method == "POST" and action == "invite"
+                      else None)
     if request.method == "POST" and action != "invite":
         return _member_action(request, console, action)
     if request.method == "POST":

@@ -207,3 +207,16 @@ def test_console_actions_are_rate_limited_per_person(organization: Organization,
         owner.post(KEYS, {"name": f"k{n}"})
     assert ApiKey.objects.filter(organization=organization).count() == 2
     assert "Too many actions" in owner.get(KEYS).content.decode()
+
+
+def test_the_invite_form_starts_on_member_with_no_errors(organization: Organization) -> None:
+    """An owner who only types an address invites a member: the form on GET is unbound, so
+    its role select starts on member (it once started bound and empty: owner, the first
+    choice, with "required" errors)."""
+    owner, _ = signed_in(organization)
+    page = owner.get("/console/members").content.decode()
+    assert 'value="member" selected' in page
+    assert "This field is required" not in page
+    owner.post("/console/members", {"action": "invite", "email": "new@example.com",
+                                     "role": "member"})
+    assert Invitation.objects.get(email="new@example.com").role == Role.MEMBER
