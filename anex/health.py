@@ -20,6 +20,7 @@ from django.db import DatabaseError, connection
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET
 
+from anex.redis import fail_fast
 from anex.regions import Region
 from jobs.storage import storage_for
 
@@ -42,6 +43,7 @@ def broker_reachable() -> bool:
         settings.REDIS_URL,
         socket_connect_timeout=CHECK_TIMEOUT_SECONDS,
         socket_timeout=CHECK_TIMEOUT_SECONDS,
+        retry=fail_fast(),
     )
     try:
         return bool(client.ping())

@@ -12,19 +12,31 @@ from typing import Literal
 
 import redis
 from django.conf import settings
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from anex.errors import Unavailable
 
 logger = logging.getLogger(__name__)
 
 
+def fail_fast() -> Retry:
+    """One retry at once, no backoff: enough for a pooled connection Redis dropped (a
+    restart), while a Redis that is down costs a request milliseconds. redis-py's default
+    is ten retries with exponential backoff, about 4 s on every call, which held each API
+    request (and its web thread) that long before a limiter could fail open or closed."""
+    return Retry(NoBackoff(), 1)
+
+
 @cache
-def _client_for(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+def client_for(url: str) -> redis.Redis:
+    """The one client (and connection pool) this process keeps for `url`."""
+    return redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2,
+                                retry=fail_fast())
 
 
 def redis_client() -> redis.Redis:
-    return _client_for(settings.REDIS_URL)
+    return client_for(settings.REDIS_URL)
 
 
 WINDOW_SECONDS = 60

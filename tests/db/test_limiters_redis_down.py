@@ -12,6 +12,7 @@ import redis
 from django.test import RequestFactory
 from rest_framework.test import APIClient
 
+from anex.redis import client_for
 from console.constants import Role
 from console.models import ApiKey, Organization
 from jobs.models import PreflightCheck
@@ -23,8 +24,18 @@ JOB = "/batch/v1/jobs/0b6e4e9c-58d4-4b4e-9f4e-1c2b3a4d5e6f"
 
 @pytest.fixture
 def redis_down(monkeypatch: pytest.MonkeyPatch) -> None:
-    closed = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5)
+    # The product's own client (its timeouts and retries), on a port nothing listens on.
+    closed = client_for("redis://127.0.0.1:1/0")
     monkeypatch.setattr("anex.redis.redis_client", lambda: closed)
+
+
+def test_a_redis_that_is_down_is_retried_once_without_waiting() -> None:
+    """redis-py's default, ten retries with exponential backoff, held every request about
+    4 s before a limiter could fail open or closed (and this file's 62 requests 4 minutes)."""
+    retry = client_for("redis://127.0.0.1:1/0").get_retry()
+    assert retry is not None and retry.get_retries() == 1
+    with pytest.raises(redis.ConnectionError):
+        client_for("redis://127.0.0.1:1/0").incr("anex:test")
 
 
 def test_a_keys_and_its_organizations_rate_fail_open(api: APIClient, redis_down: None) -> None:
