@@ -154,8 +154,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if deselected:
         config.hook.pytest_deselected(items=deselected)
     # The session's `make run` (make_run below) is up from its first test to the session's
-    # end: its tests go last, together, in their order.
-    items[:] = sorted(kept, key=lambda item: "make_run" in getattr(item, "fixturenames", ()))
+    # end: its tests go last, together, in their order, and the one that stops it last.
+    items[:] = sorted(kept, key=lambda item: ("make_run" in getattr(item, "fixturenames", ()),
+                                              item.get_closest_marker("stops_make_run")
+                                              is not None))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -394,10 +396,10 @@ def make_run(checkpoint_dirs: dict[str, Path],
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     """One `make run` per session on a bare environment (tests/launch.py), shared by every
     test that drives one as a newcomer does (the first-job walkthroughs, the CLI, the
-    realtime README): it takes a minute or more to come up, and each test brings its own
-    work to it. The test of the launcher's own start and Ctrl-C (tests/e2e/test_devstack.py)
-    keeps a launch of its own. Its tests run last, together (pytest_collection_modifyitems),
-    so it is up only while they run."""
+    realtime README, the launcher's own start): it takes a minute or more to come up, and
+    each test brings its own work to it. Its tests run last, together
+    (pytest_collection_modifyitems), so it is up only while they run; the last of them
+    (tests/e2e/test_devstack.py, marked stops_make_run) presses its Ctrl-C."""
     with make_run_launched(tmp_path_factory.mktemp("make-run"), checkpoint_dirs) as running:
         yield running
 

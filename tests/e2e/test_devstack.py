@@ -1,5 +1,7 @@
 """`make run`'s launcher on a bare environment: it starts its own PostgreSQL and Redis,
-serves /healthz and /openapi.json, prints the demo key, and Ctrl-C stops everything."""
+serves /readyz and /openapi.json, prints the demo key, and Ctrl-C stops everything. The
+launch is the session's one `make run` (tests/conftest.py's make_run), which these tests
+share with the others that drive one; its Ctrl-C is the last of them."""
 
 from __future__ import annotations
 
@@ -17,12 +19,8 @@ import psutil
 import pytest
 import requests
 
-from inference.checkpoints import anex_checkpoints_value
-from tests.servers import free_port, launcher_interrupt
-
-# The local checkpoints are built (and the tiny Qwen3 trained) once per test session by the
-# engine fixtures; make run takes them from ANEX_CHECKPOINTS instead of building its own.
-pytest_plugins = ["tests.engine_fixtures"]
+from tests.launch import Running
+from tests.servers import launcher_interrupt
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,60 +33,49 @@ def get(url: str) -> tuple[int, bytes]:
         return 0, b""
 
 
-# The first test of a session to take checkpoint_dirs waits for the checkpoints' build.
-@pytest.mark.timeout(600)
-def test_run_brings_everything_up_and_ctrl_c_takes_it_down(
-        tmp_path: Path, checkpoint_dirs: dict[str, Path]) -> None:
-    port = free_port()
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY", "ANEX_API_ORIGIN",
-                        "ANEX_EU_API_ORIGIN")}
-    env.update({"ANEX_RUN_DIR": str(tmp_path / "run"), "PORT": str(port),
-                "STATIC_ROOT": str(tmp_path / "static"),
-                "ANEX_CHECKPOINTS": anex_checkpoints_value(checkpoint_dirs)})
-    log = (tmp_path / "run.log").open("w+")
-    launcher = subprocess.Popen([sys.executable, "-m", "anex.devstack", "run"], cwd=ROOT,
-                                env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and "anex is up" not in Path(log.name).read_text():
-            assert launcher.poll() is None, Path(log.name).read_text()
-            time.sleep(0.5)
-        output = Path(log.name).read_text()
-        assert "anex is up" in output, output
-        assert re.search(r"demo API key\s+sk-[a-z0-9]{12}_[A-Za-z0-9]{40}", output), output
+def test_run_brings_everything_up(make_run: Running) -> None:
+    """The session's `make run` (tests/launch.py: a bare environment, as a newcomer starts
+    it) is ready, answers, prints a demo key that works end to end, and runs the roles."""
+    output = make_run.log.read_text()
+    assert re.search(r"demo API key\s+sk-[a-z0-9]{12}_[A-Za-z0-9]{40}", output), output
+    port = make_run.port
+    status, body = get(f"http://127.0.0.1:{port}/readyz")
+    assert status == 200 and b'"database": "ok"' in body
+    status, body = get(f"http://localhost:{port}/openapi.json")
+    assert status == 200 and b'"openapi": "3.1' in body
+    # The demo key works end to end: an upload target, the form POST, a ready input.
+    auth = {"Authorization": f"Bearer {make_run.key}"}
+    created = requests.post(f"http://localhost:{port}/batch/v1/inputs", json={
+        "format": "jsonl"}, headers=auth, timeout=30).json()
+    assert created["upload_url"] == f"http://localhost:{port}/storage/world/upload"
+    uploaded = requests.post(created["upload_url"], data=created["fields"], timeout=30,
+                             files={"file": ("in.jsonl", b'{"custom_id":"a"}\n')})
+    assert uploaded.status_code == 204, uploaded.text
+    polled = requests.get(f"http://localhost:{port}/batch/v1/inputs/{created['id']}",
+                          headers=auth, timeout=30).json()
+    assert polled["status"] == "ready"
+    children = psutil.Process(make_run.launcher.pid).children(recursive=True)
+    assert any("gunicorn" in " ".join(c.cmdline()) for c in children)
+    assert any("dramatiq" in " ".join(c.cmdline()) for c in children)
+    assert any("runperiodic" in " ".join(c.cmdline()) for c in children)
 
-        status, body = get(f"http://127.0.0.1:{port}/readyz")
-        assert status == 200 and b'"database": "ok"' in body
-        status, body = get(f"http://localhost:{port}/openapi.json")
-        assert status == 200 and b'"openapi": "3.1' in body
-        # The demo key works end to end: an upload target, the form POST, a ready input.
-        key = re.search(r"demo API key\s+(sk-\S+)", output).group(1)  # type: ignore[union-attr]
-        auth = {"Authorization": f"Bearer {key}"}
-        created = requests.post(f"http://localhost:{port}/batch/v1/inputs", json={
-            "format": "jsonl"}, headers=auth, timeout=30).json()
-        assert created["upload_url"] == f"http://localhost:{port}/storage/world/upload"
-        uploaded = requests.post(created["upload_url"], data=created["fields"], timeout=30,
-                                 files={"file": ("in.jsonl", b'{"custom_id":"a"}\n')})
-        assert uploaded.status_code == 204, uploaded.text
-        polled = requests.get(f"http://localhost:{port}/batch/v1/inputs/{created['id']}",
-                              headers=auth, timeout=30).json()
-        assert polled["status"] == "ready"
-        children = psutil.Process(launcher.pid).children(recursive=True)
-        assert any("gunicorn" in " ".join(c.cmdline()) for c in children)
-        assert any("dramatiq" in " ".join(c.cmdline()) for c in children)
-        assert any("runperiodic" in " ".join(c.cmdline()) for c in children)
-    finally:
-        stopped = launcher_interrupt(launcher)
+
+@pytest.mark.stops_make_run
+def test_ctrl_c_takes_everything_down(make_run: Running) -> None:
+    """Ctrl-C on the session's `make run`, after every other test that drives it
+    (tests/conftest.py orders this one last): everything it started stops, and its
+    embedded PostgreSQL with it."""
+    launcher = make_run.launcher
+    assert launcher.poll() is None, "make run stopped before its Ctrl-C"
+    stopped = launcher_interrupt(launcher)
     assert stopped, "Ctrl-C did not stop make run within 60 s"
-    assert launcher.returncode == 0, Path(log.name).read_text()
-    assert get(f"http://127.0.0.1:{port}/healthz")[0] == 0
+    assert launcher.returncode == 0, make_run.log.read_text()
+    assert get(f"http://127.0.0.1:{make_run.port}/healthz")[0] == 0
     # Nothing it started is left behind: no server still using the run directory.
     leftovers = [p for p in psutil.process_iter(["cmdline"])
-                 if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+                 if str(make_run.run_dir) in " ".join(p.info["cmdline"] or [])]
     assert not leftovers, leftovers
-    assert not (tmp_path / "run" / "postgres" / "postmaster.pid").exists()
+    assert not (make_run.run_dir / "postgres" / "postmaster.pid").exists()
 
 
 def launcher_holding(run_dir: Path, release: Path) -> subprocess.Popen[bytes]:
