@@ -524,6 +524,10 @@ def realtime_decision_create(*, key: ApiKey, host_region: Region,
                    endpoint=Endpoint.SYSTEMONE, body=checked.forward(model.id)
                    ) as (answer, admission):
         error = answer.get("error")
+        if isinstance(error, dict) and error.get("type") == "server_error":
+            # The engine's step failed on this request alone (feed.py): the engine's
+            # failure, not the caller's, and nothing was answered to bill.
+            raise EngineFailed(ENGINE_FAILED_DETAIL.format(what="decision"))
         if isinstance(error, dict):
             # A question the model refuses: 422 with the model's own message, naming it.
             # The engine checks the questions before it reads the text: nothing to bill.

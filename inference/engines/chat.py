@@ -53,10 +53,6 @@ THINK_CLOSE = "</think>"
 # The trace's last line when the budget closes it (output-format.txt: "a short notice that
 # the budget is exhausted and the model is answering with what it has").
 BUDGET_NOTICE = "Thinking budget exhausted: answering now with what I have."
-# A row the engine's step failed on, in its batch and again alone (feed.py): its own error;
-# the other rows of that batch were run again and answered.
-ROW_FAILED_ENGINE = ("The model failed while generating this row, and again when the row "
-                     "was run alone; the other rows were not affected.")
 
 
 @dataclass(frozen=True)
@@ -139,9 +135,7 @@ class ChatEngine:
                                 [item.params for item in prepared])
         for item, result in zip(prepared, results, strict=True):
             if isinstance(result, RequestFailed):  # the engine failed on this row alone
-                outcomes[item.index] = ChatOutcome.failed(RowError(
-                    type="server_error", message=ROW_FAILED_ENGINE, code="engine_error",
-                    status_code=500))
+                outcomes[item.index] = ChatOutcome.failed(RowError.engine_failed())
             elif isinstance(result, refusals):
                 outcomes[item.index] = ChatOutcome.failed(_refusal(result))
             elif isinstance(result, Exception):

@@ -33,7 +33,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from inference.engines.feed import EngineFeed
+from inference.engines.feed import EngineFeed, RequestFailed
 from inference.engines.runtime import feed_of, llm_load
 from inference.engines.types import DecisionOutcome, DecisionRow, RowError, RowRefused
 from inference.rows.decisions import answer_described, question_text, state_text
@@ -152,19 +152,30 @@ class DecisionEngine:
                 (index, question, prompt) for question, prompt in zip(questions, prompts,
                                                                       strict=True))
         answers: dict[int, dict[str, dict[str, Any]]] = {index: {} for index in plans}
+        failed: set[int] = set()  # rows a question of which the engine failed on alone
         for key, batch in batches.items():
             reader = readers[key]
             for (index, question, _), probabilities in zip(
                     batch, self._score(reader, batch), strict=True):
-                answers[index][question.name] = _answer(question, probabilities)
+                if probabilities is None:
+                    failed.add(index)
+                else:
+                    answers[index][question.name] = _answer(question, probabilities)
         for index, (questions, routing, billed) in plans.items():
+            if index in failed:
+                outcomes[index] = DecisionOutcome(answers=None, input_tokens=0,
+                                                  routing=routing,
+                                                  error=RowError.engine_failed())
+                continue
             ordered = {q.name: answers[index][q.name] for q in questions}
             outcomes[index] = DecisionOutcome(answers=ordered, input_tokens=billed,
                                               routing=routing)
         return [outcome for outcome in outcomes if outcome is not None]
 
     def _score(self, reader: _Reader,
-               batch: list[tuple[int, _Question, list[int]]]) -> list[list[float]]:
+               batch: list[tuple[int, _Question, list[int]]]) -> list[list[float] | None]:
+        """Each prompt's probabilities per option; None where the engine's step failed on
+        that prompt alone (feed.py's RequestFailed: its row fails, the others are answered)."""
         from vllm import SamplingParams
 
         params = [SamplingParams(max_tokens=1, temperature=0.0,
@@ -174,10 +185,13 @@ class DecisionEngine:
         results = reader.feed.run([{"prompt_token_ids": prompt} for _, _, prompt in batch],
                                   params)
         for result in results:
-            if isinstance(result, Exception):  # a prompt we built: the chunk fails, retried
-                raise result
-        scored = []
+            if isinstance(result, Exception) and not isinstance(result, RequestFailed):
+                raise result  # not the row's fault: the chunk fails and is retried
+        scored: list[list[float] | None] = []
         for (_, question, _), result in zip(batch, results, strict=True):
+            if isinstance(result, RequestFailed):
+                scored.append(None)
+                continue
             logprobs = result.outputs[0].logprobs[0]
             values = [logprobs[t].logprob for _, t in reader.labels[:len(question.keys)]]
             top = max(values)

@@ -13,6 +13,10 @@ from typing import Any, Literal
 FinishReason = Literal["stop", "length"]
 
 INVALID_REQUEST = "invalid_request_error"
+# A row the engine's step failed on, in its batch and again alone (feed.py): its own error;
+# the other rows of that batch were run again and answered.
+ROW_FAILED_ENGINE = ("The model failed while generating this row, and again when the row "
+                     "was run alone; the other rows were not affected.")
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,12 @@ class RowError:
         """A row the model refuses: the reference's invalid_request_error, a 400."""
         return cls(type=INVALID_REQUEST, message=message, code=code, param=param,
                    status_code=400)
+
+    @classmethod
+    def engine_failed(cls) -> RowError:
+        """The engine failed on this row alone (feed.py's RequestFailed): a 500 in its row."""
+        return cls(type="server_error", message=ROW_FAILED_ENGINE, code="engine_error",
+                   status_code=500)
 
 
 class RowRefused(Exception):

@@ -454,6 +454,20 @@ def test_an_engine_that_fails_is_502(api: APIClient, engine: LocalServer) -> Non
     assert not RealtimeUsage.objects.exists()
 
 
+def test_a_decision_the_engine_failed_on_is_502_not_the_callers_422(
+        api: APIClient, engine: LocalServer) -> None:
+    # The engine server's answer when its step failed on the request alone (feed.py).
+    engine.routes["/v1/systemone"] = lambda handler: reply(handler, body=json.dumps({
+        "error": {"type": "server_error", "code": "engine_error",
+                  "message": "The model failed while generating this row"},
+        "routing": {"model": "english", "reason": "text is 100% Latin"}}).encode())
+    response = api.post(DECIDE, {"model": "laya", "state": "x", "questions": QUESTIONS},
+                        format="json")
+    assert response.status_code == 502
+    assert "decision service failed to answer" in response.json()["detail"]
+    assert not RealtimeUsage.objects.exists()
+
+
 # -- 503 -----------------------------------------------------------------------------------
 
 def test_a_frozen_realtime_api_is_503_with_retry_after(api: APIClient,

@@ -162,3 +162,40 @@ def test_a_row_without_a_readable_state_fails_alone(decision_engine: DecisionEng
 def test_the_same_rows_give_the_same_answers(decision_engine: DecisionEngine) -> None:
     rows = [DecisionRow(state=STATE, questions=QUESTIONS)]
     assert decision_engine.decide(rows) == decision_engine.decide(rows)
+
+
+def test_a_step_failing_on_one_row_fails_that_row_and_answers_the_others(
+        decision_engine: DecisionEngine) -> None:
+    """Issue 21, item 4, for decisions: the engine's step fails whenever one row's prompt is
+    in it (a fault injected into the real engine's step, as a GPU fault on one request
+    would). The feed runs the step's requests again apart until that row's are alone; it
+    fails in its row (a 500, billed nothing), and the chunk's other rows are answered."""
+    [reader] = {id(reader): reader for reader in decision_engine.readers.values()}.values()
+    engine = reader.llm.llm_engine
+    step = engine.step
+    poison = "zebra " * 120
+    poison_tokens = len(reader.tokenizer.encode(poison, add_special_tokens=False))
+    failures: list[int] = []
+
+    def faulty_step() -> Any:
+        held = [batch.prompts[position]["prompt_token_ids"]
+                for batch, position in reader.feed._waiting.values()]
+        if any(len(prompt) > poison_tokens for prompt in held):
+            failures.append(len(held))
+            raise RuntimeError("an illegal memory access was encountered")
+        return step()
+
+    engine.step = faulty_step
+    try:
+        rows = [DecisionRow(state=STATE, questions=QUESTIONS),
+                DecisionRow(state=poison, questions={"urgent": QUESTIONS["urgent"]}),
+                DecisionRow(state="Another text.", questions={"urgent": QUESTIONS["urgent"]})]
+        first, failed, last = decision_engine.decide(rows)
+    finally:
+        engine.step = step
+    assert failures and max(failures) > 1  # the fault met other rows' requests in its step
+    answered(first)
+    answered(last)
+    assert failed.answers is None and failed.input_tokens == 0
+    assert failed.error is not None
+    assert (failed.error.type, failed.error.status_code) == ("server_error", 500)
