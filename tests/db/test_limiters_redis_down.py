@@ -15,6 +15,7 @@ from rest_framework.test import APIClient
 from console.constants import Role
 from console.models import ApiKey, Organization
 from jobs.models import PreflightCheck
+from tests.db.test_console import form
 from tests.factories import input_ready
 
 pytestmark = pytest.mark.django_db
@@ -59,8 +60,8 @@ def test_uploads_fail_open(redis_down: None) -> None:
 def test_console_actions_fail_open(organization: Organization, redis_down: None) -> None:
     from tests.db.test_console import signed_in
 
-    owner, owner_user = signed_in(organization, Role.OWNER)
-    owner.post("/console/keys", {"name": "during the outage"})
+    owner, owner_user = signed_in(organization, Role.OWNER, reauthenticated=True)
+    owner.post("/console/keys", form(organization, {"name": "during the outage"}))
     assert ApiKey.objects.filter(created_by=owner_user).count() == 1
 
 
@@ -74,5 +75,5 @@ def test_each_limiter_says_how_it_fails() -> None:
     decisions = (Path(__file__).parents[2] / "docs" / "decisions.md").read_text()
     section = decisions.split("### Limiters when Redis fails")[1].split("\n### ")[0]
     for limiter in ("ratelimit", "ratelimit-org", "invalid-keys", "checks", "uploads",
-                    "console-actions"):
+                    "console-actions", "webhook-tests"):
         assert f"`{limiter}`" in section, limiter
