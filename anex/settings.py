@@ -77,6 +77,7 @@ MIDDLEWARE = [
     "anex.requestid.RequestIdMiddleware",
     "anex.api.bodylimit.ApiBodyLimitMiddleware",  # before anything reads a body
     "django.middleware.security.SecurityMiddleware",
+    "anex.csp.ContentSecurityPolicyMiddleware",  # every answer: scripts and styles are files
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -486,5 +487,8 @@ ANEX_API_KEYS_MAX = env.integer("ANEX_API_KEYS_MAX", 25, minimum=1)
 ANEX_ORG_RATE_LIMIT_PER_MINUTE = env.integer("ANEX_ORG_RATE_LIMIT_PER_MINUTE", 3000, minimum=1)
 # POSTs one console user may make a minute (every form: keys, members, settings).
 ANEX_CONSOLE_ACTIONS_PER_MINUTE = env.integer("ANEX_CONSOLE_ACTIONS_PER_MINUTE", 60, minimum=1)
+# Webhook test events one organization may send a minute (the Settings page's button; each
+# is a delivery with retries to the owner's endpoint; issue 22 L5).
+ANEX_WEBHOOK_TESTS_PER_MINUTE = env.integer("ANEX_WEBHOOK_TESTS_PER_MINUTE", 5, minimum=1)
 # Staff must have TOTP set up (allauth MFA) to open the admin (issue 22 L9).
 ANEX_STAFF_MFA_REQUIRED = env.boolean("ANEX_STAFF_MFA_REQUIRED", True)

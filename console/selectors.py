@@ -28,8 +28,14 @@ def api_key_list(*, organization: Organization) -> QuerySet[ApiKey]:
     return ApiKey.objects.for_org(organization).select_related("created_by")
 
 
+def organization_has_webhook_secret(*, organization: Organization) -> bool:
+    """Whether the endpoint has a signing secret (the Settings page offers to reveal it)."""
+    return Organization.objects.filter(pk=organization.pk).exclude(
+        webhook_secret_encrypted="").exists()
+
+
 def organization_webhook_secret(*, organization: Organization) -> str | None:
-    """The endpoint's signing secret, for its owners to see (the Settings page)."""
+    """The endpoint's signing secret, for its owners to see (the Settings page's Reveal)."""
     encrypted = Organization.objects.values_list(
         "webhook_secret_encrypted", flat=True).get(pk=organization.pk)
     return secret_decrypt(encrypted) if encrypted else None

@@ -29,7 +29,7 @@ from datetime import datetime, timedelta
 from functools import cache
 from pathlib import Path
 from typing import IO, Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, urlencode, urlsplit
 
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import ClientError
@@ -75,6 +75,13 @@ class RegionStorage(ABC):
 
     @abstractmethod
     def upload_target(self, *, key: str, max_bytes: int, expires_in: int) -> UploadTarget: ...
+
+    def upload_origin(self) -> str:
+        """The scheme://host[:port] a browser sends this region's uploads to (the console's
+        Content-Security-Policy lets the New job page's script reach it): read off a
+        target, so it is whatever the backend answers."""
+        parts = urlsplit(self.upload_target(key="origin", max_bytes=1, expires_in=60).url)
+        return f"{parts.scheme}://{parts.netloc}"
 
     @abstractmethod
     def exists(self, key: str) -> bool: ...

@@ -1,4 +1,5 @@
-"""Small formatting filters for the console's pages."""
+"""Small formatting filters for the console's pages, and the hidden field that says which
+organization a form was rendered for."""
 
 from __future__ import annotations
 
@@ -6,9 +7,21 @@ from datetime import datetime
 
 from django import template
 from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
 
 register = template.Library()
+# The field every console form carries (console.views.base.console_page refuses a POST
+# whose organization is not the one the session now acts in).
+FORM_ORGANIZATION = "form_organization"
+
+
+@register.simple_tag(takes_context=True)
+def organization_field(context: template.Context) -> SafeString:
+    """The organization this page was rendered for, as a hidden field of its form."""
+    return format_html('<input type="hidden" name="{}" value="{}">', FORM_ORGANIZATION,
+                       context["organization"].pk)
 
 
 @register.filter

@@ -23,6 +23,7 @@ from console.actors import Actor
 from console.constants import Role
 from console.models import Membership, Organization
 from console.selectors import membership_current, membership_list
+from console.templatetags.console_tags import FORM_ORGANIZATION
 
 # The organization the user is acting in, kept in their session; switching only changes
 # which of their own memberships is used (console.selectors.membership_current).
@@ -57,6 +58,11 @@ CONSOLE_ACTIONS_LIMITED = ("Too many actions: the console takes {limit} a minute
                            "person. Wait a minute, then try again.")
 
 
+ANOTHER_ORGANIZATION = ("Nothing was done: that page was opened for another organization "
+                        "than the one you now act in, {name} (you switched in another tab or "
+                        "window). Check this page and try again.")
+
+
 def console_action_allowed(user: User) -> bool:
     """One more console action (a POST) by this user this minute, within
     ANEX_CONSOLE_ACTIONS_PER_MINUTE. Fails open when Redis is down (docs/decisions.md,
@@ -74,7 +80,11 @@ def console_page(*, owner: bool = False) -> Callable[[ConsoleView[P]],
     """A signed-in page acting for the user's current organization. owner=True refuses a
     member with 403. A service's refusal (anex.errors) reads as the API would say it: one
     the API answers 404 is the page's 404 (another organization's id included), anything
-    else a message on the page the user came from."""
+    else a message on the page the user came from.
+
+    A POST must carry the organization its form was rendered for (the hidden field of
+    console_tags.organization_field): one rendered for another organization than the
+    session's current one (switched in another tab) is refused with nothing done."""
 
     def decorate(view: ConsoleView[P]) -> Callable[Concatenate[HttpRequest, P], HttpResponse]:
         @login_required
@@ -89,6 +99,11 @@ def console_page(*, owner: bool = False) -> Callable[[ConsoleView[P]],
             if request.method == "POST" and not console_action_allowed(user):
                 messages.error(request, CONSOLE_ACTIONS_LIMITED.format(
                     limit=settings.ANEX_CONSOLE_ACTIONS_PER_MINUTE))
+                return redirect(back(request))
+            if (request.method == "POST"
+                    and request.POST.get(FORM_ORGANIZATION) != str(console.organization.pk)):
+                messages.error(request, ANOTHER_ORGANIZATION.format(
+                    name=console.organization.name))
                 return redirect(back(request))
             if owner and not console.is_owner:
                 raise PermissionDenied(f"Only an owner of {console.organization.name} can "

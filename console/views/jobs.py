@@ -15,6 +15,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from anex.api.errors import error_json_response
+from anex.csp import csp_connect_add
 from anex.errors import DomainError
 from anex.regions import organization_region
 from console.forms import JobSubmitForm
@@ -29,6 +30,7 @@ from jobs.services.data import job_data_delete, job_result_link
 from jobs.services.inputs import input_create
 from jobs.services.lifecycle import job_approve, job_cancel, job_cancellable
 from jobs.services.submission import job_submit
+from jobs.storage import storage_for
 
 PAGE_SIZE = 25
 # How often a page with a job in flight asks for its fresh state (one small GET).
@@ -84,6 +86,7 @@ def job_list_page(request: HttpRequest, console: Console) -> HttpResponse:
 def _job_context(console: Console, job: Job) -> dict[str, Any]:
     fields = JobOut(job).data
     return {
+        "organization": console.organization,  # the live part's forms carry it
         "job": job, "fields": fields,
         "progress": job_progress_of(job=job),
         "status_words": STATUS_WORDS.get(JobStatus(job.status), job.status),
@@ -191,5 +194,8 @@ def job_new_page(request: HttpRequest, console: Console) -> HttpResponse:
             form.add_error(None, error)
         else:
             return redirect("console-job", job_id=job.pk)
-    return page(request, console, "console/jobs/new.html", "jobs", form=form,
-                models=console_models())
+    response = page(request, console, "console/jobs/new.html", "jobs", form=form,
+                    models=console_models())
+    # The page's script sends the file straight to the region's storage.
+    return csp_connect_add(response, [
+        storage_for(organization_region(console.organization)).upload_origin()])

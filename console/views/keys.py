@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, time
 from uuid import UUID
 
+from allauth.account.decorators import reauthentication_required
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
@@ -20,6 +21,9 @@ from console.views.base import Console, console_page, page
 
 @require_http_methods(["GET", "POST"])
 @console_page()
+# Creating a key asks for a recent re-authentication (allauth's; the form's POST is
+# replayed once it is done): docs/decisions.md, "The console hardened (L5)".
+@reauthentication_required(allow_get=True)
 def keys_page(request: HttpRequest, console: Console) -> HttpResponse:
     form = ApiKeyForm(request.POST or None)
     new_key = None

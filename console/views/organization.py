@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import cast
 
+from allauth.account.decorators import reauthentication_required
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
@@ -25,6 +26,7 @@ from console.selectors import (
     invitation_open_list,
     membership_current,
     membership_get,
+    organization_has_webhook_secret,
     organization_member_list,
     organization_webhook_secret,
 )
@@ -47,12 +49,21 @@ from jobs.services.webhook_endpoint import (
 )
 
 DELIVERIES_SHOWN = 20
+# The Settings actions that show or replace the signing secret: each asks for a recent
+# re-authentication (allauth's; docs/decisions.md, "The console hardened (L5)").
+SECRET_ACTIONS = frozenset({"reveal", "rotate", "rotate_now"})
+
+
+def _secret_action(request: HttpRequest) -> bool:
+    return request.method == "POST" and request.POST.get("action") in SECRET_ACTIONS
 
 
 @require_http_methods(["GET", "POST"])
 @console_page(owner=True)
+@reauthentication_required(enabled=_secret_action)
 def settings_page(request: HttpRequest, console: Console) -> HttpResponse:
     organization = console.organization
+    secret = None
     webhook_form = WebhookForm(initial={"webhook_url": organization.webhook_url})
     name_form = OrganizationNameForm(initial={"name": organization.name})
     if request.method == "POST":
@@ -68,10 +79,17 @@ def settings_page(request: HttpRequest, console: Console) -> HttpResponse:
                 else:
                     messages.success(request, "Webhook endpoint saved.")
                     return redirect("console-settings")
-        elif action == "rotate":
-            organization_webhook_secret_rotate(organization=organization, actor=console.actor)
-            messages.success(request, "A new signing secret is in use. The previous one keeps "
-                                      "signing beside it for 24 hours.")
+        elif action == "reveal":
+            # Shown in this one response (no-store, below), never in the page a GET answers.
+            secret = organization_webhook_secret(organization=organization)
+        elif action in ("rotate", "rotate_now"):
+            grace = action == "rotate"
+            organization_webhook_secret_rotate(organization=organization, actor=console.actor,
+                                               grace=grace)
+            messages.success(request, "A new signing secret is in use. " + (
+                "The previous one keeps signing beside it for 24 hours." if grace else
+                "The previous one stopped signing now: deliveries verify only with the new "
+                "one."))
             return redirect("console-settings")
         elif action == "test":
             delivery = organization_webhook_test(organization=organization, actor=console.actor)
@@ -109,7 +127,8 @@ def settings_page(request: HttpRequest, console: Console) -> HttpResponse:
             tested = None
     context = {
         "webhook_form": webhook_form, "name_form": name_form,
-        "secret": organization_webhook_secret(organization=organization),
+        "has_secret": organization_has_webhook_secret(organization=organization),
+        "secret": secret,
         "deliveries": webhook_delivery_list(organization=organization)[:DELIVERIES_SHOWN],
         "tested": tested,
         "live": tested is not None and tested.status == DeliveryStatus.PENDING,
@@ -118,7 +137,8 @@ def settings_page(request: HttpRequest, console: Console) -> HttpResponse:
     if request.GET.get("fragment"):
         return fragment(request, "console/_deliveries.html", context)
     response = page(request, console, "console/settings.html", "settings", **context)
-    # The signing secret is in the page (behind "Reveal"): no cache may keep a copy.
+    # The signing secret is in the page after "Reveal": no cache may keep a copy (nor of
+    # the page without it, which a POST and a GET share).
     response["Cache-Control"] = "no-store"
     return response
 

@@ -4,15 +4,19 @@ beside the outbox that delivers to them (jobs.services.webhooks)."""
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
 from anex.crypto import secret_encrypt
+from anex.errors import RateLimited
 from anex.net import FetchError, url_mask
+from anex.redis import window_hit
 from console.actors import Actor
 from console.audit import audit_record
 from console.constants import AuditAction
@@ -71,29 +75,46 @@ def organization_webhook_set(*, organization: Organization, actor: Actor,
 
 
 @transaction.atomic
-def organization_webhook_secret_rotate(*, organization: Organization, actor: Actor) -> str:
-    """A new signing secret; returns it. The one it replaces keeps signing beside it for
-    SECRET_GRACE, so events stay verifiable while the receiver switches."""
+def organization_webhook_secret_rotate(*, organization: Organization, actor: Actor,
+                                       grace: bool = True) -> str:
+    """A new signing secret; returns it. With grace the one it replaces keeps signing
+    beside it for SECRET_GRACE, so events stay verifiable while the receiver switches;
+    without (a secret that leaked) it is dropped at once, with any earlier one still in
+    its grace period."""
     _webhook_owner_require(organization=organization, actor=actor)
     locked = Organization.objects.select_for_update().get(pk=organization.pk)
     secret = webhook_secret_new()
+    kept = grace and bool(locked.webhook_secret_encrypted)
     Organization.objects.filter(pk=locked.pk).update(
         webhook_secret_encrypted=secret_encrypt(secret),
-        webhook_secret_previous_encrypted=locked.webhook_secret_encrypted,
-        webhook_secret_previous_until=(timezone.now() + SECRET_GRACE
-                                       if locked.webhook_secret_encrypted else None),
+        webhook_secret_previous_encrypted=locked.webhook_secret_encrypted if kept else "",
+        webhook_secret_previous_until=timezone.now() + SECRET_GRACE if kept else None,
     )
     # Never the secret itself: the audit log is readable by every member.
     audit_record(organization=locked, actor=actor, action=AuditAction.WEBHOOK_SECRET_ROTATED,
-                 target=locked, data={"previous_valid_hours": SECRET_GRACE / timedelta(hours=1)})
+                 target=locked, data={"previous_valid_hours": (SECRET_GRACE / timedelta(hours=1)
+                                                               if grace else 0)})
     organization.refresh_from_db()
     return secret
 
 
+TESTS_LIMITED = ("Too many test events: an organization may send {limit} a minute. Nothing "
+                 "was sent; try again in {seconds} seconds.")
+
+
 @transaction.atomic
 def organization_webhook_test(*, organization: Organization, actor: Actor) -> WebhookDelivery:
-    """Queue the test event to the current endpoint (the Settings page's test button)."""
+    """Queue the test event to the current endpoint (the Settings page's test button), at
+    most ANEX_WEBHOOK_TESTS_PER_MINUTE a minute per organization: each is a delivery, with
+    retries, to an address the owner chose. Fails closed when Redis is down (a 503 and
+    nothing sent; docs/decisions.md, "Limiters when Redis fails")."""
     _webhook_owner_require(organization=organization, actor=actor)
+    limit = settings.ANEX_WEBHOOK_TESTS_PER_MINUTE
+    hit = window_hit("webhook-tests", organization.pk, fail="closed")
+    if hit is not None and hit.count > limit:
+        seconds = max(1, math.ceil(hit.seconds_left))
+        raise RateLimited(TESTS_LIMITED.format(limit=limit, seconds=seconds),
+                          retry_after=seconds)
     locked = Organization.objects.select_for_update().get(pk=organization.pk)
     if not locked.webhook_url:
         raise ValidationError("Set a webhook endpoint first.", code="webhook_url")

@@ -1,6 +1,9 @@
-// The console's few behaviours, in plain JavaScript (no framework):
+// The console's few behaviours, in plain JavaScript (no framework). Nothing in the pages is
+// inline (no <script> blocks, no on*= handlers): the Content-Security-Policy (anex/csp.py)
+// runs only this file, which binds to data- attributes.
 // - [data-poll]: refresh a page's live part until nothing on it moves (X-Console-Live: 0);
 // - [data-copy]: a copy-to-clipboard button;
+// - [data-select-on-focus]: a read-only secret selects itself when focused;
 // - #job-form: read the file's endpoint to filter the model dropdown, show the fields the
 //   picked model takes, upload the file straight to storage with a progress bar, submit.
 (function () {
@@ -35,6 +38,10 @@
     window.setTimeout(tick, every);
   }
   document.querySelectorAll("[data-poll]").forEach(poll);
+
+  document.querySelectorAll("[data-select-on-focus]").forEach(function (field) {
+    field.addEventListener("focus", function () { field.select(); });
+  });
 
   document.querySelectorAll("[data-copy]").forEach(function (button) {
     button.hidden = false;
@@ -179,11 +186,15 @@
     uploadText.textContent = "Preparing the upload…";
     var body = new FormData();
     body.append("format", /\.parquet$/i.test(file.name) ? "parquet" : "jsonl");
+    // The organization the page was rendered for (refused if the tab is stale).
+    body.append("form_organization", form.querySelector("input[name=form_organization]").value);
     fetch(form.getAttribute("data-upload-url"), {
       method: "POST", body: body, credentials: "same-origin",
       headers: {"X-CSRFToken": csrfToken(form)}
     }).then(function (response) {
-      return response.json().then(function (data) {
+      return response.json().catch(function () {
+        throw new Error("The upload could not start: reload the page and try again.");
+      }).then(function (data) {
         if (!response.ok) { throw new Error(data.detail || "The upload could not start."); }
         return data;
       });

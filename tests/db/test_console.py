@@ -24,7 +24,7 @@ from billing.services import credits_summary
 from console.constants import Role
 from console.models import ApiKey, AuditEvent, Invitation, Membership, Organization
 from console.selectors import organization_webhook_secret, spend_per_day
-from console.templatetags.console_tags import duration
+from console.templatetags.console_tags import FORM_ORGANIZATION, duration
 from jobs.constants import JobStatus
 from jobs.models import Input, Job
 from jobs.serializers import JobOut
@@ -42,12 +42,30 @@ pytestmark = pytest.mark.django_db
 PASSWORD = "correct horse battery"
 
 
-def signed_in(organization: Organization, role: Role = Role.OWNER) -> tuple[Client, User]:
+def signed_in(organization: Organization, role: Role = Role.OWNER, *,
+              reauthenticated: bool = False) -> tuple[Client, User]:
+    """A signed-in client; reauthenticated: its password just confirmed again (allauth's
+    re-authentication), as creating a key or revealing or rotating the signing secret
+    asks (issue 22, L5)."""
     user = user_make(organization, role=role)
     EmailAddress.objects.create(user=user, email=user.email, verified=True, primary=True)
     client = Client()
     client.force_login(user)
+    if reauthenticated:
+        reauthenticate(client)
     return client, user
+
+
+def reauthenticate(client: Client) -> None:
+    """Confirm the password again, as allauth's re-authentication page does."""
+    response = client.post("/accounts/reauthenticate/", {"password": PASSWORD})
+    assert response.status_code == 302, response.content.decode()
+
+
+def form(organization: Organization, fields: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A console form's fields with the organization it was rendered for, as every console
+    form carries it (console_tags.organization_field)."""
+    return {FORM_ORGANIZATION: str(organization.pk), **(fields or {})}
 
 
 @pytest.fixture
@@ -131,7 +149,7 @@ def test_another_organizations_job_key_and_ledger_are_404(owner: Client,
         assert owner.get(path).status_code == 404, path
     for path in [f"/console/jobs/{job.pk}/approve", f"/console/jobs/{job.pk}/cancel",
                  f"/console/jobs/{job.pk}/delete-data", f"/console/keys/{key.pk}/revoke"]:
-        assert owner.post(path).status_code == 404, path
+        assert owner.post(path, form(organization)).status_code == 404, path
     job.refresh_from_db()
     key.refresh_from_db()
     assert job.status == JobStatus.COST_READY and not job.data_delete_requested
@@ -160,8 +178,8 @@ def test_another_organizations_delivery_is_not_shown(owner: Client) -> None:
 def test_a_member_cannot_open_settings_or_the_audit_log_but_manages_jobs_and_keys(
         member: Client, organization: Organization) -> None:
     assert member.get("/console/settings").status_code == 403
-    assert member.post("/console/settings", {"action": "auto_approve",
-                                             "auto_approve": "on"}).status_code == 403
+    assert member.post("/console/settings", form(organization, {"action": "auto_approve",
+                                             "auto_approve": "on"})).status_code == 403
     assert member.get("/console/audit").status_code == 403
     organization.refresh_from_db()
     assert not organization.auto_approve
@@ -169,10 +187,12 @@ def test_a_member_cannot_open_settings_or_the_audit_log_but_manages_jobs_and_key
     nav = member.get("/console/keys").content.decode()
     assert "/console/settings" not in nav
     # A member's key carries a spend budget (issue 22, M5: tests/db/test_member_roles.py).
-    assert member.post("/console/keys", {"name": "ci", "spend_budget": "5"}).status_code == 200
+    reauthenticate(member)
+    assert member.post("/console/keys", form(organization, {"name": "ci", "spend_budget": "5"})
+                       ).status_code == 200
     assert ApiKey.objects.for_org(organization).filter(name="ci").exists()
-    assert member.post("/console/members", {"email": "x@example.com",
-                                            "role": "member"}).status_code == 403
+    assert member.post("/console/members", form(organization, {"email": "x@example.com",
+                                            "role": "member"})).status_code == 403
 
 
 def test_a_user_switches_between_their_organizations(organization: Organization) -> None:
@@ -191,9 +211,10 @@ def test_a_user_switches_between_their_organizations(organization: Organization)
 
 def test_a_key_is_created_shown_once_listed_and_revoked_with_a_confirmation(
         owner: Client, organization: Organization) -> None:
-    response = owner.post("/console/keys", {
+    reauthenticate(owner)
+    response = owner.post("/console/keys", form(organization, {
         "name": "nightly", "model_scopes": ["qwen3-embedding-8b"], "spend_budget": "12.50",
-        "expires_at": (timezone.now() + timedelta(days=30)).date().isoformat()})
+        "expires_at": (timezone.now() + timedelta(days=30)).date().isoformat()}))
     assert response.status_code == 200 and response["Cache-Control"] == "no-store"
     key = ApiKey.objects.for_org(organization).get(name="nightly")
     assert (key.model_scopes, key.spend_budget_cents) == (["qwen3-embedding-8b"], 1250)
@@ -209,7 +230,7 @@ def test_a_key_is_created_shown_once_listed_and_revoked_with_a_confirmation(
     assert confirm.status_code == 200 and "cannot be undone" in confirm.content.decode()
     key.refresh_from_db()
     assert key.revoked_at is None  # the confirmation page changes nothing
-    owner.post(f"/console/keys/{key.pk}/revoke")
+    owner.post(f"/console/keys/{key.pk}/revoke", form(organization))
     key.refresh_from_db()
     assert key.revoked_at is not None
     actions = set(AuditEvent.objects.for_org(organization).values_list("action", flat=True))
@@ -227,14 +248,14 @@ def test_the_job_page_shows_every_field_of_the_api_and_approves_through_the_serv
     for name in JobOut(job).data:
         assert f"<dt>{name}</dt>" in page, name
     assert "Approve $0.40" in page
-    response = owner.post(f"/console/jobs/{job.pk}/approve")
+    response = owner.post(f"/console/jobs/{job.pk}/approve", form(organization))
     assert response.status_code == 302
     job.refresh_from_db()
     assert job.status == JobStatus.IN_PROGRESS and job.approved_by_user is not None
     assert credits_summary(organization=organization).held == 40
     ledger_sum(organization)
     # A repeat is the API's 409, said on the page, holding nothing twice.
-    again = owner.post(f"/console/jobs/{job.pk}/approve", follow=True,
+    again = owner.post(f"/console/jobs/{job.pk}/approve", form(organization), follow=True,
                        HTTP_REFERER=f"http://testserver/console/jobs/{job.pk}")
     assert "only a job in cost_ready can be approved" in again.content.decode()
     assert credits_summary(organization=organization).held == 40
@@ -243,7 +264,8 @@ def test_the_job_page_shows_every_field_of_the_api_and_approves_through_the_serv
 def test_approval_the_balance_does_not_cover_is_the_apis_402_in_words(
         owner: Client, organization: Organization) -> None:
     job = job_make(organization, status=JobStatus.COST_READY, est_cost_cents=10**6)
-    page = owner.post(f"/console/jobs/{job.pk}/approve", follow=True).content.decode()
+    page = owner.post(f"/console/jobs/{job.pk}/approve", form(organization),
+                      follow=True).content.decode()
     assert "The balance does not cover the estimate" in page
     job.refresh_from_db()
     assert job.status == JobStatus.COST_READY
@@ -252,12 +274,12 @@ def test_approval_the_balance_does_not_cover_is_the_apis_402_in_words(
 def test_cancel_and_delete_data_use_the_lifecycle_services(owner: Client,
                                                            organization: Organization) -> None:
     job = job_make(organization, status=JobStatus.COST_READY)
-    owner.post(f"/console/jobs/{job.pk}/cancel")
+    owner.post(f"/console/jobs/{job.pk}/cancel", form(organization))
     job.refresh_from_db()
     assert job.status == JobStatus.CANCELLED
     confirm = owner.get(f"/console/jobs/{job.pk}/delete-data").content.decode()
     assert "cannot be brought back" in confirm
-    owner.post(f"/console/jobs/{job.pk}/delete-data")
+    owner.post(f"/console/jobs/{job.pk}/delete-data", form(organization))
     job.refresh_from_db()
     assert job.data_deleted_at is not None
     page = owner.get(f"/console/jobs/{job.pk}").content.decode()
@@ -296,7 +318,7 @@ def test_the_job_list_filters_paginates_and_polls_only_while_something_moves(
 
 def test_an_upload_target_is_the_apis_and_needs_credits(owner: Client,
                                                         organization: Organization) -> None:
-    response = owner.post("/console/jobs/upload", {"format": "jsonl"})
+    response = owner.post("/console/jobs/upload", form(organization, {"format": "jsonl"}))
     assert response.status_code == 200
     body = response.json()
     assert set(body) == {"id", "upload_url", "fields"} and body["fields"]
@@ -307,7 +329,7 @@ def test_an_upload_target_is_the_apis_and_needs_credits(owner: Client,
                                balance_delta=-credits_summary(organization=broke).balance,
                                idempotency_key=f"test:{broke.pk}")
     client, _user = signed_in(broke)
-    refused = client.post("/console/jobs/upload", {"format": "jsonl"})
+    refused = client.post("/console/jobs/upload", form(broke, {"format": "jsonl"}))
     assert refused.status_code == 402 and "detail" in refused.json()
 
 
@@ -316,24 +338,24 @@ def test_a_job_is_submitted_from_the_form_with_the_fields_the_model_takes(
     settings.ANEX_CHECKPOINTS = {"tiny-qwen3": tokenizer_dir}
     item = input_ready(organization, b'{"custom_id": "a", "method": "POST", "url": '
                                      b'"/v1/chat/completions", "body": {"messages": []}}\n')
-    response = owner.post("/console/jobs/new", {
+    response = owner.post("/console/jobs/new", form(organization, {
         "input_id": str(item.pk), "model": "tiny-qwen3", "reasoning_shown": "on",
         "reasoning": "on", "reasoning_effort": "low", "max_output_tokens": "256",
-        "reasoning_budget": "64"})
+        "reasoning_budget": "64"}))
     assert response.status_code == 302
     job = Job.objects.for_org(organization).get()
     assert response["Location"] == f"/console/jobs/{job.pk}"
     assert (job.model, job.reasoning, job.reasoning_effort, job.max_output_tokens,
             job.reasoning_budget) == ("tiny-qwen3", True, "low", 256, 64)
     # The API's own 422, in words, for a field the model does not take; nothing created.
-    page = owner.post("/console/jobs/new", {"input_id": str(item.pk), "model": "tiny-qwen3",
-                                            "dimensions": "64"}).content.decode()
+    page = owner.post("/console/jobs/new", form(organization, {
+        "input_id": str(item.pk), "model": "tiny-qwen3", "dimensions": "64"})).content.decode()
     assert "dimensions is for embedding models" in page
     assert Job.objects.for_org(organization).count() == 1
     # Another organization's upload reads as not found.
     foreign = input_ready(organization_make(), b'{"custom_id": "a"}\n')
-    page = owner.post("/console/jobs/new", {"input_id": str(foreign.pk),
-                                            "model": "tiny-qwen3"}).content.decode()
+    page = owner.post("/console/jobs/new", form(organization, {"input_id": str(foreign.pk),
+                                            "model": "tiny-qwen3"})).content.decode()
     assert "not one of this organization" in page
 
 
@@ -351,23 +373,27 @@ def test_the_model_dropdown_offers_the_catalog_with_what_each_model_takes(
 
 def test_owner_settings_auto_approve_webhook_and_secret_rotation(
         owner: Client, organization: Organization) -> None:
-    owner.post("/console/settings", {"action": "auto_approve", "auto_approve": "on"})
+    owner.post("/console/settings", form(organization, {"action": "auto_approve",
+                                                        "auto_approve": "on"}))
     organization.refresh_from_db()
     assert organization.auto_approve
-    owner.post("/console/settings", {"action": "auto_approve"})
+    owner.post("/console/settings", form(organization, {"action": "auto_approve"}))
     organization.refresh_from_db()
     assert not organization.auto_approve
-    refused = owner.post("/console/settings", {"action": "webhook",
-                                               "webhook_url": "http://example.com/hook"})
+    refused = owner.post("/console/settings", form(organization, {"action": "webhook",
+                                               "webhook_url": "http://example.com/hook"}))
     assert "The webhook endpoint cannot be used" in refused.content.decode()
     organization_webhook_set(organization=organization, actor=SYSTEM,
                              url="https://93.184.215.14/hook")
     before = organization_webhook_secret(organization=organization)
     shown = owner.get("/console/settings")
     page = shown.content.decode()
-    assert before is not None and before in page and "Reveal the signing secret" in page
+    # Not in the page a GET answers (issue 22, L5): Reveal POSTs for it
+    # (tests/db/test_console_hardening.py).
+    assert before is not None and before not in page and "Reveal the signing secret" in page
     assert shown["Cache-Control"] == "no-store"
-    owner.post("/console/settings", {"action": "rotate"})
+    reauthenticate(owner)
+    owner.post("/console/settings", form(organization, {"action": "rotate"}))
     after = organization_webhook_secret(organization=organization)
     assert after != before
     assert "EU data routing" in page and "contact us" in page
@@ -390,8 +416,8 @@ def test_an_invitation_is_mailed_and_accepted_by_its_verified_address(
         owner: Client, organization: Organization,
         django_capture_on_commit_callbacks: Callable[..., Any]) -> None:
     with django_capture_on_commit_callbacks(execute=True):
-        response = owner.post("/console/members", {"email": "Bob@Example.com",
-                                                   "role": "member"})
+        response = owner.post("/console/members", form(organization, {"email": "Bob@Example.com",
+                                                   "role": "member"}))
     assert response.status_code == 302
     (message,) = mail.outbox
     assert message.to == ["bob@example.com"]

@@ -40,6 +40,7 @@ from billing.models import LedgerEntry
 from billing.services import NO_CREDITS_DETAIL, credits_summary
 from console.models import Organization
 from jobs.constants import JobStatus
+from tests.db.test_console import form
 from tests.factories import api_key_make, job_make, organization_make, user_make
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -136,7 +137,7 @@ def test_no_credits_reads_the_same_through_the_api_and_the_console(
     api = client_for(api_key_make(organization)[1])
     console = _signed_in(organization)
     answers = [api.post("/batch/v1/inputs", {"format": "jsonl"}, format="json"),
-               console.post("/console/jobs/upload", {"format": "jsonl"})]
+               console.post("/console/jobs/upload", form(organization, {"format": "jsonl"}))]
     assert [(a.status_code, json.loads(a.content)) for a in answers] == [
         (402, {"detail": NO_CREDITS_DETAIL})] * 2
 
@@ -146,7 +147,8 @@ def test_a_bad_format_reads_the_same_through_the_api_and_the_console(
         api: APIClient, organization: Organization) -> None:
     answers: list[Any] = [
         api.post("/batch/v1/inputs", {"format": "csv"}, format="json"),
-        _signed_in(organization).post("/console/jobs/upload", {"format": "csv"})]
+        _signed_in(organization).post("/console/jobs/upload",
+                                      form(organization, {"format": "csv"}))]
     assert [(a.status_code, json.loads(a.content)) for a in answers] == [
         (400, {"detail": "format must be jsonl or parquet."})] * 2
 
@@ -173,7 +175,8 @@ def test_a_wrong_state_reads_the_same_through_the_api_and_the_console(
     detail = "This job is done: only a job in cost_ready can be approved."
     answer = api.post(f"/batch/v1/jobs/{job.pk}/approve")
     assert (answer.status_code, answer.json()) == (409, {"detail": detail})
-    page = _signed_in(organization).post(f"/console/jobs/{job.pk}/approve", follow=True)
+    page = _signed_in(organization).post(f"/console/jobs/{job.pk}/approve", form(organization),
+                                         follow=True)
     assert detail in page.content.decode()
 
 

@@ -26,17 +26,18 @@ from anex.devstack import ACCESS_LOG_FORMAT
 from anex.logmask import SecretsLogFilter
 from console.models import Invitation, Membership, Organization
 from console.services import INVITATIONS_PER_DAY
-from tests.db.test_console import signed_in
+from tests.db.test_console import form, signed_in
 from tests.factories import organization_make
 
 pytestmark = pytest.mark.django_db
 
 
-def invited(owner: Client, email: str,
+def invited(owner: Client, organization: Organization, email: str,
             on_commit: Callable[..., Any]) -> tuple[str, str]:
     """An invitation sent from the console: its link's path and its token."""
     with on_commit(execute=True):
-        assert owner.post("/console/members", {"email": email, "role": "member"}
+        assert owner.post("/console/members", form(organization, {"email": email,
+                                                                  "role": "member"})
                           ).status_code == 302
     found = re.search(r"http://testserver(/console/invitations/(\S+))", str(mail.outbox[-1].body))
     assert found is not None
@@ -47,7 +48,8 @@ def test_a_signed_out_invitee_signs_in_without_the_token_in_next(
         organization: Organization,
         django_capture_on_commit_callbacks: Callable[..., Any]) -> None:
     owner, _ = signed_in(organization)
-    link, token = invited(owner, "bob@example.com", django_capture_on_commit_callbacks)
+    link, token = invited(owner, organization, "bob@example.com",
+                          django_capture_on_commit_callbacks)
     # when the invitee opens the link signed out
     visitor = Client()
     opened = visitor.get(link)
@@ -114,11 +116,11 @@ def test_an_organization_sends_at_most_so_many_invitations_a_day(
         Invitation.objects.create(organization=organization, email=f"x{n}@example.com",
                                   token_hash=f"{n:064d}",
                                   expires_at=timezone.now() + timedelta(days=7))
-    assert owner.post("/console/members", {"email": "last@example.com",
-                                            "role": "member"}).status_code == 302
+    assert owner.post("/console/members", form(organization, {"email": "last@example.com",
+                                            "role": "member"})).status_code == 302
     mail.outbox.clear()
-    refused = owner.post("/console/members", {"email": "one-more@example.com",
-                                              "role": "member"})
+    refused = owner.post("/console/members", form(organization, {"email": "one-more@example.com",
+                                              "role": "member"}))
     assert refused.status_code == 200
     assert (f"has sent {INVITATIONS_PER_DAY} invitations in the last 24 hours"
             in refused.content.decode())
@@ -127,5 +129,5 @@ def test_an_organization_sends_at_most_so_many_invitations_a_day(
     # a day later, one may be sent again
     Invitation.objects.for_org(organization).update(
         created_at=timezone.now() - timedelta(days=1, seconds=1))
-    assert owner.post("/console/members", {"email": "one-more@example.com",
-                                            "role": "member"}).status_code == 302
+    assert owner.post("/console/members", form(organization, {"email": "one-more@example.com",
+                                            "role": "member"})).status_code == 302

@@ -20,7 +20,7 @@ from pytest_django import Settings
 from console.constants import AuditAction, Role
 from console.models import ApiKey, AuditEvent, Invitation, Membership, Organization
 from console.services import invitation_for_token
-from tests.db.test_console import signed_in
+from tests.db.test_console import form, signed_in
 from tests.factories import api_key_make, organization_make
 
 pytestmark = pytest.mark.django_db
@@ -36,15 +36,16 @@ def membership(organization: Organization, client_user: Any) -> Membership:
 def test_an_owner_removes_a_member_and_their_keys_stop_working(
         organization: Organization) -> None:
     owner, _ = signed_in(organization)
-    member, member_user = signed_in(organization, Role.MEMBER)
+    member, member_user = signed_in(organization, Role.MEMBER, reauthenticated=True)
     # given a member who made a key (with a budget, as members must)
-    assert member.post(KEYS, {"name": "theirs", "spend_budget": "5"}).status_code == 200
+    assert member.post(KEYS, form(organization, {"name": "theirs", "spend_budget": "5"})
+                       ).status_code == 200
     theirs = ApiKey.objects.get(organization=organization, created_by=member_user)
     other = api_key_make(organization)[0]
     # when an owner removes them, revoking their keys
     gone = membership(organization, member_user)
-    response = owner.post(MEMBERS, {"action": "remove", "member": gone.pk,
-                                    "revoke_keys": "on"})
+    response = owner.post(MEMBERS, form(organization, {"action": "remove", "member": gone.pk,
+                                    "revoke_keys": "on"}))
     assert response.status_code == 302
     # then they are out: the console no longer acts for them in it
     assert not Membership.objects.filter(pk=gone.pk).exists()
@@ -62,17 +63,17 @@ def test_an_owner_removes_a_member_and_their_keys_stop_working(
 def test_the_last_owner_cannot_be_removed_or_demoted(organization: Organization) -> None:
     owner, owner_user = signed_in(organization)
     mine = membership(organization, owner_user)
-    owner.post(MEMBERS, {"action": "remove", "member": mine.pk})
-    owner.post(MEMBERS, {"action": "role", "member": mine.pk, "role": "member"})
+    owner.post(MEMBERS, form(organization, {"action": "remove", "member": mine.pk}))
+    owner.post(MEMBERS, form(organization, {"action": "role", "member": mine.pk, "role": "member"}))
     mine.refresh_from_db()
     assert mine.role == Role.OWNER
     page = owner.get(MEMBERS).content.decode()
     assert "is the last owner of" in page
     # with a second owner, the first may step down
     _, second_user = signed_in(organization, Role.MEMBER)
-    owner.post(MEMBERS, {"action": "role", "member": membership(organization, second_user).pk,
-                         "role": "owner"})
-    owner.post(MEMBERS, {"action": "role", "member": mine.pk, "role": "member"})
+    owner.post(MEMBERS, form(organization, {
+        "action": "role", "member": membership(organization, second_user).pk, "role": "owner"}))
+    owner.post(MEMBERS, form(organization, {"action": "role", "member": mine.pk, "role": "member"}))
     mine.refresh_from_db()
     assert mine.role == Role.MEMBER
     assert AuditEvent.objects.filter(organization=organization,
@@ -83,7 +84,8 @@ def test_a_member_cannot_remove_promote_or_revoke_invitations(
         organization: Organization) -> None:
     owner, owner_user = signed_in(organization)
     member, member_user = signed_in(organization, Role.MEMBER)
-    owner.post(MEMBERS, {"action": "invite", "email": "new@example.com", "role": "member"})
+    owner.post(MEMBERS, form(organization, {"action": "invite", "email": "new@example.com",
+                                            "role": "member"}))
     invitation = Invitation.objects.get(organization=organization)
     attempts = [
         {"action": "remove", "member": membership(organization, owner_user).pk},
@@ -92,7 +94,7 @@ def test_a_member_cannot_remove_promote_or_revoke_invitations(
         {"action": "revoke_invitation", "invitation": invitation.pk},
     ]
     for attempt in attempts:
-        assert member.post(MEMBERS, attempt).status_code == 403, attempt
+        assert member.post(MEMBERS, form(organization, attempt)).status_code == 403, attempt
     assert membership(organization, member_user).role == Role.MEMBER
     assert Membership.objects.filter(organization=organization).count() == 2
     invitation.refresh_from_db()
@@ -105,11 +107,13 @@ def test_a_revoked_invitation_link_stops_working(
 
     owner, _ = signed_in(organization)
     with django_capture_on_commit_callbacks(execute=True):
-        owner.post(MEMBERS, {"action": "invite", "email": "new@example.com", "role": "owner"})
+        owner.post(MEMBERS, form(organization, {"action": "invite", "email": "new@example.com",
+                                                "role": "owner"}))
     invitation = Invitation.objects.get(organization=organization)
     token = mail.outbox[-1].body.split("/console/invitations/")[1].split()[0]
     assert invitation_for_token(token) is not None
-    owner.post(MEMBERS, {"action": "revoke_invitation", "invitation": invitation.pk})
+    owner.post(MEMBERS, form(organization, {"action": "revoke_invitation",
+                                            "invitation": invitation.pk}))
     assert invitation_for_token(token) is None
     # the invitee, signed up with that address, cannot join with it
     invitee = Client()
@@ -130,36 +134,36 @@ def test_another_organizations_member_or_invitation_is_404(organization: Organiz
     theirs = organization_make()
     _, their_user = signed_in(theirs)
     their_member = membership(theirs, their_user)
-    assert owner.post(MEMBERS, {"action": "remove", "member": their_member.pk}).status_code \
-        == 404
-    assert owner.post(MEMBERS, {"action": "role", "member": "x", "role": "owner"}) \
-        .status_code == 404
+    assert owner.post(MEMBERS, form(organization, {"action": "remove",
+                                                   "member": their_member.pk})).status_code == 404
+    assert owner.post(MEMBERS, form(organization, {"action": "role", "member": "x",
+                                                   "role": "owner"})).status_code == 404
     assert Membership.objects.filter(pk=their_member.pk).exists()
 
 
 def test_a_member_revokes_only_the_keys_they_created(organization: Organization) -> None:
-    owner, owner_user = signed_in(organization)
-    member, member_user = signed_in(organization, Role.MEMBER)
+    owner, owner_user = signed_in(organization, reauthenticated=True)
+    member, member_user = signed_in(organization, Role.MEMBER, reauthenticated=True)
     # given the owner's key and the member's own
-    owner.post(KEYS, {"name": "owner's"})
+    owner.post(KEYS, form(organization, {"name": "owner's"}))
     owners_key = ApiKey.objects.get(created_by=owner_user)
-    member.post(KEYS, {"name": "mine", "spend_budget": "5"})
+    member.post(KEYS, form(organization, {"name": "mine", "spend_budget": "5"}))
     members_key = ApiKey.objects.get(created_by=member_user)
     # the member is refused the owner's key, and not offered the button
-    assert member.post(f"{KEYS}/{owners_key.pk}/revoke").status_code == 403
+    assert member.post(f"{KEYS}/{owners_key.pk}/revoke", form(organization)).status_code == 403
     owners_key.refresh_from_db()
     assert owners_key.revoked_at is None
     assert f"{KEYS}/{owners_key.pk}/revoke" not in member.get(KEYS).content.decode()
     # their own key they may revoke; the owner may revoke anyone's
-    assert member.post(f"{KEYS}/{members_key.pk}/revoke").status_code == 302
+    assert member.post(f"{KEYS}/{members_key.pk}/revoke", form(organization)).status_code == 302
     members_key.refresh_from_db()
     assert members_key.revoked_at is not None
-    assert owner.post(f"{KEYS}/{owners_key.pk}/revoke").status_code == 302
+    assert owner.post(f"{KEYS}/{owners_key.pk}/revoke", form(organization)).status_code == 302
 
 
 def test_a_member_cannot_create_an_unbudgeted_key(organization: Organization) -> None:
-    member, member_user = signed_in(organization, Role.MEMBER)
-    page = member.post(KEYS, {"name": "unbounded"}).content.decode()
+    member, member_user = signed_in(organization, Role.MEMBER, reauthenticated=True)
+    page = member.post(KEYS, form(organization, {"name": "unbounded"})).content.decode()
     assert "A member&#x27;s key needs a spend budget" in page
     assert not ApiKey.objects.filter(created_by=member_user).exists()
 
@@ -167,15 +171,16 @@ def test_a_member_cannot_create_an_unbudgeted_key(organization: Organization) ->
 def test_keys_per_organization_are_capped(organization: Organization,
                                           settings: Settings) -> None:
     settings.ANEX_API_KEYS_MAX = 3
-    owner, _owner_user = signed_in(organization)
+    owner, _owner_user = signed_in(organization, reauthenticated=True)
     for n in range(3):
-        owner.post(KEYS, {"name": f"k{n}"})
-    page = owner.post(KEYS, {"name": "one too many"}).content.decode()
+        owner.post(KEYS, form(organization, {"name": f"k{n}"}))
+    page = owner.post(KEYS, form(organization, {"name": "one too many"})).content.decode()
     assert "has 3 active API keys, the most an organization may have" in page
     assert ApiKey.objects.filter(organization=organization).count() == 3
     # a revoked key frees its place
-    owner.post(f"{KEYS}/{ApiKey.objects.filter(organization=organization)[0].pk}/revoke")
-    owner.post(KEYS, {"name": "replacement"})
+    owner.post(f"{KEYS}/{ApiKey.objects.filter(organization=organization)[0].pk}/revoke",
+               form(organization))
+    owner.post(KEYS, form(organization, {"name": "replacement"}))
     assert ApiKey.objects.filter(organization=organization, name="replacement").exists()
 
 
@@ -199,12 +204,12 @@ def test_console_actions_are_rate_limited_per_person(organization: Organization,
     from anex.redis import redis_client
 
     settings.ANEX_CONSOLE_ACTIONS_PER_MINUTE = 2
-    owner, owner_user = signed_in(organization)
+    owner, owner_user = signed_in(organization, reauthenticated=True)
     # A user id repeats in each run's fresh database; its window may outlive an earlier run.
     for counter in redis_client().scan_iter(f"anex:console-actions:{owner_user.pk}:*"):
         redis_client().delete(counter)
     for n in range(4):
-        owner.post(KEYS, {"name": f"k{n}"})
+        owner.post(KEYS, form(organization, {"name": f"k{n}"}))
     assert ApiKey.objects.filter(organization=organization).count() == 2
     assert "Too many actions" in owner.get(KEYS).content.decode()
 
@@ -217,6 +222,7 @@ def test_the_invite_form_starts_on_member_with_no_errors(organization: Organizat
     page = owner.get("/console/members").content.decode()
     assert 'value="member" selected' in page
     assert "This field is required" not in page
-    owner.post("/console/members", {"action": "invite", "email": "new@example.com",
-                                     "role": "member"})
+    owner.post("/console/members", form(organization, {"action": "invite",
+                                                       "email": "new@example.com",
+                                                       "role": "member"}))
     assert Invitation.objects.get(email="new@example.com").role == Role.MEMBER

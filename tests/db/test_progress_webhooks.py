@@ -26,7 +26,7 @@ from jobs.services.progress import job_progress_notify
 from jobs.services.running import chunk_run, job_start
 from jobs.services.webhook_endpoint import organization_webhook_set
 from tests.chunks import chunk_done, row_record
-from tests.db.test_console import signed_in
+from tests.db.test_console import form, signed_in
 from tests.db.test_webhooks import deliver_all, hooks, receiver, verified  # noqa: F401
 from tests.engine_fixtures import checkpoint_dirs  # noqa: F401
 from tests.factories import SYSTEM, input_ready, job_make, organization_make
@@ -134,16 +134,17 @@ def test_owners_turn_it_on_in_settings(organization: Organization) -> None:
     owner, _user = signed_in(organization)
     page = owner.get("/console/settings").content.decode()
     assert 'name="progress_webhooks"' in page
-    owner.post("/console/settings", {"action": "progress_webhooks", "progress_webhooks": "on"})
+    owner.post("/console/settings", form(organization, {"action": "progress_webhooks",
+                                                        "progress_webhooks": "on"}))
     organization.refresh_from_db()
     assert organization.progress_webhooks
     assert 'name="progress_webhooks" checked' in owner.get("/console/settings").content.decode()
-    owner.post("/console/settings", {"action": "progress_webhooks"})
+    owner.post("/console/settings", form(organization, {"action": "progress_webhooks"}))
     organization.refresh_from_db()
     assert not organization.progress_webhooks
     member: Client = signed_in(organization, Role.MEMBER)[0]
-    assert member.post("/console/settings", {"action": "progress_webhooks",
-                                             "progress_webhooks": "on"}).status_code == 403
+    assert member.post("/console/settings", form(organization, {"action": "progress_webhooks",
+                                             "progress_webhooks": "on"})).status_code == 403
     organization.refresh_from_db()
     assert not organization.progress_webhooks
     # the change is audited like every setting

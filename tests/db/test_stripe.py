@@ -20,6 +20,7 @@ from billing.models import LedgerEntry
 from billing.services import credits_summary
 from console.constants import Role
 from console.models import AuditEvent, Organization
+from tests.db.test_console import form
 from tests.factories import api_key_make, user_make
 from tests.stripe_helpers import WEBHOOK_SECRET, checkout_completed_event, signed_headers
 
@@ -160,7 +161,7 @@ def owner_client(organization: Organization) -> Client:
 def test_an_owner_tops_up_through_stripe_checkout(fake_stripe: type[FakeStripe],
                                                   owner_client: Client,
                                                   organization: Organization) -> None:
-    response = owner_client.post("/console/billing", {"amount": "25.00"})
+    response = owner_client.post("/console/billing", form(organization, {"amount": "25.00"}))
     assert response.status_code == 303
     assert response["Location"] == "https://checkout.stripe.com/c/pay/cs_test_fake"
     (sent,) = fake_stripe.requests
@@ -174,17 +175,20 @@ def test_an_owner_tops_up_through_stripe_checkout(fake_stripe: type[FakeStripe],
 
 
 def test_an_amount_out_of_range_goes_nowhere(fake_stripe: type[FakeStripe],
-                                             owner_client: Client) -> None:
-    response = owner_client.post("/console/billing", {"amount": "1.00"})
+                                             owner_client: Client,
+                                             organization: Organization) -> None:
+    response = owner_client.post("/console/billing", form(organization, {"amount": "1.00"}))
     assert response.status_code == 200
     assert "greater than or equal to 5" in response.content.decode()
     assert fake_stripe.requests == []
 
 
 def test_stripe_failing_is_a_message_not_a_500(fake_stripe: type[FakeStripe],
-                                               owner_client: Client) -> None:
+                                               owner_client: Client,
+                                               organization: Organization) -> None:
     fake_stripe.fail = True
-    response = owner_client.post("/console/billing", {"amount": "25.00"}, follow=True)
+    response = owner_client.post("/console/billing", form(organization, {"amount": "25.00"}),
+                                 follow=True)
     assert response.status_code == 200
     assert "Stripe could not be reached" in response.content.decode()
 
@@ -193,18 +197,21 @@ def test_members_who_are_not_owners_cannot_top_up(fake_stripe: type[FakeStripe],
                                                   organization: Organization) -> None:
     client = Client()
     client.force_login(user_make(organization, role=Role.MEMBER))
-    assert client.post("/console/billing", {"amount": "25.00"}).status_code == 403
+    assert client.post("/console/billing", form(organization, {"amount": "25.00"})
+                       ).status_code == 403
     assert "Only an owner" in client.get("/console/billing").content.decode()
     assert fake_stripe.requests == []
 
 
 def test_without_stripe_keys_top_up_says_it_is_unavailable(owner_client: Client,
-                                                           settings: SettingsWrapper) -> None:
+                                                           settings: SettingsWrapper,
+                                                           organization: Organization) -> None:
     settings.STRIPE_SECRET_KEY = None
     page = owner_client.get("/console/billing")
     assert page.status_code == 200
     assert "Top-up is unavailable" in page.content.decode()
-    response = owner_client.post("/console/billing", {"amount": "25.00"}, follow=True)
+    response = owner_client.post("/console/billing", form(organization, {"amount": "25.00"}),
+                                 follow=True)
     assert response.status_code == 200
     assert "Top-up is unavailable" in response.content.decode()
 
