@@ -247,12 +247,26 @@ def manage(env: dict[str, str], *args: str, capture: bool = False) -> str:
     return result.stdout or ""
 
 
+# The roles that run engines (the GPU worker and the realtime engine servers) take the CPU
+# after everything else here: on one machine the CPU engines share the cores with the web
+# tier, the CPU worker and PostgreSQL, where a deployment gives each engine its own GPU. At
+# the default niceness a saturated engine made the batch API's job reads wait seconds
+# (docs/decisions.md, "make run's engines yield the CPU").
+ENGINE_ROLES = ("worker-gpu", "realtime")
+ENGINE_NICENESS = 10
+
+
 def role(env: dict[str, str], name: str, *args: str,
          pass_fds: Sequence[int] = ()) -> subprocess.Popen[bytes]:
     """One role's command (anex/roles.py), as a deployment starts it: what make run
     starts is the role, never a command of its own."""
-    return subprocess.Popen([sys.executable, "-m", "anex.roles", name, *args], env=env,
-                            cwd=BASE_DIR, pass_fds=pass_fds)
+    process = subprocess.Popen([sys.executable, "-m", "anex.roles", name, *args], env=env,
+                               cwd=BASE_DIR, pass_fds=pass_fds)
+    if name in ENGINE_ROLES:
+        # Set before the role has loaded anything: the engine's own processes, started
+        # later, inherit it.
+        os.setpriority(os.PRIO_PROCESS, process.pid, ENGINE_NICENESS)
+    return process
 
 
 def terminate(processes: Sequence[subprocess.Popen[bytes]], timeout: float = 20) -> None:

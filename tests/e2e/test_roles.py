@@ -147,6 +147,17 @@ def test_make_run_starts_the_role_commands(make_run) -> None:  # type: ignore[no
                for line in commands), commands
     assert any("runperiodic" in line for line in commands), commands
     assert any("serve_realtime" in line for line in commands), commands
+    # The engines take the CPU after the rest (anex/devstack.py ENGINE_NICENESS), their own
+    # processes too; the web tier, the CPU worker and the clock keep the default.
+    def is_engine(child: psutil.Process) -> bool:
+        line = " ".join(child.cmdline())
+        return "serve_realtime" in line or f"run.eu.{MODEL}" in line
+
+    engines = [child for child in launcher.children() if is_engine(child)]
+    assert len(engines) >= 2, commands
+    assert all(process.nice() == 10 for engine in engines
+               for process in (engine, *engine.children(recursive=True)))
+    assert all(child.nice() == 0 for child in launcher.children() if not is_engine(child))
 
 
 def test_the_realtime_role_serves_its_engine(
