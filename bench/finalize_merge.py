@@ -6,15 +6,17 @@ scale harness runs it), before and after.
 "before" is jobs/results.py as it was at --before (a git revision, loaded from git into
 its own module beside today's code); "after" is this checkout's. Both run over the same
 chunk objects in a fresh process each (so peak RSS is the merge's own), the result's
-SHA-256 is printed for both (byte-identical, or the line says DIFFERENT), and the ratio.
+SHA-256 is printed for both (byte-identical, or the line says DIFFERENT), and the ratio
+(with --rounds, the modes alternate and the median ratio is printed: the machine is shared).
 
     python -m anex.devstack exec -- .venv/bin/python bench/finalize_merge.py \
         [--rows 200000] [--chunk-rows 256] [--backend local s3] [--format jsonl parquet]
-        [--mode before after] [--before fcc63b5] [--profile after]
+        [--mode before after] [--before fcc63b5] [--rounds 3] [--profile after]
 
 --profile MODE writes a cProfile of that mode's merge (per backend and format) under
---base and prints its top entries. No database is used: the job and its chunks are model
-instances that are never saved.
+--base and prints its top entries (every thread's: the rows are made in boto3's upload
+thread). The job and its chunks are model instances that are never saved; the database is
+asked only by the parquet input's S3 cache (which jobs run), migrated by the setup.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import json
 import os
 import random
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -163,6 +166,9 @@ class _Calls:
         else:
             for name in ("open", "write_stream", "read_range"):
                 setattr(storage, name, self._counted(getattr(storage, name)))
+            if hasattr(storage, "whole_reader"):  # each read_each read (after)
+                real = storage.whole_reader
+                storage.whole_reader = lambda: self._counted(real())
 
     def _counted(self, method: Any) -> Any:
         def counted(*args: Any, **kwargs: Any) -> Any:
@@ -294,6 +300,8 @@ def main() -> int:
     parser.add_argument("--mode", nargs="+", default=["before", "after"],
                         choices=["before", "after"])
     parser.add_argument("--before", default=BEFORE, help="the git revision 'before' runs")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="merges per mode, the modes' order swapped every round")
     parser.add_argument("--profile", default="", choices=["", "before", "after"])
     parser.add_argument("--base", type=Path, default=Path("/tmp/anex-finalize-bench"))  # noqa: S108 (a benchmark's)
     args = parser.parse_args()
@@ -318,22 +326,29 @@ def main() -> int:
                       f"chunk objects set up in {time.perf_counter() - started:.1f} s; charge "
                       f"{spec['charge']:,} credits", flush=True)
                 results: dict[str, dict[str, Any]] = {}
-                for mode in args.mode:
-                    profile = (args.base / f"{backend}-{fmt}-{mode}.prof"
-                               if args.profile == mode else "")
-                    result = results[mode] = _run_child(env, "merge", json.dumps(spec), mode,
-                                                        str(profile))
-                    print(f"  {mode:6s} {result['rows'] / result['seconds']:>9,.0f} rows/s "
-                          f"({result['seconds']:.1f} s for {result['rows']:,} rows), peak RSS "
-                          f"{result['peak_mib']:.0f} MiB, {result['calls']:,} storage calls, "
-                          f"sha256 {result['sha256'][:16]}", flush=True)
-                    if profile:
-                        _top(Path(profile))
-                if len(results) == 2:
-                    before, after = results["before"], results["after"]
-                    same = before["sha256"] == after["sha256"]
-                    print(f"  after/before: {before['seconds'] / after['seconds']:.2f}x rows/s; "
-                          f"result {'byte-identical' if same else 'DIFFERENT'}", flush=True)
+                ratios: list[float] = []
+                for turn in range(args.rounds):
+                    modes = args.mode if turn % 2 == 0 else args.mode[::-1]
+                    for mode in modes:
+                        profile = (args.base / f"{backend}-{fmt}-{mode}.prof"
+                                   if args.profile == mode and turn == 0 else "")
+                        result = results[mode] = _run_child(env, "merge", json.dumps(spec),
+                                                            mode, str(profile))
+                        print(f"  {mode:6s} {result['rows'] / result['seconds']:>9,.0f} rows/s "
+                              f"({result['seconds']:.1f} s for {result['rows']:,} rows), peak "
+                              f"RSS {result['peak_mib']:.0f} MiB, {result['calls']:,} storage "
+                              f"calls, sha256 {result['sha256'][:16]}", flush=True)
+                        if profile:
+                            _top(Path(profile))
+                    if len(results) == 2:
+                        before, after = results["before"], results["after"]
+                        ratios.append(before["seconds"] / after["seconds"])
+                        same = before["sha256"] == after["sha256"]
+                        print(f"  after/before: {ratios[-1]:.2f}x rows/s; result "
+                              f"{'byte-identical' if same else 'DIFFERENT'}", flush=True)
+                if len(ratios) > 1:
+                    print(f"  after/before, median of {len(ratios)} rounds: "
+                          f"{statistics.median(ratios):.2f}x rows/s", flush=True)
     finally:
         if server is not None:
             server.terminate()
