@@ -134,9 +134,9 @@ class RegionStorage(ABC):
                     data = pending.popleft().result()
                     yield data
                     del data  # handed out and done with: its place goes to the next read
-                    key = next(keys, None)
-                    if key is not None:
-                        pending.append(pool.submit(read, key))
+                    following = next(keys, None)
+                    if following is not None:
+                        pending.append(pool.submit(read, following))
             finally:  # a caller that stops early (or raises) leaves nothing running
                 for future in pending:
                     future.cancel()

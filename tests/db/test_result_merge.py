@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import io
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from decimal import Decimal, localcontext
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from pytest_django import Settings
@@ -205,7 +205,7 @@ def test_read_each_stopped_early_leaves_no_read_running(monkeypatch: pytest.Monk
     for key in keys:
         storage.write_stream(key, iter([b"x\n"]), max_bytes=10)
     counts = spied_reads(storage, monkeypatch, lambda: 0)
-    reading = storage.read_each(keys, ahead=4)
+    reading = cast(Generator[bytes, None, None], storage.read_each(keys, ahead=4))
     assert next(reading) == b"x\n"
     reading.close()
     assert counts["running"] == 0 and counts["started"] <= 4
