@@ -40,14 +40,27 @@ def result_key(job: Job) -> str:
     return f"results/{job.organization_id}/{job.pk}/result.{job.format}"
 
 
+# Chunk results read at once while merging (RegionStorage.read_each): a GET's wait is
+# spent on the rows before it, and at most this many chunk results are held.
+READ_AHEAD = 6
+
+
+def _chunk_results(job: Job, chunks: list[Chunk]) -> Iterator[bytes]:
+    """Each chunk's result object whole, in index order, read ahead."""
+    return storage_for(job.data_residency).read_each(
+        (chunk_key(job, chunk.index) for chunk in chunks), ahead=READ_AHEAD)
+
+
+def _lines(data: bytes) -> Iterator[bytes]:
+    """A chunk result's rows (as iterating its file gives them, blank lines skipped)."""
+    return (line for line in data.split(b"\n") if line.strip())
+
+
 def records(job: Job, chunks: list[Chunk]) -> Iterator[dict[str, Any]]:
     """Every delivered row's record, in input order (chunks are in index order)."""
-    storage = storage_for(job.data_residency)
-    for chunk in chunks:
-        with storage.open(chunk_key(job, chunk.index)) as handle:
-            for line in handle:
-                if line.strip():
-                    yield line_loads(line)
+    for data in _chunk_results(job, chunks):
+        for line in _lines(data):
+            yield line_loads(line)
 
 
 def envelope(row: dict[str, Any]) -> dict[str, Any]:
@@ -81,22 +94,33 @@ def _row_weight(row: dict[str, Any], model: CatalogModel | None) -> Decimal:
 
 def records_costed(job: Job, chunks: list[Chunk], *, charge: int) -> Iterator[dict[str, Any]]:
     """records() with each row's share of the job's `charge` as "cost" (billing.allocation:
-    in proportion to the rows' exact prices, adding up to the charge exactly). Two reads
-    of the chunk results: one to weigh, one to hand out; no row is held."""
+    in proportion to the rows' exact prices, adding up to the charge exactly). Two passes
+    over the rows, one to weigh, one to hand out; the chunk results are read from storage
+    once, by the first, which keeps them in a local temporary file for the second. No row
+    is held."""
     model = model_get(job.model)
     total, billed = ZERO, 0
-    with localcontext(ALLOCATION_CONTEXT):
-        for row in records(job, chunks):
-            total += _row_weight(row, model)
-            billed += row["outcome"] != RowOutcome.ERROR
-    # Zero rates (or results written before rows carried their usage): an even split over
-    # the billed rows.
-    even = not total
-    allocator = ChargeAllocator(charge=charge, total_weight=Decimal(billed) if even else total)
-    for row in records(job, chunks):
-        weight = (Decimal(row["outcome"] != RowOutcome.ERROR) if even
-                  else _row_weight(row, model))
-        yield {**row, "cost": credits_text(allocator.share(weight))}
+    with tempfile.TemporaryFile() as spool:
+        with localcontext(ALLOCATION_CONTEXT):
+            for data in _chunk_results(job, chunks):
+                spool.write(data if data.endswith(b"\n") else data + b"\n")
+                for line in _lines(data):
+                    row = line_loads(line)
+                    total += _row_weight(row, model)
+                    billed += row["outcome"] != RowOutcome.ERROR
+        # Zero rates (or results written before rows carried their usage): an even split
+        # over the billed rows.
+        even = not total
+        allocator = ChargeAllocator(charge=charge,
+                                    total_weight=Decimal(billed) if even else total)
+        spool.seek(0)
+        for line in spool:
+            if not line.strip():
+                continue
+            row = line_loads(line)
+            weight = (Decimal(row["outcome"] != RowOutcome.ERROR) if even
+                      else _row_weight(row, model))
+            yield {**row, "cost": credits_text(allocator.share(weight))}
 
 
 def result_write(job: Job, chunks: list[Chunk], *, charge: int = 0) -> tuple[str, int]:

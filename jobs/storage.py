@@ -23,7 +23,9 @@ import io
 import os
 import tempfile
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cache
@@ -115,6 +117,36 @@ class RegionStorage(ABC):
         """StorageChanged unless the object is still the pinned one. S3 answers this for a
         one-byte pinned read (the server compares the version or ETag)."""
         self.read_range(key, 0, 1, pin=pin)
+
+    @abstractmethod
+    def whole_reader(self) -> Callable[[str], bytes]:
+        """A function reading an object whole, safe to call from other threads (S3: this
+        thread's client, which boto3 shares across threads)."""
+
+    def read_each(self, keys: Iterable[str], *, ahead: int) -> Iterator[bytes]:
+        """Each object whole, in the order of `keys`, read `ahead` at a time on threads of
+        its own: at most `ahead` objects are being read or held, the one handed out
+        included (the next read starts when the caller comes back for more), so memory is
+        `ahead` objects whatever the number of keys."""
+        read = self.whole_reader()
+        keys = iter(keys)
+        pending: deque[Future[bytes]] = deque()
+        with ThreadPoolExecutor(max_workers=ahead, thread_name_prefix="read-ahead") as pool:
+            try:
+                for key in keys:
+                    pending.append(pool.submit(read, key))
+                    if len(pending) == ahead:
+                        break
+                while pending:
+                    data = pending.popleft().result()
+                    yield data
+                    del data  # handed out and done with: its place goes to the next read
+                    following = next(keys, None)
+                    if following is not None:
+                        pending.append(pool.submit(read, following))
+            finally:  # a caller that stops early (or raises) leaves nothing running
+                for future in pending:
+                    future.cancel()
 
     @abstractmethod
     def download_url(self, key: str, *, expires_in: int, filename: str) -> str: ...
@@ -218,6 +250,13 @@ class S3RegionStorage(RegionStorage):
             return b""
         reply = self._get(key, pin, Range=f"bytes={start}-{end - 1}")
         return bytes(reply["Body"].read())
+
+    def whole_reader(self) -> Callable[[str], bytes]:
+        client = self._client  # django-storages' is per thread; a boto3 client is shared
+
+        def read(key: str) -> bytes:
+            return bytes(client.get_object(Bucket=self.bucket, Key=key)["Body"].read())
+        return read
 
     def write_stream(self, key: str, chunks: Iterable[bytes], *, max_bytes: int) -> int:
         counted = _Counter(_capped(chunks, max_bytes))
@@ -411,6 +450,9 @@ class LocalRegionStorage(RegionStorage):
         if not pin:
             return handle
         return io.BufferedReader(_VerifiedReader(handle, key, digest), buffer_size=1024 * 1024)
+
+    def whole_reader(self) -> Callable[[str], bytes]:
+        return lambda key: self.path(key).read_bytes()
 
     def verify(self, key: str, *, pin: str) -> None:
         # A local file is proven only by hashing it whole.
