@@ -683,6 +683,8 @@ def s12(h: Harness) -> bool:
     """S12 (REAL engine, not simulated): S4's kill test on the real tiny-qwen3: one worker
     runs the job to completion (the reference), then two run it again, one SIGKILLed at 30 %
     and restarted: 0 lost, 1 charge, greedy outputs identical to the one-worker run."""
+    from jobs.models import Chunk
+
     cluster = h.cluster
     delay = h.args.outage_seconds
     say(f"S12: gpu1 (REAL tiny-qwen3 engine, vLLM) ready {cluster.gpu_ready(1):.0f} s after "
@@ -732,6 +734,14 @@ def s12(h: Harness) -> bool:
                  "(content, finish_reason, usage)") and ok
     say(f"S12 two REAL workers: {spans(h, two.job_id)}; the longest wait between two chunks "
         f"finishing {h.stall(two.job_id):.1f} s")
+    # The kill proves something only if it caught gpu1 running chunks: those were claimed
+    # again (a second attempt) once their heartbeat went stale.
+    attempts = list(h.db(lambda: list(Chunk.objects.filter(job_id=two.job_id)
+                                      .values_list("attempts", flat=True))))
+    rerun = sum(1 for value in attempts if value > 1)
+    ok = verdict("S12 the kill caught work in flight", rerun > 0,
+                 f"{rerun} of {len(attempts)} chunks claimed again after the kill "
+                 "(0: gpu1 was idle when killed, and the run proved nothing)") and ok
     for label, run in (("one worker", one), ("two workers, one killed", two)):
         seconds = run.ended - run.approved
         say(f"S12 figures ({label}, REAL tiny-qwen3, max_output_tokens {S12_CAP}, greedy): "
