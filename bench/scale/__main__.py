@@ -36,6 +36,7 @@ what this machine gave, and the ratio to the simulated ideal is the figure to re
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import shutil
 import signal
 import sys
@@ -73,8 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--other-rows", type=int, default=1_000,
                         help="the other organization's job (S2, S4-S8)")
     parser.add_argument("--model", default=MODEL,
-                        help="the chat model of the catalog the simulated fleet serves")
-    parser.add_argument("--workers", type=int, default=4, help="simulated GPU workers")
+                        help="the chat model of the catalog the simulated fleet serves "
+                             "(S12's REAL fleet serves tiny-qwen3)")
+    parser.add_argument("--workers", type=int, default=4,
+                        help="simulated GPU workers (S12: 1, then 2)")
     parser.add_argument("--threads", type=int, default=4, help="threads per worker")
     parser.add_argument("--step-ms", type=int, default=50, help="simulated step time")
     parser.add_argument("--batch", type=int, default=100, help="simulated running batch")
@@ -85,9 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stale-seconds", type=int, default=60,
                         help="ANEX_HEARTBEAT_STALE_SECONDS")
     parser.add_argument("--outage-seconds", type=int, default=60,
-                        help="S4's restart delay and S7's S3 outage")
+                        help="S4's and S12's restart delay and S7's S3 outage")
     parser.add_argument("--timeout", type=int, default=0,
-                        help="seconds a big job may take (0: 20x its ideal + 10 min)")
+                        help="seconds a big job may take (0: 20x its ideal + 10 min; S12: 1 h)")
     parser.add_argument("--checkpoint", type=Path, default=None,
                         help="a real tiny-qwen3 checkpoint for the estimates' tokenizer "
                              "(default: a simulation tokenizer, built here); S12's engines "
@@ -122,6 +125,10 @@ def run_on(engine: str, names: list[str], args: argparse.Namespace,
     False when interrupted."""
     run_args = argparse.Namespace(**vars(args))
     run_args.rows = args.rows or ROWS_DEFAULT[engine]
+    if engine == REAL and importlib.util.find_spec("vllm") is None:
+        say(f"{', '.join(names)} FAIL: the REAL engine needs vLLM installed (make install-cpu)")
+        results.update(dict.fromkeys(names, False))
+        return True
     if engine == REAL:
         # One REAL worker at start; S12 starts the second itself.
         checkpoint = args.checkpoint or real_checkpoint()
