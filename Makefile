@@ -85,6 +85,7 @@ clean:
 
 # The scale harness (bench/scale, issue 21): PostgreSQL behind PgBouncer, Redis with AOF,
 # moto S3, gunicorn, two clocks, a CPU worker and four SIMULATED GPU workers on this
-# machine, driven through the batch API: make bench-scale ARGS="--scenario S1 --rows 20000"
+# machine, driven through the batch API: make bench-scale ARGS="--scenario S1 --rows 20000".
+# S12 runs REAL tiny-qwen3 engines instead, on a deployment of its own: it needs install-cpu.
 bench-scale: $(INSTALLED)
 	$(PY) -m bench.scale $(ARGS)

