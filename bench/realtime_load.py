@@ -331,7 +331,8 @@ def _report(seen: list[list[Any]], started: float, step: float, cpu: float,
     print(f"web tier CPU {cpu:.1f} s over {answered} answered realtime requests: "
           f"{cpu / max(answered, 1) * 1000:.2f} ms a request (batch requests' CPU included)")
     print(f"realtime requests/s at p99 <= 150 ms: {best:.1f}")
-    limited = [row for row in seen if row[2] == 429]
+    # (A submit's 429 is the reference's own: ten jobs awaiting approval already.)
+    limited = [row for row in seen if row[2] == 429 and row[1] != "submit"]
     if limited:
         problems.append(f"{len(limited)} answers 429: the load test's organization reached a "
                         "rate limit (start make run with ANEX_ORG_RATE_LIMIT_PER_MINUTE "
