@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from inference.engines import ChatOutcome, ChatRow, ChatSettings
-from inference.engines.feed import EngineFeed
+from inference.engines.feed import EngineFeed, RequestFailed
+from inference.engines.types import RowError
 
 POISON = "SIMULATED-POISON-ROW"
 ENGINE_DEAD = "simulated-engine-dead"
@@ -181,9 +182,12 @@ class SimulatedChatEngine:
         results = self.feed.run(prompts, params)
         outcomes = []
         for row, result in zip(rows, results, strict=True):
-            if isinstance(result, Exception):
+            if isinstance(result, RequestFailed):  # the step failed on this row alone
+                outcomes.append(ChatOutcome.failed(RowError.engine_failed()))
+            elif isinstance(result, Exception):
                 raise result  # not the row's fault: the chunk fails, as ChatEngine does
-            outcomes.append(self._outcome(row, result, settings))
+            else:
+                outcomes.append(self._outcome(row, result, settings))
         self._record(len(rows), time.monotonic() - started)
         return outcomes
 
