@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 from django.db.models import Sum
 
 from anex.logsafe import exception_summary
@@ -83,6 +84,12 @@ CHUNK_ATTEMPTS = 3
 CHUNK_DEFERRALS = 10
 INFRA_RETRY_BASE_MS = 15_000
 INFRA_RETRY_CAP_MS = 10 * 60_000
+# A chunk whose results are stored waits out a short database outage to settle (a restart,
+# and PgBouncer refusing logins for its server_login_retry of 15 s after it), rather than
+# end its actor with the work done and the chunk left running until the stale window hands
+# it out again (the scale harness's S6: a minute without a chunk finishing). The waits
+# between tries; past them the error is raised, as before.
+SETTLE_RETRY_SECONDS = (0.5, 1.0, 2.0, 4.0, 8.0, 8.0)
 
 
 # --- starting ---------------------------------------------------------------------------
@@ -262,8 +269,26 @@ def chunk_run(*, chunk_id: uuid.UUID | str) -> ChunkStatus | None:
     counts = {outcome: 0 for outcome in RowOutcome}
     for item in results:
         counts[RowOutcome(item["outcome"])] += 1
-    chunk_settle(chunk=chunk, to=ChunkStatus.DONE, counts=counts, usage=usage)
+    _settle_done(chunk, counts, usage)
     return ChunkStatus.DONE
+
+
+def _settle_done(chunk: Chunk, counts: dict[RowOutcome, int], usage: Usage) -> None:
+    """chunk_settle(done), through a database that fails for a while (SETTLE_RETRY_SECONDS):
+    a connection the failure broke is closed and the next try opens one. The move is
+    guarded, so a try after an error that hid a commit moves nothing twice."""
+    for wait in (*SETTLE_RETRY_SECONDS, None):
+        try:
+            chunk_settle(chunk=chunk, to=ChunkStatus.DONE, counts=counts, usage=usage)
+            return
+        except (OperationalError, InterfaceError) as error:
+            if wait is None:
+                raise
+            logger.warning("chunk %s of job %s ran, but settling it met the database "
+                           "failing (%s): trying again in %s s", chunk.index, chunk.job_id,
+                           type(error).__name__, wait)
+            connection.close()
+            time.sleep(wait)
 
 
 def _chunk_retry_or_fail(chunk: Chunk,

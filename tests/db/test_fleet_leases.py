@@ -94,3 +94,39 @@ def test_a_heartbeat_reconnects_after_its_connection_is_killed() -> None:
     assert beat_at is not None and beat_at > killed_at
     assert len(set(pids)) >= 2  # it came back on a new connection
     assert Chunk.objects.get(pk=chunk.pk).status == ChunkStatus.RUNNING
+
+
+def test_a_chunk_that_ran_settles_through_a_database_restart(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scale harness's S6 in miniature: the chunk's rows ran and its results are
+    stored, and the worker's database session is gone (PostgreSQL restarted) just as it
+    settles. It settles on a new connection once the database answers, instead of ending
+    with the chunk left running until the stale window hands it out again."""
+    import psycopg
+
+    from jobs.services.running import chunk_run
+    from tests.db.test_fair_dispatch import answer
+    from tests.race import run_before
+
+    monkeypatch.setattr(running, "SETTLE_RETRY_SECONDS", (0.2, 0.2))
+    monkeypatch.setattr("jobs.services.running.execute", lambda job, rows: answer(rows))
+    job = approved_job(organization_make(), rows=1)
+    job_start(job_id=job.pk)
+    chunk = Chunk.objects.get(job=job)
+    killed: list[int] = []
+
+    def restart(*args: object, **kwargs: object) -> None:
+        # What the worker meets when PostgreSQL restarts: its session is ended under it.
+        pid = connection.connection.info.backend_pid
+        params = connection.get_connection_params()
+        with psycopg.connect(**params, autocommit=True) as other:
+            other.execute("SELECT pg_terminate_backend(%s)", [pid])
+        killed.append(pid)
+
+    with run_before("jobs.services.running.chunk_complete", restart):
+        assert chunk_run(chunk_id=str(chunk.pk)) == ChunkStatus.DONE
+    assert killed and connection.connection.info.backend_pid != killed[0]
+    chunk.refresh_from_db()
+    assert (chunk.status, chunk.attempts, chunk.deferrals) == (ChunkStatus.DONE, 1, 0)
+    job.refresh_from_db()
+    assert job.status == JobStatus.DONE
