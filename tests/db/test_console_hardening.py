@@ -17,12 +17,12 @@ import re
 from typing import Any
 
 import pytest
-import redis
 from allauth.account import app_settings as allauth_settings
 from django.test import Client
 from pytest_django import Settings
 
 from anex.csp import HEADER
+from anex.redis import client_for
 from console.constants import AuditAction, Role
 from console.models import ApiKey, AuditEvent, Membership, Organization
 from console.selectors import organization_webhook_secret
@@ -246,7 +246,7 @@ def test_the_test_event_fails_closed_without_redis(
         organization: Organization, hooked: Organization,
         monkeypatch: pytest.MonkeyPatch) -> None:
     owner, _ = signed_in(organization)
-    closed = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5)
+    closed = client_for("redis://127.0.0.1:1/0")  # the product's client, nothing listening
     monkeypatch.setattr("anex.redis.redis_client", lambda: closed)
     page = owner.post(SETTINGS, form(organization, {"action": "test"}), follow=True)
     assert "nothing was done" in page.content.decode()
