@@ -6,6 +6,7 @@ bad deployment stops at start instead of misbehaving later.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -158,6 +159,29 @@ class Env:
             mapping[key.strip()] = directory
         return mapping
 
+    def url_lists(self, name: str) -> dict[str, tuple[str, ...]]:
+        """`key=url,url;key=url`: each key's URLs in order, a key named twice adding its
+        URLs to the first's. Each is https://host[:port] (an engine on another machine), or
+        plain http:// to a loopback address (this one, where nothing crosses a network)."""
+        mapping: dict[str, tuple[str, ...]] = {}
+        for item in (self._raw(name) or "").split(";"):
+            if not item.strip():
+                continue
+            key, sep, urls = (part.strip() for part in item.partition("="))
+            for url in (url.strip() for url in urls.split(",")):
+                parts = urlsplit(url)
+                if not sep or not key or parts.scheme not in ("http", "https") \
+                        or not parts.hostname or parts.path not in ("", "/") or parts.query:
+                    raise ImproperlyConfigured(
+                        f"{name}: {item.strip()!r} is not "
+                        "model-id=https://host:port (or http://127.0.0.1:port).")
+                if parts.scheme == "http" and not _loopback_host(parts.hostname):
+                    raise ImproperlyConfigured(
+                        f"{name}: {url!r} is plain http:// to another machine: use "
+                        "https:// (plain http:// is only for an engine on a loopback address).")
+                mapping[key] = (*mapping.get(key, ()), url.rstrip("/"))
+        return mapping
+
     def database(self, name: str = "DATABASE_URL") -> dict[str, Any]:
         return parse_database_url(name, self.string(name, required=True))
 
@@ -181,6 +205,13 @@ class Env:
                 f"{name}={_redact(value)!r} must start with redis://, rediss:// or unix://."
             )
         return value
+
+
+def _loopback_host(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def parse_database_url(name: str, value: str) -> dict[str, Any]:

@@ -6,7 +6,6 @@ start the embedded services; a deployment sets them explicitly.
 
 from __future__ import annotations
 
-import ipaddress
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -269,33 +268,7 @@ ANEX_API_MAX_BODY_BYTES = env.integer("ANEX_API_MAX_BODY_BYTES", 2 * 1024 * 1024
 # request sent to the next in turn; a model with a realtime rate but no engine here answers
 # 501. An engine on another machine is reached over https://; plain http:// only on this
 # one (a loopback address), where nothing crosses a network.
-ANEX_REALTIME_ENGINES: dict[str, tuple[str, ...]] = {}
-
-
-def _loopback_host(host: str) -> bool:
-    try:
-        return host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-for _item in env.string("ANEX_REALTIME_ENGINES", "").split(";"):
-    if not _item.strip():
-        continue
-    _model, _sep, _urls = (part.strip() for part in _item.partition("="))
-    for _url in (url.strip() for url in _urls.split(",")):
-        _parts = urlsplit(_url)
-        if not _sep or not _model or _parts.scheme not in ("http", "https") \
-                or not _parts.hostname or _parts.path not in ("", "/") or _parts.query:
-            raise ImproperlyConfigured(
-                f"ANEX_REALTIME_ENGINES: {_item.strip()!r} is not "
-                "model-id=https://host:port (or http://127.0.0.1:port).")
-        if _parts.scheme == "http" and not _loopback_host(_parts.hostname):
-            raise ImproperlyConfigured(
-                f"ANEX_REALTIME_ENGINES: {_url!r} is plain http:// to another machine: use "
-                "https:// (plain http:// is only for an engine on a loopback address).")
-        ANEX_REALTIME_ENGINES[_model] = (*ANEX_REALTIME_ENGINES.get(_model, ()),
-                                         _url.rstrip("/"))
+ANEX_REALTIME_ENGINES = env.url_lists("ANEX_REALTIME_ENGINES")
 # The secret every request to a realtime engine server is signed with (HMAC-SHA256,
 # realtime/engine_client.py), shared by the web tier and its engine servers: an engine
 # server refuses a request without it (`make run` makes one per run).

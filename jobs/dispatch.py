@@ -23,6 +23,7 @@ from django.db import transaction
 from dramatiq.brokers.redis import RedisBroker
 
 from anex.errors import Unavailable
+from anex.redis import fail_fast
 
 BROKER_DOWN = ("The job queue is unavailable right now, so nothing was done: retry after "
                "the seconds in the Retry-After header.")
@@ -105,14 +106,31 @@ def send_on_commit(actor: str, *args: str, queue: str | None = None,
 def broker_require() -> None:
     """Unavailable (503, Retry-After) when the broker does not answer: called before a
     submit or an approval does anything, so with the broker down they change nothing
-    (docs/decisions.md, "Failover")."""
+    (docs/decisions.md, "Failover"). The ping fails fast (one retry, no backoff): through
+    the broker's own client, with redis-py's backed-off retries, a broker that is down held
+    the request and its web thread about 4 s before its 503."""
     broker = dramatiq.get_broker()
     if not isinstance(broker, RedisBroker):
         return
     try:
-        broker.client.ping()
+        _pinger_of(broker.client).ping()
     except redis.RedisError:
         raise Unavailable(BROKER_DOWN) from None
+
+
+_pinger: tuple[redis.Redis, redis.Redis] | None = None
+
+
+def _pinger_of(client: redis.Redis) -> redis.Redis:
+    """A client to the broker's Redis with the broker client's settings but fail_fast()'s
+    retry, kept for as long as the broker keeps that client."""
+    global _pinger
+    if _pinger is None or _pinger[0] is not client:
+        pool = client.connection_pool
+        twin = redis.ConnectionPool(connection_class=pool.connection_class,
+                                    **{**pool.connection_kwargs, "retry": fail_fast()})
+        _pinger = (client, redis.Redis(connection_pool=twin))
+    return _pinger[1]
 
 
 # A key the broker's Redis keeps while it keeps its messages: gone, the broker was wiped

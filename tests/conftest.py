@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import ssl
 import sys
@@ -43,15 +44,27 @@ TESTS = Path(__file__).resolve().parent
 SLOW_TIERS = ("engine", "e2e", "browser")
 ENGINE_FIXTURES = {"checkpoint_dirs", "chat_engine", "embedding_engine", "decision_engine"}
 # The fast tier's xdist workers, when --fast is given without -n: its tests wait on
-# PostgreSQL, Redis, local servers and deadlines, so one more than the two cores pays. On
-# this 2-core machine, quiet: 58 s with 2 workers, 45-48 s with 3, 52 s with 4.
-FAST_WORKERS = 3
+# PostgreSQL, Redis, local servers and deadlines, so twice the two cores pays. On this
+# 2-core machine, quiet, 1,654 tests: 82 s with 3 workers, 69 s with 4, 67 s with 6 (whose
+# tests each run slower, sharing the cores).
+FAST_WORKERS = 4
 TEMPLATE_KEY = pytest.StashKey[str]()
+
+
+# What the fast tier's slower tests took (setup, call and teardown), in seconds, by node id:
+# written by `pytest --fast --store-durations`, read to start them first, spread over the
+# workers (heaviest_first below). A test missing from it counts as quick; a stale entry
+# only moves a test.
+DURATIONS = TESTS / "durations.json"
+DURATIONS_KEPT = 0.3  # seconds: the quicker tests are left where collection put them
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--fast", action="store_true",
                      help="only the unit and db tiers, on xdist workers (no vLLM needed)")
+    parser.addoption("--store-durations", action="store_true",
+                     help=f"write the tests taking {DURATIONS_KEPT} s or more to "
+                          f"{DURATIONS.relative_to(TESTS.parent)}")
 
 
 def tier_of(path: Path) -> str | None:
@@ -99,6 +112,22 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         from django.conf import settings
 
         template_drop(settings.DATABASES["default"], template)
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+    """pytest-django's, ending first every other session still open on the test database:
+    a thread a test started (a race, a live server's request) may leave its connection
+    open, and PostgreSQL's DROP DATABASE then waits 5 s for it before giving up, at the
+    end of a worker's last test."""
+    yield
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                       "WHERE datname = current_database() AND pid <> pg_backend_pid()")
 
 
 @pytest.fixture(scope="session")
@@ -158,6 +187,57 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = sorted(kept, key=lambda item: ("make_run" in getattr(item, "fixturenames", ()),
                                               item.get_closest_marker("stops_make_run")
                                               is not None))
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 0))
+    if workers > 1 and DURATIONS.exists():
+        items[:] = heaviest_first(items, json.loads(DURATIONS.read_text()), workers)
+
+
+def heaviest_first(items: list[pytest.Item], durations: dict[str, float],
+                   workers: int) -> list[pytest.Item]:
+    """The order that lets `workers` xdist workers end together: worksteal hands each worker
+    one contiguous block of the collection (of len // workers, then len // the workers left,
+    ...), and a worker that runs out steals from the end of another's. So the slow tests
+    (by their recorded durations) are dealt out first, each to the block with the least
+    recorded time so far, and start their blocks; the quick ones fill the blocks up, in
+    collection order. Left as it was, a 12 s test drawn last kept a worker busy 10 s after
+    the others had ended. Every worker computes the same order (xdist requires it)."""
+    slow = sorted((item for item in items if durations.get(item.nodeid, 0) >= DURATIONS_KEPT),
+                  key=lambda item: -durations[item.nodeid])
+    quick = iter([item for item in items if durations.get(item.nodeid, 0) < DURATIONS_KEPT])
+    sizes, left = [], len(items)
+    for index in range(workers):
+        sizes.append(left // (workers - index))
+        left -= sizes[-1]
+    blocks: list[list[pytest.Item]] = [[] for _ in sizes]
+    loads = [0.0] * workers
+    for item in slow:
+        open_blocks = [index for index in range(workers) if len(blocks[index]) < sizes[index]]
+        index = min(open_blocks, key=lambda index: loads[index])
+        blocks[index].append(item)
+        loads[index] += durations[item.nodeid]
+    for index, block in enumerate(blocks):
+        block.extend(itertools.islice(quick, sizes[index] - len(block)))
+    return [item for block in blocks for item in block]
+
+
+class DurationsStored:
+    """--store-durations: each test's setup, call and teardown summed, kept when slow."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+
+    def pytest_sessionfinish(self) -> None:
+        kept = {nodeid: round(seconds, 1) for nodeid, seconds in sorted(self.seconds.items())
+                if seconds >= DURATIONS_KEPT}
+        DURATIONS.write_text(json.dumps(kept, indent=1) + "\n")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--store-durations") and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(DurationsStored(), "durations-stored")
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -14,6 +14,11 @@ class LazyModule(ModuleType):
         super().__init__(name)
 
     def __getattr__(self, attribute: str) -> Any:
+        # pytest's collection probes every module-level name for private attributes (a
+        # mock's `_mock_name`, when it looks for fixtures): answered without the import,
+        # which it would otherwise make in every worker. The tests read public names only.
+        if attribute.startswith("_"):
+            raise AttributeError(attribute)
         return getattr(importlib.import_module(self.__name__), attribute)
 
 

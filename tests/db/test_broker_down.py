@@ -12,6 +12,7 @@ import dramatiq
 import pytest
 import redis
 from django.utils import timezone
+from dramatiq.brokers.redis import RedisBroker
 from rest_framework.test import APIClient
 
 from billing.services import credits_summary
@@ -80,3 +81,20 @@ def test_a_broker_lost_after_the_commit_answers_the_submit_and_recovery_sends_it
     assert job.status == JobStatus.SUBMITTED
     # Its estimate message is sent again by the recovery pass once the lease runs out.
     assert SUBMITTED.due(timezone.now() + timedelta(minutes=6)).filter(pk=job.pk).exists()
+
+
+def test_the_broker_ping_is_retried_once_without_waiting(broker_down: None) -> None:
+    """The broker's own client keeps redis-py's backed-off retries (a worker rides out a
+    Redis restart on them); the ping before a submit or an approval does not: it held the
+    request about 4 s before its 503."""
+    from jobs.dispatch import _pinger_of
+
+    broker = dramatiq.get_broker()
+    assert isinstance(broker, RedisBroker)
+    pinger = _pinger_of(broker.client)
+    retry = pinger.connection_pool.connection_kwargs["retry"]
+    assert retry.get_retries() == 1
+    assert pinger.connection_pool.connection_kwargs["port"] == \
+        broker.client.connection_pool.connection_kwargs["port"]
+    with pytest.raises(redis.ConnectionError):
+        pinger.ping()

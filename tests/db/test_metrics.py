@@ -229,7 +229,10 @@ def test_no_label_names_a_tenant(organization: Organization) -> None:
                  method="GET", status="200") >= 1
     realtime = [s for s in samples(text) if s.name == "anex_realtime_requests_total"]
     assert {s.labels["model"] for s in realtime} <= {"all-minilm-l6-v2", "other", ""}
-    assert {s.labels["endpoint"] for s in realtime} == {"embeddings"}
+    # (the counters are the process's: a realtime test run before this one in the same
+    # process may have counted a systemone request)
+    assert "embeddings" in {s.labels["endpoint"] for s in realtime} <= {"embeddings",
+                                                                       "systemone"}
 
 
 def test_only_loopback_callers_read_it_without_a_token(settings: Settings) -> None:

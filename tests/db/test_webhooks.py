@@ -495,7 +495,7 @@ def test_through_the_broker_500_three_times_then_200_on_widening_gaps(
         broker: dramatiq.Broker, monkeypatch: pytest.MonkeyPatch) -> None:
     organization, secret = org_endpoint
     # The schedule's shape, in seconds instead of hours.
-    monkeypatch.setattr("jobs.services.webhooks.DELIVERY_BACKOFF_SECONDS", (0.5, 2.0, 4.5, 9.0))
+    monkeypatch.setattr("jobs.services.webhooks.DELIVERY_BACKOFF_SECONDS", (0.3, 1.2, 2.4, 9.0))
     log = answering(receiver, 500, 500, 500)
     job = job_make(organization, status=JobStatus.SUBMITTED)
     with running_worker(threads=2):
