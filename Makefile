@@ -19,9 +19,11 @@ run: $(INSTALLED_CPU)
 	$(PY) -m anex.devstack run
 
 # Every tier (tests/conftest.py): the unit and db tiers on xdist workers (each with its own
-# test database and Redis db), then the engine, end-to-end and browser tiers in one process,
-# which loads each real vLLM engine once and shares one `make run` among the tests that
-# drive one. One launcher (and its services) for the whole run. The engine tests run the
+# test database and Redis db), then the engine, end-to-end and browser tiers on two more,
+# whose tests wait on the processes they start: the tests sharing a heavy session fixture
+# (the one `make run`, the engines loaded in process, the realtime engine server) run on one
+# worker (--dist loadgroup), so each real vLLM engine loads once per worker that needs it.
+# One launcher (and its services) for the whole run. The engine tests run the
 # real engines: the test target installs them (install-cpu). mypy (two and a half minutes
 # of CPU without its cache, as on a fresh clone) runs beside the slow tiers, whose tests
 # spend much of their time waiting on the processes they start; its report follows theirs,
@@ -32,7 +34,8 @@ test: $(INSTALLED_CPU)
 	ANEX_RUN_DIR=$(TEST_RUN_DIR) $(PY) -m anex.devstack exec -- sh -c '\
 		$(PY) -m pytest --fast $(ARGS) || exit 1; \
 		$(VENV)/bin/mypy . > $(TEST_RUN_DIR)/mypy.log 2>&1 & typing=$$!; \
-		$(PY) -m pytest -m "engine or e2e or browser" $(ARGS); tiers=$$?; \
+		$(PY) -m pytest -m "engine or e2e or browser" -n 2 --dist loadgroup $(ARGS); \
+		tiers=$$?; \
 		wait $$typing; typed=$$?; cat $(TEST_RUN_DIR)/mypy.log; \
 		[ $$tiers -eq 0 ] && [ $$typed -eq 0 ]'
 

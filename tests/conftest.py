@@ -167,6 +167,22 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return None
 
 
+# The session fixtures that start something heavy: the tests taking one run on one worker.
+SHARED_FIXTURE_GROUPS = {"make_run": "make_run", "realtime_server": "realtime_server",
+                         "chat_engine": "engines", "embedding_engine": "engines",
+                         "decision_engine": "engines"}
+
+
+def xdist_group_of(item: pytest.Item) -> str:
+    """The slow tiers run on two xdist workers (`--dist loadgroup`, Makefile): the tests that
+    share a session's heavy fixture (the one `make run`, the engines loaded in process,
+    the realtime engine server) on one worker, so each starts once; the others by their
+    module (a module's fixtures start once too)."""
+    fixtures = getattr(item, "fixturenames", ())
+    return next((SHARED_FIXTURE_GROUPS[name] for name in SHARED_FIXTURE_GROUPS
+                 if name in fixtures), item.path.stem)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     fast = config.getoption("--fast")
     kept: list[pytest.Item] = []
@@ -188,7 +204,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                                               item.get_closest_marker("stops_make_run")
                                               is not None))
     workers = int(getattr(config, "workerinput", {}).get("workercount", 0))
-    if workers > 1 and DURATIONS.exists():
+    if workers > 1 and config.getvalue("dist") == "no" and getattr(config.option, "loadgroup",
+                                                                  False):
+        # xdist 3.8 names a test's group by appending it to the test's id (which loadgroup
+        # reads, "id@group"), through an attribute pytest 9 no longer has: done here.
+        from _pytest.nodeid import coerce_node_id
+
+        for item in items:
+            item._id = coerce_node_id(f"{item.nodeid}@{xdist_group_of(item)}")  # type: ignore[attr-defined]
+    elif workers > 1 and DURATIONS.exists():
         items[:] = heaviest_first(items, json.loads(DURATIONS.read_text()), workers)
 
 
