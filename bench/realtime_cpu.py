@@ -241,7 +241,12 @@ def in_process_child(path: str, body: dict[str, Any], key: str, count: int) -> f
             "wsgi.errors": sys.stderr, "wsgi.multithread": True, "wsgi.multiprocess": True,
             "wsgi.run_once": False, "wsgi.version": (1, 0)}
         status: list[str] = []
-        answer = application(environ, lambda s, h, e=None: status.append(s))
+
+        def start_response(line: str, headers: Any, exc_info: Any = None) -> Any:
+            status.append(line)
+            return lambda data: None
+
+        answer = application(environ, start_response)
         b"".join(answer)
         answer.close()
         if not status[0].startswith("200"):

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import Q
-from django.db.models.query import get_related_populators
+from django.db.models.query import get_related_populators  # type: ignore[attr-defined]
 from django.utils import timezone
 
 from console.keys import key_parse, secret_matches

@@ -211,20 +211,32 @@ class DecisionOut(serializers.Serializer):  # type: ignore[type-arg]
 # of every field that a serializer instance makes (a tenth of an embedding request's CPU).
 # The serializers stay the schema's; tests/unit/test_realtime_wire.py holds the two equal.
 
+def _str(value: Any) -> str | None:
+    return None if value is None else str(value)  # a serializer answers None as null
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
 def embeddings_out(body: dict[str, Any]) -> dict[str, Any]:
     """EmbeddingsOut(body).data."""
-    usage = body["usage"]
-    return {"object": "list", "model": str(body["model"]),
-            "data": [{"object": "embedding", "index": int(item["index"]),
-                      "embedding": item["embedding"]} for item in body["data"]],
-            "usage": {"prompt_tokens": int(usage["prompt_tokens"]),
-                      "total_tokens": int(usage["total_tokens"])}}
+    data, usage = body["data"], body["usage"]
+    return {"object": "list", "model": _str(body["model"]),
+            "data": None if data is None else [
+                {"object": "embedding", "index": _int(item["index"]),
+                 "embedding": item["embedding"]} for item in data],
+            "usage": None if usage is None else {
+                "prompt_tokens": _int(usage["prompt_tokens"]),
+                "total_tokens": _int(usage["total_tokens"])}}
 
 
 def decision_out(body: dict[str, Any]) -> dict[str, Any]:
     """DecisionOut(body).data."""
     routing, usage = body["routing"], body["usage"]
-    return {"model": str(body["model"]), "answers": body["answers"],
-            "routing": {"model": str(routing["model"]), "reason": str(routing["reason"])},
-            "usage": {"input_tokens": int(usage["input_tokens"]),
-                      "output_tokens": int(usage["output_tokens"])}}
+    return {"model": _str(body["model"]), "answers": body["answers"],
+            "routing": None if routing is None else {
+                "model": _str(routing["model"]), "reason": _str(routing["reason"])},
+            "usage": None if usage is None else {
+                "input_tokens": _int(usage["input_tokens"]),
+                "output_tokens": _int(usage["output_tokens"])}}

@@ -19,12 +19,13 @@ is in the lean chain unless it is named in BROWSER_ONLY.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured, MiddlewareNotUsed
 from django.core.handlers.base import BaseHandler
 from django.core.handlers.exception import convert_exception_to_response
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponseBase
 from django.utils.module_loading import import_string
 
 LEAN_PREFIXES = ("/realtime/v1/",)
@@ -40,7 +41,7 @@ BROWSER_ONLY = frozenset({
     "allauth.account.middleware.AccountMiddleware",
 })
 
-Handler = Callable[[HttpRequest], HttpResponse]
+Handler = Callable[[HttpRequest], HttpResponseBase]
 
 
 def lean_middleware(middleware: Sequence[str]) -> list[str]:
@@ -64,10 +65,11 @@ class LeanHandler(BaseHandler):
     def load_middleware(self, is_async: bool = False) -> None:
         # BaseHandler.load_middleware reads settings.MIDDLEWARE; this is its synchronous
         # case for another list.
-        self._view_middleware: list[Callable[..., HttpResponse | None]] = []
-        self._template_response_middleware: list[Callable[..., HttpResponse]] = []
-        self._exception_middleware: list[Callable[..., HttpResponse | None]] = []
-        handler: Handler = convert_exception_to_response(self._get_response)
+        self._view_middleware: list[Callable[..., Any]] = []
+        self._template_response_middleware: list[Callable[..., Any]] = []
+        self._exception_middleware: list[Callable[..., Any]] = []
+        handler: Any = convert_exception_to_response(
+            self._get_response)  # type: ignore[attr-defined]  # not in django-stubs
         for path in reversed(self.middleware):
             middleware = import_string(path)
             if not getattr(middleware, "sync_capable", True):
@@ -85,10 +87,10 @@ class LeanHandler(BaseHandler):
             handler = convert_exception_to_response(instance)
         self._middleware_chain = handler
 
-    def chain(self, request: HttpRequest) -> HttpResponse:
+    def chain(self, request: HttpRequest) -> HttpResponseBase:
         """The middlewares and the view (what BaseHandler.get_response wraps: the outer
         handler still closes the request and logs a 4xx or 5xx, once)."""
-        response: HttpResponse = self._middleware_chain(request)
+        response: HttpResponseBase = self._middleware_chain(request)
         return response
 
 
@@ -97,7 +99,7 @@ class LeanApiMiddleware:
         self.get_response = get_response
         self.lean = LeanHandler(lean_middleware(settings.MIDDLEWARE))
 
-    def __call__(self, request: HttpRequest) -> HttpResponse:
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
         if request.path_info.startswith(LEAN_PREFIXES):
             return self.lean.chain(request)
         return self.get_response(request)
