@@ -16,6 +16,7 @@ from anex.api.serializers import (
     Constrained,
     DocumentedCharField,
     DocumentedJSONField,
+    FreshFields,
     Verbatim,
 )
 from inference.catalog import CatalogModel, catalog_all
@@ -64,7 +65,7 @@ QUESTION_SCHEMA: dict[str, Any] = {"oneOf": [
 
 
 
-class EmbeddingsIn(Constrained, serializers.Serializer):  # type: ignore[type-arg]
+class EmbeddingsIn(FreshFields, Constrained, serializers.Serializer):  # type: ignore[type-arg]
     """POST /realtime/v1/embeddings: OpenAI's embeddings request, text only."""
 
     model = serializers.CharField(max_length=100)
