@@ -166,6 +166,10 @@ class Web:
                 time.sleep(0.3)
         (self.worker,) = _children(self.process.pid)
 
+    def log_tail(self) -> str:
+        self.log.seek(0)
+        return self.log.read()[-4000:].decode(errors="replace")
+
     def stop(self) -> None:
         self.process.terminate()
         self.process.wait(30)
@@ -325,6 +329,10 @@ def main() -> None:
                         answered, cpu = load(web.url, path, body, headers, args.seconds,
                                              web.worker)
                         results.setdefault((case, name), []).append(cpu / answered * 1000)
+        except SystemExit:
+            for web in webs.values():
+                print(f"-- {web.name}'s gunicorn log, its end:\n{web.log_tail()}")
+            raise
         finally:
             for web in webs.values():
                 web.stop()
