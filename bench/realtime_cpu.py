@@ -4,9 +4,10 @@
         .venv/bin/python bench/realtime_cpu.py [--baseline REF] [--seconds 6] [--rounds 3]
 
 Each side is a gunicorn started as the web role starts it (anex/roles.py: the access log,
-its masking logger), with one worker and 8 threads, from its own checkout: this one, and
-REF's files unpacked into a temporary directory (default BASELINE, the commit before the
-realtime fast path). Both forward to one stub engine server on loopback (a thread here
+its masking logger), with one worker of 16 threads and its own metrics directory (as
+`make run` gives each web worker), from its own checkout: this one, and REF's files
+unpacked into a temporary directory (default BASELINE, the commit before the realtime
+fast path). Both forward to one stub engine server on loopback (a thread here
 answering canned vectors and decisions at once), so what is measured is the web tier
 alone: the gunicorn worker's CPU time (/proc, user + system) over the requests it answered,
 for a one-text embedding and a one-question decision, sent by CLIENTS keep-alive clients.
@@ -19,7 +20,9 @@ client side, and the request thread's CPU time (time.thread_time) is divided by 
 
 The web tier counts inputs with the model's tokenizer when it has the checkpoint
 (ANEX_CHECKPOINTS, as `make run` gives it); without one it falls back to byte bounds, a
-little cheaper: the environment's value is passed to both sides alike.
+little cheaper: the environment's value is passed to both sides alike. Nothing here is the
+load test's figure (bench/realtime_load.py: make run's two workers, the engines, the mix,
+everything on the same cores); this one isolates the web tier's own work per request.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # The commit before the realtime fast path (docs/decisions.md, "The realtime fast path").
 BASELINE = "65ecd33"
 CLIENTS = 4
-THREADS = 8
+THREADS = 16  # a make run web worker's
 WARM_UP_SECONDS = 1.0
 IN_PROCESS_REQUESTS = 1500
 MINILM = "all-minilm-l6-v2"
@@ -141,8 +144,12 @@ class Web:
         self.name, self.tree = name, tree
         self.port = free_port()
         self.log = tempfile.TemporaryFile()
+        # Its own empty metrics directory, as make run gives the web role (the request
+        # counters are then kept in prometheus_client's multiprocess files).
+        self.metrics = tempfile.TemporaryDirectory(prefix="anex-bench-metrics-")
         env = {**env, "ANEX_WEB_BIND": f"127.0.0.1:{self.port}", "ANEX_WEB_WORKERS": "1",
-               "ANEX_WEB_THREADS": str(THREADS), "PYTHONPATH": str(tree)}
+               "ANEX_WEB_THREADS": str(THREADS), "PYTHONPATH": str(tree),
+               "PROMETHEUS_MULTIPROC_DIR": self.metrics.name}
         # The role's own command line, as that checkout builds it, run in its tree.
         argv = json.loads(subprocess.run(
             [sys.executable, "-c", "import json, sys; sys.argv = ['x']; import django; "
@@ -174,6 +181,7 @@ class Web:
         self.process.terminate()
         self.process.wait(30)
         self.log.close()
+        self.metrics.cleanup()
 
 
 def load(url: str, path: str, body: dict[str, Any], headers: dict[str, str],
