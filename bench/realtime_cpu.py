@@ -140,7 +140,7 @@ def _children(pid: int) -> list[int]:
 class Web:
     """One side's gunicorn: the web role's command, one worker, from its checkout."""
 
-    def __init__(self, name: str, tree: Path, env: dict[str, str]) -> None:
+    def __init__(self, name: str, tree: Path, env: dict[str, str], threads: int) -> None:
         self.name, self.tree = name, tree
         self.port = free_port()
         self.log = tempfile.TemporaryFile()
@@ -148,7 +148,7 @@ class Web:
         # counters are then kept in prometheus_client's multiprocess files).
         self.metrics = tempfile.TemporaryDirectory(prefix="anex-bench-metrics-")
         env = {**env, "ANEX_WEB_BIND": f"127.0.0.1:{self.port}", "ANEX_WEB_WORKERS": "1",
-               "ANEX_WEB_THREADS": str(THREADS), "PYTHONPATH": str(tree),
+               "ANEX_WEB_THREADS": str(threads), "PYTHONPATH": str(tree),
                "PROMETHEUS_MULTIPROC_DIR": self.metrics.name}
         # The role's own command line, as that checkout builds it, run in its tree.
         argv = json.loads(subprocess.run(
@@ -310,6 +310,7 @@ def main() -> None:
     parser.add_argument("--baseline", default=BASELINE, help="git ref to compare against")
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=THREADS, help="the worker's threads")
     args = parser.parse_args()
     key = setup_key()
     results: dict[tuple[str, str], list[float]] = {}
@@ -323,10 +324,10 @@ def main() -> None:
         env.pop("PROMETHEUS_MULTIPROC_DIR", None)
         sides = {"baseline": tree, "this": ROOT}
         print(f"realtime web tier CPU per request: {os.cpu_count()} CPUs, baseline "
-              f"{args.baseline}, {CLIENTS} clients, gunicorn 1 worker x {THREADS} threads, "
+              f"{args.baseline}, {CLIENTS} clients, gunicorn 1 worker x {args.threads} threads, "
               f"{args.rounds} rounds of {args.seconds:g} s a side, tokenizers "
               f"{'on' if env.get('ANEX_CHECKPOINTS') else 'off'}")
-        webs = {name: Web(name, path, env) for name, path in sides.items()}
+        webs = {name: Web(name, path, env, args.threads) for name, path in sides.items()}
         headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
         try:
             for case, path, body in CASES:
