@@ -18,6 +18,8 @@ from realtime.serializers import (
     EmbeddingsIn,
     EmbeddingsOut,
     ModelListOut,
+    decision_out,
+    embeddings_out,
 )
 from realtime.services import (
     EmbeddingsRequest,
@@ -68,11 +70,11 @@ class EmbeddingsView(APIView):
         body = EmbeddingsIn(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
-        return Response(EmbeddingsOut(realtime_embeddings_create(
+        return Response(embeddings_out(realtime_embeddings_create(
             key=request_key(request), host_region=request_region(request),
             request=EmbeddingsRequest(model=data["model"], input=data["input"],
                                       dimensions=data.get("dimensions"),
-                                      encoding_format=data.get("encoding_format")))).data)
+                                      encoding_format=data.get("encoding_format")))))
 
 
 class DecisionView(APIView):
@@ -85,6 +87,6 @@ class DecisionView(APIView):
         if not isinstance(request.data, dict):
             raise ApiError(422, "The body must be a JSON object: model, state, questions "
                                 "and an optional lang.")
-        return Response(DecisionOut(realtime_decision_create(
+        return Response(decision_out(realtime_decision_create(
             key=request_key(request), host_region=request_region(request),
-            body=dict(request.data))).data)
+            body=dict(request.data))))

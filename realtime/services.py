@@ -37,6 +37,7 @@ from django.db.models import F, Min
 from django.utils import timezone
 from redis import RedisError
 
+from anex.db import PreparedInsert
 from anex.errors import EngineFailed, Invalid, Malformed, PaymentRequired, Unavailable
 from anex.regions import Region, eu_routing_require, organization_region, region_check
 from anex.requestid import current_request_id
@@ -281,11 +282,14 @@ def realtime_usage_record(*, key: ApiKey, endpoint: Endpoint, model: CatalogMode
     locked, so concurrent requests of one key never wait on each other. The ledger is
     charged from these rows by realtime_charges_settle."""
     request_id = current_request_id.get()
-    return RealtimeUsage.objects.create(
+    return _USAGE_INSERT.create(
         organization_id=key.organization_id, api_key=key, endpoint=endpoint, model=model.id,
         input_tokens=input_tokens,
         cost_usd=usage_cost_usd(model, Usage(input_tokens=input_tokens), realtime=True),
         request_id="" if request_id == "-" else request_id)
+
+
+_USAGE_INSERT = PreparedInsert(RealtimeUsage)  # one per request: compiled once (anex.db)
 
 
 # The settlement's one statement: the key's unsettled rows, marked settled as they are

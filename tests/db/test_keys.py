@@ -6,9 +6,10 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from console.apikeys import api_key_for_plaintext, api_key_mark_used
+from console.apikeys import _key_by_prefix, api_key_for_plaintext, api_key_mark_used
 from console.keys import key_generate, key_parse, secret_hash
 from console.models import ApiKey, AuditEvent
 from console.services import api_key_revoke
@@ -53,6 +54,30 @@ def test_the_plaintext_finds_its_key_and_nothing_else_does() -> None:
     wrong_secret = plaintext[:-1] + ("A" if plaintext[-1] != "A" else "B")
     assert api_key_for_plaintext(wrong_secret) is None
     assert api_key_for_plaintext(key_generate().plaintext) is None
+
+
+def test_the_key_lookup_gives_what_the_orm_gives_in_one_query() -> None:
+    # given a key with every kind of column set
+    key, plaintext = api_key_make(model_scopes=["all-minilm-l6-v2", "laya"],
+                                  spend_budget_cents=500, rate_limit_per_minute=7,
+                                  expires_at=timezone.now() + timedelta(days=1))
+    api_key_mark_used(key=key)
+    orm = ApiKey.objects.select_related("organization").get(pk=key.pk)
+    # when it is looked up by its plaintext
+    with CaptureQueriesContext(connection) as queries:
+        found = api_key_for_plaintext(plaintext)
+        assert found is not None
+        organization = found.organization
+    # then one query read the key and its organization, as the ORM would have built them
+    assert len(queries) == 1
+    for field in ApiKey._meta.concrete_fields:
+        assert getattr(found, field.attname) == getattr(orm, field.attname), field.name
+    for field in type(organization)._meta.concrete_fields:
+        assert getattr(organization, field.attname) == getattr(orm.organization,
+                                                               field.attname), field.name
+    assert found.expires_at is not None and found.expires_at.tzinfo is not None
+    assert not found._state.adding and found._state.db == "default"
+    assert _key_by_prefix("nothing") is None
 
 
 def test_a_revoked_key_is_refused_and_a_second_revoke_changes_nothing() -> None:
