@@ -465,6 +465,12 @@ def s1_figures(h: Harness, run: BigRun) -> bool:
         f"{rate:,.0f} rows/s; SIMULATED fleet ideal {h.ideal_rows_per_second:,.0f} rows/s; "
         f"ratio {ratio:.2f} (the issue asks >= 0.9)")
     say(f"S1 where the time went: {spans(h, run.job_id)}")
+    finished = sorted(h.db(lambda: list(Chunk.objects.filter(
+        job_id=run.job_id, finished_at__isnull=False).values_list("finished_at", flat=True))))
+    if len(finished) > 1:
+        phase = (finished[-1] - finished[0]).total_seconds()
+        say(f"S1 chunk phase (first -> last chunk done): {run.rows / phase:,.0f} rows/s, "
+            f"ratio {run.rows / phase / h.ideal_rows_per_second:.3f} to the ideal")
     ok = verdict("S1 throughput", ratio >= 0.9, f"ratio {ratio:.2f}") and ok
     say(f"S1 each simulated GPU (its own counters): {h.engine_account(run.approved, run.ended)}")
     shares = h.shares(run.approved, run.ended)
