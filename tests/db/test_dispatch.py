@@ -61,7 +61,7 @@ def test_a_gpu_worker_holds_one_chunk_more_than_its_threads() -> None:
         started.release()
         release.wait(20)
 
-    actor = dramatiq.actor(hold, actor_name="prefetch_probe", queue_name=queue, broker=broker)
+    actor = dramatiq.actor(actor_name="prefetch_probe", queue_name=queue, broker=broker)(hold)
     dispatch.gpu_prefetch_install()
     worker = dramatiq.Worker(broker, queues={queue}, worker_threads=2, worker_timeout=100)
     try:
