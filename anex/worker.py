@@ -18,7 +18,7 @@ django.setup()
 from django.utils.module_loading import autodiscover_modules  # noqa: E402
 
 from anex.roles import engine_processes_refuse  # noqa: E402
-from jobs.dispatch import run_queues_declare  # noqa: E402
+from jobs.dispatch import gpu_prefetch_install, run_queues_declare  # noqa: E402
 
 # A bare multi-process `dramatiq anex.worker` taking model queues stops here (anex.roles).
 engine_processes_refuse(sys.argv)
@@ -28,6 +28,8 @@ autodiscover_modules("tasks")
 
 # The chunks of the models this worker serves, in the regions it serves (ANEX_WORKER_*).
 run_queues_declare()
+# A GPU worker holds one chunk more than it runs, not twice its threads (jobs.dispatch).
+gpu_prefetch_install()
 
 if metrics:
     import dramatiq

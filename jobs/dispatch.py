@@ -84,6 +84,42 @@ def run_queues_declare() -> list[str]:
     return queues
 
 
+def model_queue(queue: str) -> bool:
+    """Whether `queue` is a model's run or sample queue (a GPU worker's)."""
+    return queue.split(".", 1)[0] in (RUN, SAMPLE)
+
+
+class GpuPrefetch(dramatiq.Middleware):
+    """A worker that consumes model queues takes at most one message more per queue than
+    it has threads (docs/decisions.md, "Fair dispatch": every GPU fed). Dramatiq's default
+    is twice its threads: under the model's in-flight cap one worker then holds chunks it
+    cannot start while another's engine runs dry, and an idle worker's consumer, backed off
+    to its poll timeout, keeps losing the race for each chunk released. With one spare a
+    worker's thread starts its next chunk the moment its chunk ends, and every other chunk
+    in flight waits in the queue for whichever worker frees first. Dramatiq's own
+    `dramatiq_queue_prefetch`, when set, is left to rule."""
+
+    def before_worker_boot(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
+        from dramatiq import worker as dramatiq_worker
+
+        queues = worker.consumer_whitelist or set()
+        if dramatiq_worker.QUEUE_PREFETCH or not any(model_queue(q) for q in queues):
+            return
+        worker.queue_prefetch = gpu_prefetch(worker.worker_threads)
+
+
+def gpu_prefetch(threads: int) -> int:
+    """The messages a GPU worker holds per model queue: each thread's, and one spare."""
+    return threads + 1
+
+
+def gpu_prefetch_install() -> None:
+    """GpuPrefetch on this process's broker, once (the worker's entry module)."""
+    broker = dramatiq.get_broker()
+    if not any(isinstance(item, GpuPrefetch) for item in broker.middleware):
+        broker.add_middleware(GpuPrefetch())
+
+
 def send(actor: str, *args: str, queue: str | None = None,
          delay_ms: int | None = None) -> None:
     """Send one message to `actor` now (on its own queue unless `queue` is given)."""

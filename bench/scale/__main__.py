@@ -11,7 +11,9 @@ bench/scale/simengine.py) driven through the public batch API, one scenario at a
 
   S1  a big chat job (--rows, default 1,000,000): every line, in order, the simulated
       answer; one charge equal to the price of the rows' summed usage; rows/s against the
-      simulated fleet's ideal; each worker's share; statements and broker calls per chunk
+      simulated fleet's ideal (the whole run, and the chunk phase alone); each simulated
+      GPU's own account of its time (batch fill, the engine empty, between steps); each
+      worker's share; statements and broker calls per chunk
   S2  at 20 % of the big job another organization's 1,000-row job: approve -> done
   S3  at 20 % a sampled job (no max_output_tokens): submit -> cost_ready
   S4  a GPU worker's process group SIGKILLed at 30 %, restarted 60 s later

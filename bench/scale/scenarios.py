@@ -378,6 +378,39 @@ class Harness:
             out[name] = total
         return out
 
+    def engine_account(self, since: float, until: float) -> str:
+        """Each simulated GPU's time over [since, until] (monotonic seconds), from the
+        simulation's counters (bench/scale/simengine.py): rows/s against its ideal, the
+        running batch's fill, and the shares of wall time lost sleeping past the step,
+        between steps with work in the engine (the feed's and the GIL's turn), and with the
+        engine empty (no chunk handed in)."""
+        offset = time.time() - time.monotonic()
+        a = self.args
+        parts = []
+        for number in range(1, a.workers + 1):
+            name = self.cluster.gpu_name(number)
+            stats = self.cluster.run_dir(name) / STATS
+            lines = [json.loads(line) for line in stats.read_text().splitlines()] \
+                if stats.exists() else []
+            lines = [item for item in lines if "steps" in item
+                     and since + offset <= item["at"] <= until + offset + 1]
+            if len(lines) < 2:
+                continue
+            first, last = lines[0], lines[-1]
+            wall = last["at"] - first["at"]
+            if wall <= 0:
+                continue
+            delta = {key: last[key] - first[key] for key in
+                     ("steps", "slot_steps", "oversleep", "between_busy", "between_idle")}
+            rate = delta["slot_steps"] / a.decode / wall
+            ideal = a.batch / (a.decode * a.step_ms / 1000)
+            fill = delta["slot_steps"] / max(1, delta["steps"] * a.batch)
+            parts.append(
+                f"{name} {rate / ideal:.3f} of ideal (fill {fill:.3f}, oversleep "
+                f"{delta['oversleep'] / wall:.1%}, between steps busy "
+                f"{delta['between_busy'] / wall:.1%}, idle {delta['between_idle'] / wall:.1%})")
+        return "; ".join(parts) or "(no simulation counters)"
+
     def other_job(self, tag: str) -> tuple[Api, str, Path]:
         """Another organization's job, estimated now and approved by the caller."""
         api = self.api(f"other-{tag}")
@@ -432,7 +465,14 @@ def s1_figures(h: Harness, run: BigRun) -> bool:
         f"{rate:,.0f} rows/s; SIMULATED fleet ideal {h.ideal_rows_per_second:,.0f} rows/s; "
         f"ratio {ratio:.2f} (the issue asks >= 0.9)")
     say(f"S1 where the time went: {spans(h, run.job_id)}")
+    finished = sorted(h.db(lambda: list(Chunk.objects.filter(
+        job_id=run.job_id, finished_at__isnull=False).values_list("finished_at", flat=True))))
+    if len(finished) > 1:
+        phase = (finished[-1] - finished[0]).total_seconds()
+        say(f"S1 chunk phase (first -> last chunk done): {run.rows / phase:,.0f} rows/s, "
+            f"ratio {run.rows / phase / h.ideal_rows_per_second:.3f} to the ideal")
     ok = verdict("S1 throughput", ratio >= 0.9, f"ratio {ratio:.2f}") and ok
+    say(f"S1 each simulated GPU (its own counters): {h.engine_account(run.approved, run.ended)}")
     shares = h.shares(run.approved, run.ended)
     total = sum(shares.values()) or 1
     even = 1 / len(shares)

@@ -117,6 +117,16 @@ class SimulatedEngineCore:
     waiting: deque[_Running] = field(default_factory=deque)
     running: dict[str, _Running] = field(default_factory=dict)
     steps: int = 0
+    # Where the simulated GPU's time went (the harness's per-worker loss figures): slots
+    # filled over the steps, seconds inside step() beyond the sleep asked, and seconds
+    # between steps while requests were in the engine (the feed's own turn) or while it
+    # was empty (no work handed in).
+    slot_steps: int = 0
+    oversleep: float = 0.0
+    between_busy: float = 0.0
+    between_idle: float = 0.0
+    _left_at: float = 0.0
+    _left_busy: bool = False
 
     def add_request(self, request_id: str, prompt: dict[str, Any], params: _Params) -> None:
         self.waiting.append(_Running(request_id=request_id,
@@ -130,11 +140,27 @@ class SimulatedEngineCore:
         self.waiting = deque(item for item in self.waiting if item.request_id not in gone)
 
     def step(self) -> list[_Output]:
+        entered = time.monotonic()
+        if self._left_at:
+            if self._left_busy:
+                self.between_busy += entered - self._left_at
+            else:
+                self.between_idle += entered - self._left_at
         while self.waiting and len(self.running) < self.batch:
             item = self.waiting.popleft()
             self.running[item.request_id] = item
+        self.slot_steps += len(self.running)
+        slept = time.monotonic()
         time.sleep(self.step_seconds)  # the simulated GPU step: the GIL is released
+        self.oversleep += time.monotonic() - slept - self.step_seconds
         self.steps += 1
+        try:
+            return self._advance()
+        finally:
+            self._left_at = time.monotonic()
+            self._left_busy = bool(self.running or self.waiting)
+
+    def _advance(self) -> list[_Output]:
         if (self.run_dir / ENGINE_DEAD).exists():
             raise SimulatedStepFailed("simulated engine died (the harness's fault injection)")
         if any(item.poison for item in self.running.values()):
@@ -204,7 +230,12 @@ class SimulatedChatEngine:
             reasoning_tokens=reasoning_tokens)
 
     def _record(self, rows: int, seconds: float) -> None:
+        core = self.core
         line = json.dumps({"pid": os.getpid(), "rows": rows, "seconds": round(seconds, 3),
-                           "at": round(time.time(), 3)})
+                           "at": round(time.time(), 3), "steps": core.steps,
+                           "slot_steps": core.slot_steps,
+                           "oversleep": round(core.oversleep, 3),
+                           "between_busy": round(core.between_busy, 3),
+                           "between_idle": round(core.between_idle, 3)})
         with self._stats_lock, (self.run_dir / STATS).open("a") as handle:
             handle.write(line + "\n")
