@@ -47,7 +47,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "anex.settings")
 CHAT_MODEL, EMBED_MODEL = "tiny-qwen3", "all-minilm-l6-v2"
 # The worker `make run` starts (anex.devstack: `dramatiq anex.worker --processes 1 --threads
 # 4`): 4 threads, and Dramatiq's own worker_timeout (an idle queue's consumer polls up to
-# once a second), not a faster poll that would flatter the job side.
+# once a second, and is woken sooner by the broker's doorbell, anex.broker, as in make
+# run), not a faster poll that would flatter the job side.
 WORKER_THREADS = 4
 
 
@@ -101,10 +102,32 @@ def run_batch_seconds(checkpoint: Path, source: Path, context: int) -> float:
 
 
 def _feed(model_id: str) -> Any:
-    """The engine feed a model's chunks go through (None for an embedding engine)."""
+    """What keeps the model's engine busy periods: the engine feed a chat model's chunks go
+    through, or the embedding engine itself (each chunk's one engine run, timed by
+    time_embedding_runs)."""
     from inference.kinds import engine_for
 
-    return getattr(engine_for(model_id), "feed", None)
+    engine = engine_for(model_id)
+    return getattr(engine, "feed", engine if hasattr(engine, "busy_periods") else None)
+
+
+def time_embedding_runs(engine: Any) -> None:
+    """Each engine run of an embedding engine timed into its `busy_periods` (as the chat
+    feed keeps its own): the bench's instrument on this process's engine, not the
+    product's. Runs of LLM.embed on the same engine are timed too, and left out by time."""
+    from collections import deque
+
+    periods: deque[tuple[float, float]] = deque(maxlen=1024)
+    engine.busy_periods = periods
+    encode = engine.llm.encode
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        started = time.monotonic()
+        result = encode(*args, **kwargs)
+        periods.append((started, time.monotonic()))
+        return result
+
+    engine.llm.encode = timed
 
 
 class Bench:
@@ -311,11 +334,13 @@ def embed_bench(bench: Bench, rows: int, rounds: int) -> dict[str, Any]:
     from inference.kinds import engine_for
 
     engine = engine_for(EMBED_MODEL)
+    time_embedding_runs(engine)
     llm = engine.llm  # type: ignore[union-attr]
     params = PoolingParams(use_activation=False)  # as the engine asks (normalised after)
     llm.embed([f"warm up {i}" for i in range(min(rows, 10_000))], pooling_params=params,
               use_tqdm=False)
     ratios, anex_best, direct_best = [], float("inf"), float("inf")
+    bench.spans = []
     folder = Path(tempfile.mkdtemp())
     for number in range(rounds):
         source = folder / f"embed-{number}.jsonl"
@@ -336,7 +361,16 @@ def embed_bench(bench: Bench, rows: int, rounds: int) -> dict[str, Any]:
         ratios.append(direct_seconds / anex_seconds)
         anex_best, direct_best = min(anex_best, anex_seconds), min(direct_best, direct_seconds)
     return {"anex": rows / anex_best, "direct": rows / direct_best,
-            "ratio": statistics.median(ratios), "ratios": ratios}
+            "ratio": statistics.median(ratios), "ratios": ratios,
+            "spans": [statistics.median(span) for span in zip(*bench.spans, strict=True)]}
+
+
+def spans_print(spans: list[float]) -> None:
+    if spans:
+        start, busy, idle, finish = spans
+        print(f"      anex job, median: approve -> first engine step {start:.2f} s, "
+              f"engine busy {busy:.2f} s, idle between steps {idle:.2f} s, last "
+              f"step -> done {finish:.2f} s", flush=True)
 
 
 def main() -> None:
@@ -362,7 +396,8 @@ def main() -> None:
     print(f"{time.strftime('%Y-%m-%d')}  {os.cpu_count()} CPU cores, load "
           f"{os.getloadavg()[0]:.1f}, chunks of {bench.settings.ANEX_CHUNK_ROWS} rows, "
           f"{bench.settings.ANEX_DISPATCH_IN_FLIGHT} in flight, worker threads "
-          f"{WORKER_THREADS} polling every {worker.worker_timeout} ms (as make run), every "
+          f"{WORKER_THREADS} polling every {worker.worker_timeout} ms and woken by the broker's "
+          f"doorbell (as make run), every "
           f"row decoding its cap, median of {args.rounds} alternating rounds", flush=True)
     try:
         if args.cost_ready_rows:
@@ -379,11 +414,7 @@ def main() -> None:
                 f"differing: {r['mismatched']} of {args.rows * args.rounds} rows "
                 f"({r['generated']} tokens direct, {r['served_tokens']} served; "
                 f"{r['generated'] / (args.rows * args.rounds):.1f} a row)", flush=True)
-            if r["spans"]:
-                start, busy, idle, finish = r["spans"]
-                print(f"      anex job, median: approve -> first engine step {start:.2f} s, "
-                      f"engine busy {busy:.2f} s, idle between steps {idle:.2f} s, last "
-                      f"step -> done {finish:.2f} s", flush=True)
+            spans_print(r["spans"])
             if "run_batch" in r:
                 print(f"      vLLM run-batch {r['run_batch']:.1f} rows/s whole, "
                       f"{r['run_batch_work']:.1f} rows/s without its start-up", flush=True)
@@ -393,6 +424,7 @@ def main() -> None:
                 f"embed {args.embed_rows} rows: anex {r['anex']:7.1f} rows/s  LLM.embed "
                 f"{r['direct']:7.1f} rows/s  anex/direct = {r['ratio']:.2f} (rounds "
                 f"{', '.join(f'{x:.2f}' for x in r['ratios'])})", flush=True)
+            spans_print(r["spans"])
     finally:
         worker.stop()
     print(f"load at the end {os.getloadavg()[0]:.1f}")
