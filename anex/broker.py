@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -102,6 +103,8 @@ class Doorbell:
         self._lock = threading.Lock()
         self._listener: threading.Thread | None = None
         self.pubsub: redis.client.PubSub | None = None  # the listener's, while it listens
+        # How its connection is named in Redis's CLIENT LIST.
+        self.client_name = f"{namespace}-doorbell-{os.getpid()}"
 
     def ring(self, queue: str) -> None:
         try:
@@ -122,9 +125,10 @@ class Doorbell:
 
     def _listen(self) -> None:
         while True:
-            subscriber = self._subscriber()
-            pubsub = subscriber.pubsub(ignore_subscribe_messages=True)
+            subscriber = pubsub = None
             try:
+                subscriber = self._subscriber()
+                pubsub = subscriber.pubsub(ignore_subscribe_messages=True)
                 pubsub.subscribe(self.channel)
                 pubsub.ping()  # answered once the subscription is in place
                 # Whatever was sent while no one listened is fetched now.
@@ -139,10 +143,15 @@ class Doorbell:
             except (redis.RedisError, OSError):
                 # Meanwhile every consumer polls as it would without a bell.
                 logger.debug("doorbell listener reconnecting", exc_info=True)
+            except Exception:
+                # Never the end of the listener: its consumers would poll for good.
+                logger.exception("doorbell listener failed; listening again")
             finally:
                 self.pubsub = None
-                pubsub.close()
-                subscriber.close()
+                if pubsub is not None:
+                    pubsub.close()
+                if subscriber is not None:
+                    subscriber.close()
             time.sleep(1)
 
     def _subscriber(self) -> redis.Redis:
@@ -154,7 +163,7 @@ class Doorbell:
         return redis.Redis(connection_pool=redis.ConnectionPool(
             connection_class=pool.connection_class,
             **{**pool.connection_kwargs, "retry": Retry(NoBackoff(), 0),
-               "socket_keepalive": True}))
+               "client_name": self.client_name}))
 
 
 class DoorbellRedisBroker(RedisBroker):
