@@ -7,11 +7,12 @@ the JSONL envelope, a cost_credits decimal column in parquet."""
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from decimal import Decimal, localcontext
 from typing import Any
 
 import msgspec
+import orjson
 
 from billing.allocation import ALLOCATION_CONTEXT, SHARE_PLACES, ChargeAllocator, credits_text
 from inference.catalog import CatalogModel, model_get
@@ -105,7 +106,25 @@ class _Weighed(msgspec.Struct):
     usage: dict[str, Any] | None = None
 
 
+class _Enveloped(msgspec.Struct):
+    """What the JSONL merge reads of a row: its outcome and usage to weigh it, and what its
+    envelope takes, the body and the error kept as the chunk wrote them (msgspec.Raw: found,
+    not built) and written back as they are (orjson.Fragment): a row's answer (an
+    embedding's hundreds of floats) is never parsed or dumped again."""
+
+    id: str
+    status_code: int
+    outcome: str
+    error: msgspec.Raw = msgspec.Raw(b"null")
+    body: msgspec.Raw = msgspec.Raw(b"null")
+    usage: dict[str, Any] | None = None
+
+
 _WEIGHED = msgspec.json.Decoder(_Weighed)
+_ENVELOPED = msgspec.json.Decoder(_Enveloped)
+# A merge keeps its rows between its two passes in memory up to this size, on local disk
+# past it (a 2,000-row embedding job's 16 MB stays in memory; a 10M-row job goes to disk).
+SPOOL_MEMORY_BYTES = 64 * 1024 * 1024
 
 
 def _weighed(line: bytes) -> tuple[str, dict[str, Any] | None]:
@@ -119,25 +138,48 @@ def _weighed(line: bytes) -> tuple[str, dict[str, Any] | None]:
     return item.outcome, item.usage
 
 
-def records_costed(job: Job, chunks: list[Chunk], *, charge: int) -> Iterator[dict[str, Any]]:
-    """records() with each row's share of the job's `charge` as "cost" (billing.allocation:
-    in proportion to the rows' exact prices, adding up to the charge exactly). Two passes
-    over the rows, one to weigh, one to hand out; the chunk results are read from storage
-    once, by the first, which keeps each row in a local temporary file for the second,
-    behind its exact weight (its text, then a tab: a JSON line holds no raw tab), so a row
-    is priced once and read whole once. No row is held."""
+def _enveloped(line: bytes) -> tuple[str, dict[str, Any] | None, bytes]:
+    """A row's outcome, usage and result line without its cost: envelope() of the row,
+    written. A line msgspec refuses is read whole and written whole, as before."""
+    try:
+        item = _ENVELOPED.decode(line)
+    except msgspec.DecodeError:
+        row = line_loads(line)
+        return row["outcome"], row.get("usage"), line_dumps(envelope(row))
+    ident = item.id
+    produced = item.outcome != RowOutcome.ERROR
+    return item.outcome, item.usage, orjson.dumps({
+        "id": f"batch_req_{ident}",
+        "custom_id": ident,
+        "response": {"status_code": item.status_code, "request_id": f"req_{ident}",
+                     "body": orjson.Fragment(bytes(item.body)) if produced else None},
+        "error": orjson.Fragment(bytes(item.error)),
+    }, option=orjson.OPT_APPEND_NEWLINE)
+
+
+def _costed(job: Job, chunks: list[Chunk], *, charge: int,
+            keep: Callable[[bytes], tuple[str, dict[str, Any] | None, bytes]],
+            ) -> Iterator[tuple[bytes, str]]:
+    """Each row's kept text (`keep` of its chunk line) and its share of the job's `charge`
+    (billing.allocation: in proportion to the rows' exact prices, adding up to the charge
+    exactly). Two passes over the rows, one to weigh, one to hand out; the chunk results
+    are read from storage once, by the first, which keeps each row in a spool for the
+    second, behind its exact weight and whether it is billed (text, then a tab: a JSON line
+    holds no raw tab), so a row is priced once and read once. No row is held."""
     model = model_get(job.model)
     total, billed = ZERO, 0
-    with tempfile.TemporaryFile() as spool:
+    with tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY_BYTES) as spool:
         with localcontext(ALLOCATION_CONTEXT):
             for data in _chunk_results(job, chunks):
                 weighed: list[bytes] = []
                 for line in _lines(data):
-                    outcome, usage = _weighed(line)
+                    outcome, usage, kept = keep(line)
                     weight = _usage_weight(usage, model)
                     total += weight
-                    billed += outcome != RowOutcome.ERROR
-                    weighed += (str(weight).encode(), b"\t", line, b"\n")
+                    bills = outcome != RowOutcome.ERROR
+                    billed += bills
+                    weighed += (str(weight).encode(), b"\t", b"1" if bills else b"0",
+                                b"\t", kept.rstrip(b"\n"), b"\n")
                 spool.write(b"".join(weighed))
         # Zero rates (or results written before rows carried their usage): an even split
         # over the billed rows.
@@ -146,18 +188,43 @@ def records_costed(job: Job, chunks: list[Chunk], *, charge: int) -> Iterator[di
                                     total_weight=Decimal(billed) if even else total)
         spool.seek(0)
         for entry in spool:
-            weight_text, line = entry.split(b"\t", 1)
-            row = line_loads(line)
-            weight = (Decimal(row["outcome"] != RowOutcome.ERROR) if even
-                      else Decimal(weight_text.decode()))
-            yield {**row, "cost": credits_text(allocator.share(weight))}
+            weight_text, bills_text, kept = entry.split(b"\t", 2)
+            weight = Decimal(bills_text == b"1") if even else Decimal(weight_text.decode())
+            yield kept.rstrip(b"\n"), credits_text(allocator.share(weight))
+
+
+def records_costed(job: Job, chunks: list[Chunk], *, charge: int) -> Iterator[dict[str, Any]]:
+    """records() with each row's share of the job's `charge` as "cost" (_costed)."""
+    for line, cost in _costed(job, chunks, charge=charge,
+                              keep=lambda line: (*_weighed(line), line)):
+        yield {**line_loads(line), "cost": cost}
+
+
+def lines_costed(job: Job, chunks: list[Chunk], *, charge: int) -> Iterator[bytes]:
+    """The JSONL result's lines: each row's envelope() with its share of the job's `charge`
+    as "cost", its last member (_costed, _enveloped), as rows_write writes records_costed's
+    rows, without reading any row's answer."""
+    for line, cost in _costed(job, chunks, charge=charge, keep=_enveloped):
+        # The envelope's closing brace gives way to its last member.
+        yield b"".join((line[:-1], b',"cost":{"credits":', orjson.dumps(cost), b"}}\n"))
 
 
 def result_write(job: Job, chunks: list[Chunk], *, charge: int = 0) -> tuple[str, int]:
     """Write the result object, each row carrying its share of `charge` (the credits the
     job is charged); returns its key and how many rows it holds."""
     key = result_key(job)
-    return key, rows_write(job, records_costed(job, chunks, charge=charge), key)
+    if job.format != InputFormat.JSONL:
+        return key, rows_write(job, records_costed(job, chunks, charge=charge), key)
+    count = 0
+
+    def counted() -> Iterator[bytes]:
+        nonlocal count
+        for line in lines_costed(job, chunks, charge=charge):
+            count += 1
+            yield line
+
+    storage_for(job.data_residency).write_stream(key, counted(), max_bytes=2**62)
+    return key, count
 
 
 def rows_write(job: Job, rows: Iterator[dict[str, Any]], key: str) -> int:

@@ -4,7 +4,6 @@ chunk recorded done with its row counts by outcome and its rows' usage summed.""
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from typing import Any
 
@@ -13,6 +12,7 @@ from django.utils import timezone
 from inference.constants import RowOutcome
 from inference.pricing import Usage, usage_from_json, usage_json
 from jobs.constants import ChunkStatus
+from jobs.jsonl import line_dumps
 from jobs.models import Chunk, Job
 from jobs.results import chunk_key
 from jobs.storage import storage_for
@@ -38,7 +38,7 @@ def row_record(index: int, ident: str, outcome: RowOutcome, usage: Usage, *,
 def chunk_done(chunk: Chunk, records: list[dict[str, Any]]) -> None:
     """Write the chunk's records and record it done, as chunk_run does."""
     job = Job.objects.get(pk=chunk.job_id)
-    lines = [json.dumps(record).encode() + b"\n" for record in records]
+    lines = [line_dumps(record) for record in records]
     storage_for(job.data_residency).write_stream(chunk_key(job, chunk.index), iter(lines),
                                                  max_bytes=10**8)
     counts = Counter(RowOutcome(record["outcome"]) for record in records)

@@ -6,6 +6,7 @@ results at a time."""
 from __future__ import annotations
 
 import io
+import json
 import threading
 from collections.abc import Callable, Generator, Iterator
 from decimal import Decimal, localcontext
@@ -21,7 +22,6 @@ from inference.constants import RowOutcome
 from inference.pricing import Usage
 from jobs import results
 from jobs.constants import JobStatus
-from jobs.jsonl import line_loads
 from jobs.models import Chunk, Job
 from jobs.services.lifecycle import job_approve
 from jobs.services.running import job_finalize, job_start
@@ -44,13 +44,15 @@ def credits(settings: Settings) -> None:
 def sequential_records_costed(job: Job, chunks: list[Chunk], *,
                               charge: int) -> Iterator[dict[str, Any]]:
     """The merge's rows as they were read before the read-ahead (the oracle): each chunk
-    result opened in turn and iterated line by line, twice, one to weigh, one to hand out."""
+    result opened in turn and iterated line by line, twice, one to weigh, one to hand out.
+    Read exactly (the standard library's json: orjson reads an integer wider than 64 bits
+    as a float), as the merge copies each row's answer as its chunk wrote it."""
     storage = storage_for(job.data_residency)
 
     def rows() -> Iterator[dict[str, Any]]:
         for chunk in chunks:
             with storage.open(results.chunk_key(job, chunk.index)) as handle:
-                yield from (line_loads(line) for line in handle if line.strip())
+                yield from (json.loads(line) for line in handle if line.strip())
 
     model = model_get(job.model)
     total, billed = Decimal(0), 0
