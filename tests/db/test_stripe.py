@@ -141,7 +141,9 @@ class FakeStripe(BaseHTTPRequestHandler):
 @pytest.fixture
 def fake_stripe(settings: SettingsWrapper) -> Iterator[type[FakeStripe]]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeStripe)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # (its shutdown waits for the next poll: every half a second by default)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01},
+                              daemon=True)
     thread.start()
     FakeStripe.requests = []
     FakeStripe.fail = False

@@ -39,7 +39,7 @@ class _Handler(BaseHTTPRequestHandler):
 @pytest.fixture
 def probe() -> Iterator[Probe]:
     server = Probe()
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01},
                      daemon=True).start()
     try:
         yield server
