@@ -61,7 +61,7 @@ def _wait_for(condition: Callable[[], bool], seconds: float) -> bool:
     while time.monotonic() < ends:
         if condition():
             return True
-        time.sleep(0.1)
+        time.sleep(0.02)
     return condition()
 
 

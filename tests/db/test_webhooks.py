@@ -487,7 +487,7 @@ def broker() -> Iterator[dramatiq.Broker]:
 def until(done: Callable[[], bool], timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not done():
-        time.sleep(0.1)
+        time.sleep(0.02)
     assert done(), "timed out"
 
 
