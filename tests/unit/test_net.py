@@ -615,8 +615,8 @@ def test_headers_trickled_one_byte_a_second_are_cut_at_the_deadline(
     started = time.monotonic()
     # (before a reply began: said as any unreachable host is, issue 22 L9)
     with pytest.raises(DeadlineExceeded, match=re.escape(no_reply("127.0.0.1"))):
-        fetch("GET", server.url("/tarpit"), read_timeout=5, deadline=2)
-    assert 1.9 < time.monotonic() - started < 4
+        fetch("GET", server.url("/tarpit"), read_timeout=5, deadline=1)
+    assert 0.9 < time.monotonic() - started < 3
 
 
 @pytest.mark.parametrize("length", [b"Content-Length: 100000\r\n", b""])
@@ -669,10 +669,10 @@ def test_the_default_deadline_is_one_connect_and_one_read(
 
     started = time.monotonic()
     # Cut before its headers ended, it reads as any host that did not reply (issue 22 L9),
-    # so the 1.5 s shows in the time taken, not the message.
+    # so the 1 s shows in the time taken, not the message.
     with pytest.raises(DeadlineExceeded, match=re.escape(no_reply("127.0.0.1"))):
-        fetch("GET", server.url("/tarpit"), connect_timeout=0.5, read_timeout=1)
-    assert 1.5 <= time.monotonic() - started < 3
+        fetch("GET", server.url("/tarpit"), connect_timeout=0.3, read_timeout=0.7)
+    assert 1.0 <= time.monotonic() - started < 2.5
 
 
 def test_other_fetches_are_answered_while_one_is_tarpitted(
@@ -690,7 +690,7 @@ def test_other_fetches_are_answered_while_one_is_tarpitted(
 
     def attacked() -> None:
         try:
-            fetch("GET", server.url("/tarpit"), read_timeout=5, deadline=2)
+            fetch("GET", server.url("/tarpit"), read_timeout=5, deadline=1.5)
         except FetchError as exc:
             outcome.append(exc)
 
