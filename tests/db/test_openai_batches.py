@@ -390,6 +390,8 @@ def test_a_create_that_timed_out_and_was_retried_makes_one_batch_with_a_key(
         return real(**kwargs)
 
     monkeypatch.setattr(openai_api.api, "batch_create", slow_first)
+    # (the SDK's retries after a tenth of its half a second)
+    monkeypatch.setattr("openai._base_client.INITIAL_RETRY_DELAY", 0.05)
     client = client_for(live_server, tenant[1], timeout=1.0, max_retries=2)
     file_id = uploaded(client, jsonl(line("r1")))
     headers = {"Idempotency-Key": "create-after-timeout"} if keyed else {}
