@@ -282,7 +282,8 @@ def terminate(processes: Sequence[subprocess.Popen[bytes]], timeout: float = 20)
             process.wait()
 
 
-def wait_healthy(url: str, stopper: Stopper, timeout: float = 60) -> bool:
+def wait_healthy(url: str, stopper: Stopper, timeout: float = 60, every: float = 0.5) -> bool:
+    """Ask `url` every `every` seconds until it answers 200 (True) or `timeout` passes."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not stopper.requested:
         try:
@@ -291,7 +292,7 @@ def wait_healthy(url: str, stopper: Stopper, timeout: float = 60) -> bool:
                     return True
         except OSError:
             pass
-        time.sleep(0.5)
+        time.sleep(every)
     return False
 
 

@@ -367,7 +367,7 @@ def test_the_actor_runs_the_check_on_a_worker(client_for: Any) -> None:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and \
                 PreflightCheck.objects.get(pk=check_id).status == CheckStatus.CHECKING:
-            time.sleep(0.2)
+            time.sleep(0.02)
     body = api.get(f"{CHECKS}/{check_id}").json()
     assert [e["line"] for e in body["errors"]] == [2, 50]
 

@@ -6,6 +6,7 @@ that beat meanwhile, and of concurrent claims one wins."""
 from __future__ import annotations
 
 import ast
+import functools
 import threading
 from collections.abc import Callable
 from datetime import timedelta
@@ -201,7 +202,15 @@ def test_twenty_workers_claiming_one_chunk_run_it_once(settings: Settings) -> No
 def _writes(model: str, fields: set[str], *, related: str | None = None) -> set[str]:
     """The product modules with an `….update(…)` on `model` (its manager, or a job's
     `related` manager) that sets one of `fields`."""
-    writers = set()
+    return {path for path, names, written in _update_calls()
+            if (model in names or related in names) and written & fields}
+
+
+@functools.cache
+def _update_calls() -> tuple[tuple[str, frozenset[str], frozenset[str]], ...]:
+    """Every `….update(…)` and `….bulk_update(…)` in the product's modules: its module, the
+    names along its receiver, and the fields it sets (read once for the tests here)."""
+    calls = []
     for app in ("anex", "billing", "console", "inference", "jobs", "realtime"):
         for path in (ROOT / app).rglob("*.py"):
             if "migrations" in path.parts:
@@ -219,10 +228,9 @@ def _writes(model: str, fields: set[str], *, related: str | None = None) -> set[
                         receiver = receiver.func
                 if isinstance(receiver, ast.Name):
                     names.append(receiver.id)
-                written = {k.arg for k in node.keywords}
-                if (model in names or related in names) and written & fields:
-                    writers.add(str(path.relative_to(ROOT)))
-    return writers
+                calls.append((str(path.relative_to(ROOT)), frozenset(names),
+                              frozenset(str(k.arg) for k in node.keywords)))
+    return tuple(calls)
 
 
 def test_chunk_status_and_lease_are_written_only_by_the_chunks_module() -> None:

@@ -63,13 +63,14 @@ def test_a_gpu_worker_holds_one_chunk_more_than_its_threads() -> None:
 
     actor = dramatiq.actor(actor_name="prefetch_probe", queue_name=queue, broker=broker)(hold)
     dispatch.gpu_prefetch_install()
-    worker = dramatiq.Worker(broker, queues={queue}, worker_threads=2, worker_timeout=100)
+    worker = dramatiq.Worker(broker, queues={queue}, worker_threads=2, worker_timeout=20)
     try:
         for number in range(10):
             actor.send(number)
         worker.start()
         assert started.acquire(timeout=10) and started.acquire(timeout=10)
-        time.sleep(1)  # the consumer's polls meanwhile take what its prefetch allows
+        # the consumer's polls meanwhile (twenty, one every 20 ms) take what its prefetch allows
+        time.sleep(0.4)
         # Two running, one spare taken; seven left for the fleet's other workers.
         assert broker.client.llen(f"{broker.namespace}:{queue}") == 7
         assert worker.queue_prefetch == dispatch.gpu_prefetch(2) == 3

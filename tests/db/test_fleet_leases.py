@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from jobs.services.running import _Heartbeat, job_finalize, job_start
 from tests.db.test_fair_dispatch import approved_job, finish
 from tests.dispatched import dispatch_catch
 from tests.factories import organization_make
+from tests.workers import until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,8 +32,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def short_leases(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     settings.ANEX_CHUNK_ROWS = 1
     settings.ANEX_FREE_GRANT_CENTS = 10_000
-    # A worker is dead after 2 s without a beat; it beats every third of a second.
-    settings.ANEX_HEARTBEAT_STALE_SECONDS = 2
+    # A worker is dead after 1.5 s without a beat; it beats every quarter of a second.
+    settings.ANEX_HEARTBEAT_STALE_SECONDS = 1.5
     dispatch_catch(monkeypatch, lambda message: None, "chunk_run_task", "job_start_task")
 
 
@@ -39,12 +41,13 @@ def test_a_merge_longer_than_the_stale_window_keeps_its_finalize(
         monkeypatch: pytest.MonkeyPatch) -> None:
     job = approved_job(organization_make(), rows=2)
     job_start(job_id=job.pk)
-    merging = threading.Event()
+    merging, checked = threading.Event(), threading.Event()
     write = running.result_write
 
     def slow_write(*args: Any, **kwargs: Any) -> tuple[str, int]:
         merging.set()
-        time.sleep(3.5)  # a 10M-row merge, in miniature: past the 2 s window
+        # a 10M-row merge, in miniature: past the 1.5 s window, until the checks below
+        checked.wait(20)
         return write(*args, **kwargs)
 
     monkeypatch.setattr(running, "result_write", slow_write)
@@ -61,10 +64,13 @@ def test_a_merge_longer_than_the_stale_window_keeps_its_finalize(
     finisher = threading.Thread(target=finish_last)
     finisher.start()
     assert merging.wait(10)
-    time.sleep(2.8)  # the lease taken at the claim is stale by now, had it not been renewed
-    assert Job.objects.get(pk=job.pk).status == JobStatus.FINALIZING
-    assert not FINALIZE.due(timezone.now()).filter(pk=job.pk).exists()
-    assert recover()["finalize"] == 0
+    time.sleep(2.1)  # the lease taken at the claim is stale by now, had it not been renewed
+    try:
+        assert Job.objects.get(pk=job.pk).status == JobStatus.FINALIZING
+        assert not FINALIZE.due(timezone.now()).filter(pk=job.pk).exists()
+        assert recover()["finalize"] == 0
+    finally:
+        checked.set()
     finisher.join(20)
     job.refresh_from_db()
     assert job.status == JobStatus.DONE and job.attempts == 0
@@ -83,17 +89,23 @@ def test_a_heartbeat_reconnects_after_its_connection_is_killed() -> None:
         chunk_heartbeat(chunk_id=chunk.pk)
 
     with _Heartbeat(beat):
-        time.sleep(0.8)
-        assert pids and pids[-1]
+        until(lambda: len(pids) >= 2, timeout=10)  # its second beat is on an open connection
+        assert pids[-1]
         # What the worker sees when PostgreSQL restarts: its session is gone.
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_terminate_backend(%s)", [pids[-1]])
         killed_at = timezone.now()
-        time.sleep(1.5)
+        # the beat that meets the dead session, then one on a new connection
+        until(lambda: len(set(pids)) >= 2 and beat_after(chunk, killed_at), timeout=10)
     beat_at = Chunk.objects.get(pk=chunk.pk).heartbeat_at
     assert beat_at is not None and beat_at > killed_at
     assert len(set(pids)) >= 2  # it came back on a new connection
     assert Chunk.objects.get(pk=chunk.pk).status == ChunkStatus.RUNNING
+
+
+def beat_after(chunk: Chunk, moment: datetime) -> bool:
+    beat_at = Chunk.objects.get(pk=chunk.pk).heartbeat_at
+    return beat_at is not None and beat_at > moment
 
 
 def test_a_chunk_that_ran_settles_through_a_database_restart(

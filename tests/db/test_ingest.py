@@ -263,7 +263,7 @@ def test_end_to_end_through_the_broker_and_a_worker(api_key, client_for, source:
             if WebhookDelivery.objects.filter(input_id=created["id"],
                                               status=DeliveryStatus.DELIVERED).exists():
                 break
-            time.sleep(0.2)
+            time.sleep(0.02)
     assert Input.objects.get(pk=created["id"]).status == InputStatus.READY
     (seen,) = [r for r in receiver.requests if r.path == "/hook"]
     assert json.loads(seen.body)["type"] == "input.ready"

@@ -354,5 +354,5 @@ def test_end_to_end_submit_to_cost_ready_through_a_worker(client_for) -> None:  
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and \
                 Job.objects.get(pk=job_id).status != JobStatus.COST_READY:
-            time.sleep(0.2)
+            time.sleep(0.02)
     assert api.get(f"{JOBS}/{job_id}").json()["status"] == "cost_ready"

@@ -4,6 +4,7 @@ but a loopback caller or the token's bearer reads it, and no label names a tenan
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -55,9 +56,11 @@ def scrape() -> str:
     return response.content.decode()
 
 
-def samples(text: str) -> list[Sample]:
-    return [sample for family in text_string_to_metric_families(text)
-            for sample in family.samples]
+@functools.lru_cache(maxsize=4)
+def samples(text: str) -> tuple[Sample, ...]:
+    """A scrape's samples, parsed once for the several values a test reads off it."""
+    return tuple(sample for family in text_string_to_metric_families(text)
+                 for sample in family.samples)
 
 
 def value(text: str, name: str, **labels: str) -> float:

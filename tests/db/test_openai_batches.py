@@ -8,11 +8,14 @@ would run it; the runs themselves, on real engines, are tests/engine/test_openai
 from __future__ import annotations
 
 import json
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from django.db import connection
 from pytest_django import Settings
 
 from billing.models import LedgerEntry
@@ -351,6 +354,24 @@ def test_an_upload_past_the_body_limit_streams_to_storage_and_past_the_cap_is_41
     assert large.value.body["type"] == "invalid_request_error"  # type: ignore[index]
 
 
+def held_until(done: Callable[[], bool], timeout: float = 30) -> None:
+    """Hold a request on the live server until done() (a sync point for a test's other
+    request, where a fixed sleep would have to outlast it on the slowest machine)."""
+    deadline = time.monotonic() + timeout
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def key_waited_on() -> bool:
+    """Whether another request waits on this request's transaction: on the Idempotency-Key
+    it has inserted and not committed yet (jobs.idempotency._insert)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted "
+                       "AND pg_backend_pid() = ANY(pg_blocking_pids(pid)))")
+        (waited_on,) = cursor.fetchone() or (False,)
+    return bool(waited_on)
+
+
 @pytest.mark.parametrize("keyed", [True, False])
 def test_a_create_that_timed_out_and_was_retried_makes_one_batch_with_a_key(
         live_server: Any, tenant: tuple[Organization, str], estimates: list[str],
@@ -358,16 +379,19 @@ def test_a_create_that_timed_out_and_was_retried_makes_one_batch_with_a_key(
     import openai_api.api
 
     # the first create is slow: the SDK gives up on it after a second and sends it again,
-    # while the server is still making it
+    # while the server is still making it (held until the retry is on the server: making
+    # its own batch without a key, waiting on the first's key with one)
     real, calls = openai_api.api.batch_create, []
 
     def slow_first(**kwargs: Any) -> Any:
         calls.append(kwargs["input_file_id"])
         if len(calls) == 1:
-            time.sleep(2.5)
+            held_until(key_waited_on if keyed else lambda: len(calls) == 2)
         return real(**kwargs)
 
     monkeypatch.setattr(openai_api.api, "batch_create", slow_first)
+    # (the SDK's retries after a tenth of its half a second)
+    monkeypatch.setattr("openai._base_client.INITIAL_RETRY_DELAY", 0.05)
     client = client_for(live_server, tenant[1], timeout=1.0, max_retries=2)
     file_id = uploaded(client, jsonl(line("r1")))
     headers = {"Idempotency-Key": "create-after-timeout"} if keyed else {}
@@ -462,13 +486,13 @@ def test_a_duplicate_still_in_flight_is_409_and_the_sdk_does_not_retry_it(
     import jobs.idempotency
     import openai_api.api
 
-    monkeypatch.setattr(jobs.idempotency, "WAIT_SECONDS", 1)  # the wait on the first's key
-    real, calls = openai_api.api.batch_create, []
+    monkeypatch.setattr(jobs.idempotency, "WAIT_SECONDS", 0.3)  # the wait on the first's key
+    real, calls, answered = openai_api.api.batch_create, [], threading.Event()
 
     def slow_first(**kwargs: Any) -> Any:
         calls.append(1)
         if len(calls) == 1:
-            time.sleep(3)
+            answered.wait(30)  # still making its batch when the duplicate is answered
         return real(**kwargs)
 
     monkeypatch.setattr(openai_api.api, "batch_create", slow_first)
@@ -476,14 +500,18 @@ def test_a_duplicate_still_in_flight_is_409_and_the_sdk_does_not_retry_it(
     body = {"input_file_id": file_id, "endpoint": "/v1/embeddings",
             "completion_window": "24h"}
     headers = {"Idempotency-Key": "in-flight"}
-    first = client_for(live_server, tenant[1], timeout=0.5, max_retries=0)
+    first = client_for(live_server, tenant[1], timeout=0.3, max_retries=0)
     with pytest.raises(openai.APITimeoutError):
         first.batches.create(**body, extra_headers=headers)  # type: ignore[arg-type]
+    until(lambda: len(calls) == 1, timeout=30)  # the first holds its key on the server
     sent: list[httpx.Request] = []
     second = client_for(live_server, tenant[1], max_retries=2,
                         http_client=httpx.Client(event_hooks={"request": [sent.append]}))
-    with pytest.raises(openai.ConflictError) as conflict:
-        second.batches.create(**body, extra_headers=headers)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(openai.ConflictError) as conflict:
+            second.batches.create(**body, extra_headers=headers)  # type: ignore[arg-type]
+    finally:
+        answered.set()
     assert conflict.value.response.headers["x-should-retry"] == "false"
     assert conflict.value.response.headers["Retry-After"] == "1"
     assert "still being processed" in conflict.value.message

@@ -46,7 +46,7 @@ def loaded_engine() -> Iterator[str]:
     served = {MODEL: Served(model_id=MODEL, kind=kind,
                             batcher=Batcher(MODEL, lambda rows: rows, 1), load_seconds=0.5)}
     server = EngineServer(("127.0.0.1", 0), served, secret="s" * 32)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01},
                               daemon=True)
     thread.start()
     try:

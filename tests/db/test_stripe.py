@@ -141,7 +141,9 @@ class FakeStripe(BaseHTTPRequestHandler):
 @pytest.fixture
 def fake_stripe(settings: SettingsWrapper) -> Iterator[type[FakeStripe]]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeStripe)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # (its shutdown waits for the next poll: every half a second by default)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01},
+                              daemon=True)
     thread.start()
     FakeStripe.requests = []
     FakeStripe.fail = False
@@ -185,7 +187,10 @@ def test_an_amount_out_of_range_goes_nowhere(fake_stripe: type[FakeStripe],
 
 def test_stripe_failing_is_a_message_not_a_500(fake_stripe: type[FakeStripe],
                                                owner_client: Client,
-                                               organization: Organization) -> None:
+                                               organization: Organization,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # The client's two retries, without its half a second (and more) before each.
+    monkeypatch.setattr("stripe._http_client.HTTPClient.INITIAL_DELAY", 0.01)
     fake_stripe.fail = True
     response = owner_client.post("/console/billing", form(organization, {"amount": "25.00"}),
                                  follow=True)

@@ -11,6 +11,9 @@ import pytest
 
 from anex.devstack import Stopper, wait_healthy
 
+# The launcher asks every half a second; the probe here answers at once.
+ASK_EVERY = 0.05
+
 
 class Probe(ThreadingHTTPServer):
     """A /readyz that answers 503 (an engine loading) until `ready` is set."""
@@ -39,7 +42,7 @@ class _Handler(BaseHTTPRequestHandler):
 @pytest.fixture
 def probe() -> Iterator[Probe]:
     server = Probe()
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01},
                      daemon=True).start()
     try:
         yield server
@@ -50,7 +53,7 @@ def probe() -> Iterator[Probe]:
 
 def test_the_launcher_waits_through_503_for_ready(probe: Probe) -> None:
     url = f"http://127.0.0.1:{probe.server_address[1]}/readyz"
-    assert wait_healthy(url, Stopper(), timeout=60)
+    assert wait_healthy(url, Stopper(), timeout=60, every=ASK_EVERY)
     # it asked until the probe said ready, not at the first answer
     assert probe.asked == 3
 
@@ -58,5 +61,5 @@ def test_the_launcher_waits_through_503_for_ready(probe: Probe) -> None:
 def test_never_ready_is_never_up(probe: Probe) -> None:
     probe.asked = -10**9  # stays 503
     url = f"http://127.0.0.1:{probe.server_address[1]}/readyz"
-    assert not wait_healthy(url, Stopper(), timeout=1.5)
+    assert not wait_healthy(url, Stopper(), timeout=0.5, every=ASK_EVERY)
     assert probe.asked > -10**9

@@ -68,17 +68,13 @@ def imported(path: Path, module: str, known: dict[str, Path], *,
              types: bool) -> Iterator[str]:
     """The project modules `module` imports, wherever in it the import stands; with
     `types` false, less those imported under TYPE_CHECKING only."""
-    tree = parsed(path)
-    typing_only = {id(inner) for node in ast.walk(tree)
-                   if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-                   for inner in ast.walk(node)}
-    for node in ast.walk(tree):
-        if not types and id(node) in typing_only:
+    for node, typing_only in imports_of(path):
+        if not types and typing_only:
             continue
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
+        else:
             assert node.level == 0, f"{module}: relative import"
             assert node.module is not None
             names = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
@@ -91,9 +87,17 @@ def imported(path: Path, module: str, known: dict[str, Path], *,
 
 
 @functools.cache
-def parsed(path: Path) -> ast.Module:
-    """A module's syntax tree, read once for the tests here (they only read it)."""
-    return ast.parse(path.read_text(encoding="utf-8"))
+def imports_of(path: Path) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
+    """A module's import statements, each with whether it stands under TYPE_CHECKING: read
+    once for the tests here (they only read them). Walking a tree is most of this file's
+    time, so each is walked once; only the TYPE_CHECKING blocks are walked again."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    nodes = list(ast.walk(tree))
+    typing_only = {id(inner) for node in nodes
+                   if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+                   for inner in ast.walk(node)}
+    return [(node, id(node) in typing_only) for node in nodes
+            if isinstance(node, ast.Import | ast.ImportFrom)]
 
 
 @functools.cache

@@ -21,6 +21,10 @@ from django.core.exceptions import ImproperlyConfigured
 from inference.kinds.embed import EmbedKind
 from realtime.serving import Batcher, EngineBusy, EngineFailed, EngineServer, Served
 
+# The servers' serve_forever polls for its shutdown this often (by default every half a
+# second, paid at each server's stop).
+POLL = {"poll_interval": 0.01}
+
 
 class Engine:
     """Stands in for a model: doubles each item, holding its first call until released."""
@@ -149,7 +153,7 @@ def server() -> Iterator[str]:
                               {"embedding": [1.0], "prompt_tokens": len(row.text)}
                               for row in rows], 10), load_seconds=1.0)}
     httpd = EngineServer(("127.0.0.1", 0), served)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs=POLL, daemon=True)
     thread.start()
     yield httpd.url
     httpd.shutdown()
@@ -203,7 +207,7 @@ def signed(settings: Any) -> Iterator[str]:
         {"embedding": [1.0], "prompt_tokens": len(row.text)} for row in rows], 10),
         load_seconds=1.0)}
     httpd = EngineServer(("127.0.0.1", 0), served, secret="the-shared-secret")
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs=POLL, daemon=True)
     thread.start()
     yield httpd.url
     httpd.shutdown()
@@ -263,7 +267,7 @@ def test_a_handed_listening_socket_is_served_as_it_is() -> None:
         served = {"m": Served(model_id="m", kind=EmbedKind(),
                               batcher=Batcher("m", lambda rows: [], 10), load_seconds=1.0)}
         httpd = EngineServer(("127.0.0.1", 0), served, fd=os.dup(listening.fileno()))
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs=POLL, daemon=True)
     thread.start()
     try:
         assert httpd.url == f"http://127.0.0.1:{port}"
@@ -293,7 +297,7 @@ def test_several_engines_of_a_model_take_requests_in_turn_and_cover_one_down(
         served = {"m": Served(model_id="m", kind=EmbedKind(),
                               batcher=Batcher("m", counting(name), 10), load_seconds=1.0)}
         httpd = EngineServer(("127.0.0.1", 0), served)
-        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        threading.Thread(target=httpd.serve_forever, kwargs=POLL, daemon=True).start()
         servers.append(httpd)
     with socket_closed_port() as down:
         urls = (servers[0].url, servers[1].url, down)

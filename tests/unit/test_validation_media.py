@@ -4,6 +4,7 @@ assumed), video frames at the sampling rate, and the HEAD probe."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
@@ -158,9 +159,11 @@ def test_formats_that_pass(media: dict[str, object]) -> None:
     ("image_url", 20, "image"), ("audio_url", 25, "audio file"), ("video_url", 50, "video file"),
 ])
 def test_inline_media_over_its_cap_is_refused(kind: str, megabytes: int, noun: str) -> None:
-    over = "A" * ((megabytes * 1024 * 1024 + 3) * 4 // 3)
-    media = {"type": kind, kind: {"url": f"data:application/octet-stream;base64,{over}"}}
-    assert refusal("gemma4-12b", [row(media)]) == \
+    over = b"A" * ((megabytes * 1024 * 1024 + 3) * 4 // 3)
+    media = {"type": kind, kind: {"url": "data:application/octet-stream;base64,OVER"}}
+    # The line as json.dumps writes it, without its scan of the 27 to 67 MB of payload.
+    line = json.dumps(row(media)).encode().replace(b"OVER", over)
+    assert refusal("gemma4-12b", [line]) == \
         f"Row 'a': an embedded {noun} exceeds the size limit (max {megabytes} MB)"
 
 
