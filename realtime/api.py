@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from django.http import HttpRequest, HttpResponseBase
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from anex.api.authentication import request_key
-from anex.api.errors import ApiError
+from anex.api.errors import ApiError, error_json_response
 from anex.api.serializers import ErrorOut
+from anex.errors import Unavailable
 from anex.regions import request_region
 from realtime.selectors import realtime_models
 from realtime.serializers import (
@@ -25,6 +29,8 @@ from realtime.services import (
     EmbeddingsRequest,
     realtime_decision_create,
     realtime_embeddings_create,
+    realtime_place_give,
+    realtime_place_take,
 )
 
 AUTH_ERRORS = {401: "Invalid or inactive key", 422: "Malformed request",
@@ -59,7 +65,25 @@ class ModelsView(APIView):
         return Response(ModelListOut(realtime_models(key=request_key(request))).data)
 
 
-class EmbeddingsView(APIView):
+class EngineView(APIView):
+    """An operation answered by an engine. It takes one of this process's realtime places
+    before DRF reads anything (the key, the rate, the body): past the process's cap the
+    refusal (503, Retry-After) is answered for next to no CPU, where it used to cost about
+    what an answer does, so a saturated web tier spends its cores on what it answers (the
+    batch API's reads among them). Its place is given back whatever the answer."""
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        try:
+            realtime_place_take()
+        except Unavailable as refusal:
+            return error_json_response(refusal)
+        try:
+            return super().dispatch(request, *args, **kwargs)
+        finally:
+            realtime_place_give()
+
+
+class EmbeddingsView(EngineView):
     # The key's rate is counted by the API's throttle, as on the batch API, before the body
     # is parsed: a refused request counts against it as an answered one does.
 
@@ -77,7 +101,7 @@ class EmbeddingsView(APIView):
                                       encoding_format=data.get("encoding_format")))))
 
 
-class DecisionView(APIView):
+class DecisionView(EngineView):
     @extend_schema(operation_id="createRealtimeDecision", request=DecisionIn,
                    responses={200: DecisionOut, **_responses(
                        {**REQUEST_ERRORS, 422: "Malformed request, or a question the model "

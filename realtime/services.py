@@ -111,7 +111,7 @@ NANO_PER_USD = NANO_PER_CREDIT * CENTS_PER_USD
 # end-of-text token: added to a byte count to bound a text's tokens from above.
 MARKER_TOKENS = 3
 PURGE_BATCH = 10_000
-_in_process = 0  # this process's realtime requests in flight (_process_slot)
+_in_process = 0  # this process's realtime requests in flight (realtime_place_take)
 _in_process_lock = threading.Lock()
 # A request spends a fraction of a credit and the ledger charges whole ones, so the credits
 # and the key's budget must cover the next whole credit (billing.services Credits.covers,
@@ -208,21 +208,24 @@ def realtime_credits_forget() -> None:
     _credits_read.clear()
 
 
-@contextmanager
-def _process_slot() -> Iterator[None]:
-    """One of this web process's realtime places: past ANEX_REALTIME_PROCESS_CONCURRENCY
-    requests in flight (fewer than its threads), 503, so requests on a slow engine never
-    hold every thread and the batch API, the console and /healthz keep being answered."""
+def realtime_place_take() -> None:
+    """Take one of this web process's realtime places, or 503: past
+    ANEX_REALTIME_PROCESS_CONCURRENCY requests in flight (fewer than its threads), so
+    requests on a slow engine never hold every thread and the batch API, the console and
+    /healthz keep being answered. Taken by the view before anything else is read (the key,
+    the rate, the body, the tokens), so a refusal costs next to nothing; given back by
+    realtime_place_give, whatever the answer."""
     global _in_process
     with _in_process_lock:
         if _in_process >= settings.ANEX_REALTIME_PROCESS_CONCURRENCY:
             raise Unavailable(PROCESS_FULL_DETAIL, retry_after=1)
         _in_process += 1
-    try:
-        yield
-    finally:
-        with _in_process_lock:
-            _in_process -= 1
+
+
+def realtime_place_give() -> None:
+    global _in_process
+    with _in_process_lock:
+        _in_process -= 1
 
 
 def _cost_nano(model: CatalogModel, input_tokens: int) -> int:
@@ -248,8 +251,7 @@ class Counted:
 @contextmanager
 def _admitted(*, key: ApiKey, model: CatalogModel, counted: Counted) -> Iterator[Admission]:
     room = _credits_require(key=key)
-    with _process_slot(), admitted(key=key, cost=_cost_nano(model, counted.most),
-                                   room=room) as admission:
+    with admitted(key=key, cost=_cost_nano(model, counted.most), room=room) as admission:
         yield admission
 
 

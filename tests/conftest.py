@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import fcntl
 import itertools
 import json
 import os
@@ -473,6 +474,19 @@ def make_server() -> Iterator[Callable[..., LocalServer]]:
     yield make
     for server in servers:
         server.stop()
+
+
+@pytest.fixture
+def connections_many() -> Iterator[None]:
+    """For a test that opens dozens of PostgreSQL connections at once (64 concurrent
+    requests, one connection each): such tests take turns across the xdist workers, so two
+    of them never pass PostgreSQL's 100 connections between them (a refusal there reads as
+    the API's 503, not as the test's subject)."""
+    lock = Path(os.environ.get("ANEX_RUN_DIR", ".run")) / "connections-many.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture

@@ -790,7 +790,8 @@ def held(server: LocalServer, arrived: threading.Semaphore,
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("holder", ["organization", "key"])
 def test_64_concurrent_maximal_requests_on_one_credit_never_overdraw(
-        settings: Settings, server: LocalServer, tokenizers: Path, holder: str) -> None:
+        settings: Settings, server: LocalServer, tokenizers: Path, holder: str,
+        connections_many: None) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     from realtime.concurrency import NANO_PER_CREDIT, reservations_in_flight, unsettled_nano
@@ -831,7 +832,7 @@ def test_64_concurrent_maximal_requests_on_one_credit_never_overdraw(
     # then one credit's worth was admitted, every other refused 402 before the engine
     admitted = statuses.count(200)
     assert admitted == len(server.requests) == 1, statuses
-    assert statuses.count(402) == 63
+    assert statuses.count(402) == 63, details[:3]
     words = "credits do not cover" if holder == "organization" else "budget does not cover"
     assert all(words in detail for detail in details), details[:2]
     usage = RealtimeUsage.objects.get()
@@ -993,6 +994,13 @@ def test_past_the_process_cap_realtime_is_503_and_the_batch_api_still_answers(
             assert response.status_code == 503, response.content
             assert response["Retry-After"] == "1"
             assert "as many realtime requests as it may at once" in response.json()["detail"]
+            # before the key, the rate or the body is read: no query, and a bad key's
+            # request is refused alike
+            with CaptureQueriesContext(connection) as queries:
+                unknown = APIClient(HTTP_AUTHORIZATION="Bearer sk_unknown").post(
+                    DECIDE, {"model": "laya"}, format="json")
+            assert (unknown.status_code, unknown["Retry-After"]) == (503, "1")
+            assert len(queries) == 0, [q["sql"] for q in queries]
             # and the batch API and /healthz answer meanwhile
             assert client.get("/batch/v1/jobs/job_unknown").status_code == 404
             assert client.get(MODELS).status_code == 200
