@@ -138,7 +138,8 @@ def command(role: str, extra: Sequence[str] = ()) -> list[str]:
 
     if role == WEB:
         return [sys.executable, "-m", "gunicorn", "anex.wsgi:application",
-                "--bind", settings.ANEX_WEB_BIND, "--workers", str(settings.ANEX_WEB_WORKERS),
+                "--config", "python:anex.gunicorn_hooks", "--bind", settings.ANEX_WEB_BIND,
+                "--workers", str(settings.ANEX_WEB_WORKERS),
                 "--threads", str(settings.ANEX_WEB_THREADS), "--graceful-timeout", "10",
                 "--access-logfile", "-", "--access-logformat", ACCESS_LOG_FORMAT,
                 "--logger-class", "anex.accesslog.MaskedAccessLogger", *extra]

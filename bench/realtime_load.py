@@ -2,7 +2,8 @@
 
     ANEX_ORG_RATE_LIMIT_PER_MINUTE=10000000 make run     # in one terminal
     ANEX_RUN_DIR=.run python -m anex.devstack exec -- \
-        .venv/bin/python bench/realtime_load.py [--url http://localhost:8000] [--step 60]
+        .venv/bin/python bench/realtime_load.py [--url http://localhost:8000] [--step 60] \
+        [--honour-retry-after]
 
 (The load test's organization sends everything with one key, whose own limit it sets high;
 the organization-wide API rate, 3,000 a minute by default, is the web tier's setting, so
@@ -12,8 +13,10 @@ and the run says so.)
 The mix per simulated customer: 70 % realtime embeddings, 10 % realtime decisions, 15 %
 batch job reads (GET /batch/v1/jobs/{id}), 5 % an upload and a submit. The users ramp
 1 -> 32 -> 128 -> 256, `--step` seconds a step (60 by default; shorten it on a small
-machine). Then it checks, through the database and Redis of the environment (the same
-ANEX_RUN_DIR as `make run`):
+machine). A user asks again at once after a refusal, a client that ignores Retry-After
+(the harsher load); with --honour-retry-after it waits the refusal's Retry-After first, as
+the openai SDK does before it retries. Then it checks, through the database and Redis of
+the environment (the same ANEX_RUN_DIR as `make run`):
 
 - no 5xx up to saturation, and past it only 429 or 503, each with Retry-After;
 - answered realtime requests equal the usage rows metered for them (plus at most those the
@@ -68,14 +71,28 @@ if os.environ.get("ANEX_LOAD_KEY"):
     JOB = os.environ["ANEX_LOAD_JOB"]
     STEP_SECONDS = float(os.environ.get("ANEX_LOAD_STEP", "60"))
     RECORD = Path(os.environ["ANEX_LOAD_RECORD"])
+    HONOUR_RETRY_AFTER = os.environ.get("ANEX_LOAD_HONOUR_RETRY_AFTER") == "1"
     UPLOAD = b"".join(json.dumps({"custom_id": f"r{i}", "body": {"input": f"text {i}"}}
                                  ).encode() + b"\n" for i in range(20))
     seen: list[tuple[float, str, int, float, bool]] = []
+    # Requests sent and not yet answered, by (user, start): any still here when locust
+    # quits (a user stopped mid-request) are recorded as given up on (status 0), since the
+    # server may have answered and billed them.
+    pending: dict[tuple[int, float], str] = {}
 
-    def answered(response: Any, name: str, started: float) -> None:
-        """Record one answer; a refusal past saturation (429/503) must carry Retry-After."""
+    def sending(user: Any, name: str) -> float:
+        started = time.time()
+        pending[(id(user), started)] = name
+        return started
+
+    def answered(response: Any, name: str, started: float, user: Any = None) -> None:
+        """Record one answer; a refusal past saturation (429/503) must carry Retry-After
+        (which the user, with --honour-retry-after, waits before its next request)."""
+        pending.pop((id(user), started), None)
         status = response.status_code
         has_retry = "Retry-After" in response.headers
+        if user is not None and HONOUR_RETRY_AFTER and status in (429, 503) and has_retry:
+            user.backoff = float(response.headers["Retry-After"])
         seen.append((started, name, status, (time.time() - started) * 1000,
                      status not in (429, 503) or has_retry))
         if status < 500 or (status == 503 and has_retry):
@@ -84,27 +101,35 @@ if os.environ.get("ANEX_LOAD_KEY"):
             response.failure(f"{status}")
 
     class Customer(HttpUser):
+        backoff = 0.0  # the Retry-After of its last refusal, with --honour-retry-after
+
+        def wait_time(self) -> float:
+            """No wait between requests, or after a refusal the seconds its Retry-After
+            said (as the openai SDK does before it retries) with --honour-retry-after."""
+            backoff, self.backoff = self.backoff, 0.0
+            return backoff
+
         def on_start(self) -> None:
             self.client.headers.update({"Authorization": f"Bearer {KEY}"})
 
         @task(70)
         def embed(self) -> None:
-            started = time.time()
+            started = sending(self, "embeddings")
             with self.client.post("/realtime/v1/embeddings", name="embeddings",
                                   json={"model": MINILM, "input": "a search query "
                                         f"{int(started * 1000) % 997}"},
                                   catch_response=True) as response:
-                answered(response, "embeddings", started)
+                answered(response, "embeddings", started, self)
 
         @task(10)
         def decide(self) -> None:
-            started = time.time()
+            started = sending(self, "systemone")
             with self.client.post("/realtime/v1/systemone", name="systemone",
                                   json={"model": "laya", "state": "We were billed twice for "
                                         "March. Please refund it today.",
                                         "questions": QUESTIONS},
                                   catch_response=True) as response:
-                answered(response, "systemone", started)
+                answered(response, "systemone", started, self)
 
         @task(15)
         def read_job(self) -> None:
@@ -141,6 +166,8 @@ if os.environ.get("ANEX_LOAD_KEY"):
 
     @events.quitting.add_listener
     def _record(environment: Any, **kwargs: Any) -> None:
+        seen.extend((started, name, 0, -1.0, True)
+                    for (_user, started), name in list(pending.items()))
         RECORD.write_text(json.dumps(seen))
 
 
@@ -208,6 +235,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default="http://localhost:8000")
     parser.add_argument("--step", type=float, default=60.0, help="seconds a step")
+    parser.add_argument("--honour-retry-after", action="store_true",
+                        help="each user waits a refusal's Retry-After before its next "
+                             "request (by default it asks again at once)")
     args = parser.parse_args()
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "anex.settings")
@@ -242,7 +272,8 @@ def main() -> None:
             [sys.executable, "-m", "locust", "-f", __file__, "--headless", "--host", args.url,
              "--only-summary", "--loglevel", "WARNING", "--stop-timeout", "60"],
             env={**os.environ, "ANEX_LOAD_KEY": plaintext, "ANEX_LOAD_JOB": str(job_id),
-                 "ANEX_LOAD_STEP": str(args.step), "ANEX_LOAD_RECORD": str(record)},
+                 "ANEX_LOAD_STEP": str(args.step), "ANEX_LOAD_RECORD": str(record),
+                 "ANEX_LOAD_HONOUR_RETRY_AFTER": "1" if args.honour_retry_after else "0"},
             cwd=ROOT, check=False)
         cpu = _cpu_seconds(workers) - cpu_before
         seen = json.loads(record.read_text())
@@ -307,7 +338,8 @@ def _report(seen: list[list[Any]], started: float, step: float, cpu: float,
     best = 0.0
     for index, users in enumerate(STEPS):
         low, high = started + index * step, started + (index + 1) * step
-        rows = [row for row in seen if low <= row[0] < high]
+        # (less the requests still unanswered when locust quit: no time to count)
+        rows = [row for row in seen if low <= row[0] < high and row[3] >= 0]
         for name in ("embeddings", "systemone", "job read", "upload", "submit"):
             mine = [row for row in rows if row[1] == name]
             if not mine:

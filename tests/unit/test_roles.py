@@ -6,6 +6,10 @@ against the real services: tests/e2e/test_roles.py."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import dramatiq
@@ -109,8 +113,37 @@ def test_the_web_role_is_gunicorn_on_its_address(settings: Settings) -> None:
     assert command[1:4] == ["-m", "gunicorn", "anex.wsgi:application"]
     assert command[command.index("--bind") + 1] == "0.0.0.0:9000"
     assert command[command.index("--workers") + 1] == "3"
+    assert command[command.index("--config") + 1] == "python:anex.gunicorn_hooks"
     with pytest.raises(ValueError, match="unknown role 'scheduler'"):
         roles.command("scheduler")
+
+
+HEAP_PROBE = """
+import gc, json, django
+django.setup()
+from anex.gunicorn_hooks import post_worker_init
+from inference.tokens import checkpoint_tokens
+post_worker_init(None)
+print(json.dumps({"frozen": gc.get_freeze_count(), "tracked": len(gc.get_objects()),
+                  "tokenizers": checkpoint_tokens.cache_info().currsize}))
+"""
+
+
+def test_a_web_worker_freezes_its_heap_with_its_tokenizers_loaded(tokenizer_dir: Path,
+                                                                  tmp_path: Path) -> None:
+    # given a web worker's settings, one checkpoint with a tokenizer and one without
+    environment = {**os.environ, "DJANGO_SETTINGS_MODULE": "anex.settings", "SECRET_KEY": "x" * 40,
+                   "ANEX_CHECKPOINTS": f"a={tokenizer_dir};b={tmp_path}"}
+    # when gunicorn calls the hook once the worker has loaded the application
+    done = subprocess.run([sys.executable, "-c", HEAP_PROBE], env=environment, cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    heap = json.loads(done.stdout.splitlines()[-1])
+    # then what lives as long as the process is out of the collector's reach, the
+    # checkpoint's tokenizer among it
+    assert heap["frozen"] > 100_000
+    assert heap["tracked"] < heap["frozen"] / 20
+    assert heap["tokenizers"] == 2
 
 
 def test_the_container_files_run_only_the_roles() -> None:
