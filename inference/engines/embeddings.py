@@ -22,6 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from inference.engines.forward import FORWARD
 from inference.engines.runtime import llm_load
 from inference.engines.types import EmbedOutcome, EmbedRow, RowError
 from inference.tokens import checkpoint_tokens
@@ -85,7 +86,7 @@ class EmbeddingEngine:
         import torch
         from vllm.pooling_params import PoolingParams
 
-        with self.lock:
+        with self.lock, FORWARD:  # its own engine's turn, then the process's forward pass
             results = self.llm.encode([{"prompt_token_ids": ids} for ids in prompts],
                                       pooling_params=PoolingParams(use_activation=False),
                                       pooling_task="embed", use_tqdm=False)

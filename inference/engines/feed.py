@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from anex.logsafe import exception_summary
+from inference.engines.forward import FORWARD
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +140,8 @@ class EngineFeed:
                     if not self._waiting:
                         break
                     try:
-                        outputs = engine.step()
+                        with FORWARD:  # one forward pass at a time in the process
+                            outputs = engine.step()
                     except Exception as error:
                         self._step_failed(error)
                         continue
@@ -264,7 +266,9 @@ class EngineFeed:
             self._add_one(item.batch, item.position)
         try:
             while self._waiting:
-                for output in self.llm.llm_engine.step():
+                with FORWARD:
+                    outputs = self.llm.llm_engine.step()
+                for output in outputs:
                     if output.finished:
                         self._deliver(output)
         except Exception as error:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from inference.engines.feed import EngineFeed
+from inference.engines.forward import FORWARD
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +136,9 @@ def _build(checkpoint: Path, *, runner: str, max_model_len: int,
     started = time.monotonic()
     options = engine_options(checkpoint, runner=runner, max_model_len=max_model_len, cpu=cpu,
                              reasoning_parser=reasoning_parser)
-    with _kernel_scan_safe():
+    # A build runs forward passes of its own (the memory profile) under vLLM's globals:
+    # never beside another engine's step (forward.py).
+    with _kernel_scan_safe(), FORWARD:
         llm = LLM(**options)
     seconds = time.monotonic() - started
     logger.info("engine for %s (%s) ready in %.1f s", checkpoint, runner, seconds)
