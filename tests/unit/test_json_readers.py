@@ -103,3 +103,33 @@ def test_nan_infinity_and_lone_surrogates_are_refused_alike_by_all_three(
 
 def test_a_surrogate_pair_is_one_character_to_the_run() -> None:
     assert line_loads(b'{"c": "\\ud83d\\ude00"}') == {"c": "\U0001f600"}
+
+
+@pytest.mark.parametrize("number", [2**70, -(2**63) - 1, 2**64, 10**19, -(10**30)])
+def test_an_integer_outside_64_bits_is_read_exactly_by_the_run(number: int) -> None:
+    # orjson 3.13 reads such an integer as a float (2**70 as 1.1805916207174113e+21)
+    line = HEAD + b'{"messages":[{"role":"user","content":"x"}],"metadata":{"n":' \
+        + str(number).encode() + b'}}}'
+    for given in (line, line.decode()):
+        value = line_loads(given)["body"]["metadata"]["n"]
+        assert value == number and isinstance(value, int)
+
+
+def test_a_long_number_beside_nan_is_still_refused_by_the_run() -> None:
+    # a run of 19 digits sends the line to the standard library, which refuses NaN too
+    with pytest.raises(ValueError):
+        line_loads(HEAD + b'{"messages":[{"role":"user","content":"1234567890123456789"}],'
+                   b'"temperature":NaN}}')
+    assert line_loads(b'{"c": "1234567890123456789", "f": 0.12345678901234567890123}') == {
+        "c": "1234567890123456789", "f": 0.12345678901234567890123}
+
+
+def test_an_embeddings_long_fractions_are_read_by_orjson(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a fraction's digits are no integer: the result line of an embedding, whose values run
+    # to 19 digits after the point, never takes the standard library's slower path
+    import jobs.jsonl
+
+    monkeypatch.setattr(jobs.jsonl, "_DECODER", None)
+    line = b'{"embedding": [0.0038973277766809152, -0.0013879758908635362, -8.9e-09]}'
+    assert line_loads(line) == {"embedding": [0.0038973277766809152, -0.0013879758908635362,
+                                              -8.9e-09]}
