@@ -5,6 +5,12 @@
         .venv/bin/python bench/realtime_load.py [--url http://localhost:8000] [--step 60] \
         [--honour-retry-after]
 
+With --access-log (the log `make run` writes: gunicorn's access lines, each ending in the
+seconds the server took) it also prints each step's job reads as the server timed them,
+apart from the client's wait for its own turn: the client shares the machine's cores.
+The users are locust's FastHttpUser (geventhttpclient) unless `--client requests` (locust's
+HttpUser, python-requests, several times the CPU a request on the client's side).
+
 (The load test's organization sends everything with one key, whose own limit it sets high;
 the organization-wide API rate, 3,000 a minute by default, is the web tier's setting, so
 `make run` is started with it raised: otherwise the steps past 32 users measure that limit,
@@ -65,13 +71,15 @@ REALTIME = ("embeddings", "systemone")
 # -- the locust side ----------------------------------------------------------------------
 
 if os.environ.get("ANEX_LOAD_KEY"):
-    from locust import HttpUser, LoadTestShape, events, task
+    from locust import FastHttpUser, HttpUser, LoadTestShape, events, task
+    from urllib3 import encode_multipart_formdata
 
     KEY = os.environ["ANEX_LOAD_KEY"]
     JOB = os.environ["ANEX_LOAD_JOB"]
     STEP_SECONDS = float(os.environ.get("ANEX_LOAD_STEP", "60"))
     RECORD = Path(os.environ["ANEX_LOAD_RECORD"])
     HONOUR_RETRY_AFTER = os.environ.get("ANEX_LOAD_HONOUR_RETRY_AFTER") == "1"
+    CLIENT = FastHttpUser if os.environ.get("ANEX_LOAD_CLIENT", "fast") == "fast" else HttpUser
     UPLOAD = b"".join(json.dumps({"custom_id": f"r{i}", "body": {"input": f"text {i}"}}
                                  ).encode() + b"\n" for i in range(20))
     seen: list[tuple[float, str, int, float, bool]] = []
@@ -90,9 +98,10 @@ if os.environ.get("ANEX_LOAD_KEY"):
         (which the user, with --honour-retry-after, waits before its next request)."""
         pending.pop((id(user), started), None)
         status = response.status_code
-        has_retry = "Retry-After" in response.headers
+        retry_after = response.headers.get("Retry-After")
+        has_retry = retry_after is not None
         if user is not None and HONOUR_RETRY_AFTER and status in (429, 503) and has_retry:
-            user.backoff = float(response.headers["Retry-After"])
+            user.backoff = float(retry_after)
         seen.append((started, name, status, (time.time() - started) * 1000,
                      status not in (429, 503) or has_retry))
         if status < 500 or (status == 503 and has_retry):
@@ -100,8 +109,9 @@ if os.environ.get("ANEX_LOAD_KEY"):
         else:
             response.failure(f"{status}")
 
-    class Customer(HttpUser):
+    class Customer(CLIENT):  # type: ignore[valid-type,misc]
         backoff = 0.0  # the Retry-After of its last refusal, with --honour-retry-after
+        default_headers = {"Authorization": f"Bearer {KEY}"}  # FastHttpUser's
 
         def wait_time(self) -> float:
             """No wait between requests, or after a refusal the seconds its Retry-After
@@ -110,7 +120,8 @@ if os.environ.get("ANEX_LOAD_KEY"):
             return backoff
 
         def on_start(self) -> None:
-            self.client.headers.update({"Authorization": f"Bearer {KEY}"})
+            if CLIENT is HttpUser:
+                self.client.headers.update(self.default_headers)
 
         @task(70)
         def embed(self) -> None:
@@ -147,9 +158,12 @@ if os.environ.get("ANEX_LOAD_KEY"):
                 if response.status_code != 201 and response.status_code != 200:
                     return
                 target = response.json()
-            # The upload target is the storage's own URL (no API key needed there).
-            self.client.post(target["upload_url"], name="upload file", data=target["fields"],
-                             files={"file": ("input.jsonl", UPLOAD)})
+            # The upload target is the storage's own URL (no API key needed there); the form
+            # is built here, for both clients (FastHttpUser takes no `files`).
+            form, content_type = encode_multipart_formdata(
+                [*target["fields"].items(), ("file", ("input.jsonl", UPLOAD))])
+            self.client.post(target["upload_url"], name="upload file", data=form,
+                             headers={"Content-Type": content_type})
             started = time.time()
             with self.client.post("/batch/v1/jobs", name="submit", json={
                     "input_id": target["id"], "model": MINILM}, catch_response=True) as response:
@@ -238,6 +252,11 @@ def main() -> None:
     parser.add_argument("--honour-retry-after", action="store_true",
                         help="each user waits a refusal's Retry-After before its next "
                              "request (by default it asks again at once)")
+    parser.add_argument("--client", choices=("fast", "requests"), default="fast",
+                        help="locust's FastHttpUser (default) or HttpUser (python-requests)")
+    parser.add_argument("--access-log", type=Path,
+                        help="make run's output: also report the job reads as the server "
+                             "timed them")
     args = parser.parse_args()
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "anex.settings")
@@ -273,11 +292,14 @@ def main() -> None:
              "--only-summary", "--loglevel", "WARNING", "--stop-timeout", "60"],
             env={**os.environ, "ANEX_LOAD_KEY": plaintext, "ANEX_LOAD_JOB": str(job_id),
                  "ANEX_LOAD_STEP": str(args.step), "ANEX_LOAD_RECORD": str(record),
-                 "ANEX_LOAD_HONOUR_RETRY_AFTER": "1" if args.honour_retry_after else "0"},
+                 "ANEX_LOAD_HONOUR_RETRY_AFTER": "1" if args.honour_retry_after else "0",
+                 "ANEX_LOAD_CLIENT": args.client},
             cwd=ROOT, check=False)
         cpu = _cpu_seconds(workers) - cpu_before
         seen = json.loads(record.read_text())
     problems = _report(seen, started, args.step, cpu, step_cpu)
+    if args.access_log:
+        _report_server_side(args.access_log, str(job_id), started, args.step)
     # The invariants, once the requests in flight have ended and the usage is settled.
     time.sleep(2)
     realtime_charges_settle_all(settled_before=_now())
@@ -375,6 +397,32 @@ def _report(seen: list[list[Any]], started: float, step: float, cpu: float,
     if unretried:
         problems.append(f"{len(unretried)} 429/503 without Retry-After")
     return problems
+
+
+def _report_server_side(log: Path, job_id: str, started: float, step: float) -> None:
+    """Each step's job reads as gunicorn timed them (its access line's last field: from
+    reading the request to the response written), beside the client's times above, which
+    also hold the wait for the client's own turn on the shared cores."""
+    from datetime import datetime
+
+    path = f'"GET /batch/v1/jobs/{job_id} '
+    times: list[tuple[float, float]] = []  # (when, ms)
+    for line in log.read_text(errors="replace").splitlines():
+        if path not in line:
+            continue
+        try:
+            stamp = line.split("[", 1)[1].split("]", 1)[0]
+            when = datetime.strptime(stamp, "%d/%b/%Y:%H:%M:%S %z").timestamp()
+            times.append((when, float(line.rsplit(" ", 1)[1]) * 1000))
+        except (IndexError, ValueError):
+            continue
+    print("job reads as the server timed them (access log):")
+    for index, users in enumerate(STEPS):
+        low, high = started + index * step, started + (index + 1) * step
+        mine = [ms for when, ms in times if low <= when < high]
+        if mine:
+            print(f"{users:>6} {'job read':<12} {len(mine):>7} {len(mine) / step:>8.1f} "
+                  f"{_percentile(mine, 0.5):>8.1f} {_percentile(mine, 0.99):>8.1f}")
 
 
 if __name__ == "__main__":
