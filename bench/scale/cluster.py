@@ -281,9 +281,11 @@ class Cluster:
     def redis_wipe_stop(self) -> None:
         """Redis shut down with no save, its AOF removed: it comes back empty."""
         import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
 
         try:
-            redis.Redis(port=self.ports["redis"]).shutdown(nosave=True)
+            redis.Redis(port=self.ports["redis"], retry=Retry(NoBackoff(), 0)).shutdown(nosave=True)
         except redis.RedisError:
             pass
         if self.procs["redis"].popen is not None:
