@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import fcntl
+import gc
 import itertools
 import json
 import os
@@ -18,7 +19,7 @@ from pytest_django import Settings
 from rest_framework.test import APIClient
 
 from console.models import ApiKey, Organization
-from tests.dbtemplate import TEMPLATE_ENV, template_drop, template_start, template_take
+from tests.dbtemplate import template_start, template_take
 from tests.dispatched import dispatch_catch
 from tests.factories import api_key_make, organization_make
 from tests.launch import Running, make_run_launched
@@ -41,6 +42,11 @@ pytest_plugins = ["tests.engine_fixtures"]
 # controller has imported the apps by now; its workers and subprocesses inherit this.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
+# A test process's heap is large (Django, DRF, Hypothesis, each test module) and lives
+# to the end: at Python's thresholds (700, 10, 10) a fast-tier worker made about 2,700
+# collections, 13 of them full, some 4 s of its CPU. These thresholds make about 30. Only
+# the test processes: the product's own keep Python's defaults.
+gc.set_threshold(50_000, 20, 20)
 
 TESTS = Path(__file__).resolve().parent
 SLOW_TIERS = ("engine", "e2e", "browser")
@@ -50,7 +56,6 @@ ENGINE_FIXTURES = {"checkpoint_dirs", "chat_engine", "embedding_engine", "decisi
 # 2-core machine, quiet, 1,654 tests: 82 s with 3 workers, 69 s with 4, 67 s with 6 (whose
 # tests each run slower, sharing the cores).
 FAST_WORKERS = 4
-TEMPLATE_KEY = pytest.StashKey[str]()
 
 
 # What the fast tier's slower tests took (setup, call and teardown), in seconds, by node id:
@@ -94,12 +99,11 @@ def pytest_xdist_setupnodes(config: pytest.Config, specs: list[Any]) -> None:
     """Each xdist worker its own Redis database, set in its environment before Django reads
     its settings (its broker, cache and subprocesses all follow REDIS_URL): the tests flush
     their broker. pytest-django gives each its own test database (test_NAME_gw0, ...),
-    made from the template migrated here meanwhile (tests/dbtemplate.py)."""
+    made from the template migrated here meanwhile, or by an earlier run (tests/dbtemplate.py)."""
     from django.conf import settings
 
     template = template_start(settings.DATABASES["default"],
                               Path(os.environ.get("ANEX_RUN_DIR", ".run")))
-    config.stash[TEMPLATE_KEY] = template.get(TEMPLATE_ENV, "")
     base = os.environ.get("REDIS_URL")
     for spec in specs:
         spec.env.update(template)
@@ -108,23 +112,22 @@ def pytest_xdist_setupnodes(config: pytest.Config, specs: list[Any]) -> None:
                 base, int(spec.id.removeprefix("gw")), len(specs))
 
 
-def pytest_unconfigure(config: pytest.Config) -> None:
-    template = config.stash.get(TEMPLATE_KEY, "")
-    if template:
-        from django.conf import settings
-
-        template_drop(settings.DATABASES["default"], template)
-
-
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
-    """pytest-django's, ending first every other session still open on the test database:
-    a thread a test started (a race, a live server's request) may leave its connection
-    open, and PostgreSQL's DROP DATABASE then waits 5 s for it before giving up, at the
-    end of a worker's last test."""
-    yield
+    """pytest-django's, with commits that do not wait for the disk (every connection to
+    the test database from here on, the processes a test starts too: no test outlives a
+    crash of its database); and ending first every other session still open on the test
+    database: a thread a test started (a race, a live server's request) may leave its
+    connection open, and PostgreSQL's DROP DATABASE then waits 5 s for it before giving
+    up, at the end of a worker's last test."""
     from django.db import connection
 
+    if connection.vendor == "postgresql":
+        with django_db_blocker.unblock(), connection.cursor() as cursor:
+            name = connection.ops.quote_name(connection.settings_dict["NAME"])
+            cursor.execute(f"ALTER DATABASE {name} SET synchronous_commit = off")
+        connection.close()
+    yield
     if connection.vendor != "postgresql":
         return
     with django_db_blocker.unblock(), connection.cursor() as cursor:
