@@ -9,6 +9,7 @@ from contextlib import contextmanager
 import dramatiq
 from django.db import connection
 from django.utils.module_loading import autodiscover_modules
+from dramatiq.brokers.redis import RedisBroker
 from dramatiq.worker import _WorkerMiddleware
 
 from jobs.dispatch import run_queues_declare
@@ -35,6 +36,21 @@ def running_worker(threads: int = 1) -> Iterator[dramatiq.Worker]:
         connection.close()
 
 
+def broker_flush() -> None:
+    """Every queue's messages gone, whether this process declared the queue or not:
+    Dramatiq's flush_all empties only the queues declared here, so a queue an earlier test
+    on this xdist worker sent to (before this process declared it) kept its messages, and
+    the next worker took them. Seen once: a stale sample queue filled a consumer's prefetch
+    and held a test's own sample in Redis past its 30 s. Only the broker's keys: anex's own
+    (the wipe sentinel, rate limits) stay."""
+    broker = dramatiq.get_broker()
+    broker.flush_all()
+    if isinstance(broker, RedisBroker):
+        keys = list(broker.client.scan_iter(f"{broker.namespace}:*"))
+        if keys:
+            broker.client.delete(*keys)
+
+
 def until(done: Callable[[], bool], timeout: float = 240) -> None:
     """Wait for done() (a worker's work landing), or fail the test."""
     deadline = time.monotonic() + timeout
@@ -46,7 +62,7 @@ def until(done: Callable[[], bool], timeout: float = 240) -> None:
 @contextmanager
 def fresh_worker(threads: int = 1) -> Iterator[Callable[..., None]]:
     """A running worker on an emptied broker with the run queues declared; yields until."""
-    dramatiq.get_broker().flush_all()
+    broker_flush()
     run_queues_declare()
     with running_worker(threads):
         yield until

@@ -31,7 +31,7 @@ from jobs.services.running import job_start
 from tests.db.test_fair_dispatch import MODEL, answer, approved_job, finish
 from tests.dispatched import dispatch_catch
 from tests.factories import organization_make
-from tests.workers import running_worker, until
+from tests.workers import broker_flush, running_worker, until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -61,7 +61,7 @@ def test_after_a_wipe_the_next_pass_resends_what_was_lost_and_nothing_twice(
     dispatch_catch(monkeypatch, lambda message: None, "job_start_task")  # started here
     broker = dramatiq.get_broker()
     assert isinstance(broker, RedisBroker)
-    broker.flush_all()
+    broker_flush()
     dispatch.run_queues_declare()
     recover()  # the broker's sentinel is set: no wipe seen from here on
     assert recover()["broker wiped"] == 0

@@ -12,7 +12,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import dramatiq
 import pytest
 from django.utils import timezone
 from pytest_django import Settings
@@ -35,7 +34,7 @@ from jobs.services.estimation import job_estimate
 from jobs.services.submission import APPROVAL_QUEUE_LIMIT
 from jobs.validation import RowErrors, validate_jsonl
 from tests.factories import api_key_make, input_ready, job_make, organization_make
-from tests.workers import running_worker
+from tests.workers import broker_flush, running_worker
 
 CHECKS = "/batch/v1/checks"
 JOBS = "/batch/v1/jobs"
@@ -360,7 +359,7 @@ def test_the_actor_runs_the_check_on_a_worker(client_for: Any) -> None:
     organization = organization_make()
     api = client_for(api_key_make(organization)[1])
     item = input_ready(organization, with_bad_lines(60, BAD))
-    dramatiq.get_broker().flush_all()
+    broker_flush()
     check_id = api.post(CHECKS, {"input_id": str(item.pk), "model": "gemma4-12b"},
                         format="json").json()["id"]
     with running_worker():

@@ -35,7 +35,7 @@ from jobs.services.recovery import recover
 from jobs.services.running import chunk_settle, job_start
 from tests.dispatched import dispatch_catch
 from tests.factories import SYSTEM, chat_request_line, input_ready, job_make, organization_make
-from tests.workers import running_worker, until
+from tests.workers import broker_flush, running_worker, until
 
 MODEL = "gemma4-12b"
 
@@ -208,7 +208,7 @@ def test_through_the_broker_a_small_job_finishes_long_before_the_large_one(
     monkeypatch.setattr("jobs.services.running.execute", engine_step)
     dispatch_catch(monkeypatch, lambda message: None, "job_start_task")  # started here
     broker = dramatiq.get_broker()
-    broker.flush_all()
+    broker_flush()
     broker.declare_queue(run_queue("world", MODEL))
     large = approved_job(organization_make(), rows=14)
     small = approved_job(organization_make(), rows=2)

@@ -35,7 +35,7 @@ from jobs.storage import LocalRegionStorage
 from tests.db.test_fair_dispatch import answer, approved_job
 from tests.dispatched import Sent, dispatch_catch
 from tests.factories import input_ready, organization_make
-from tests.workers import running_worker, until
+from tests.workers import broker_flush, running_worker, until
 
 MODEL = "gemma4-12b"
 ROWS = 500
@@ -173,7 +173,7 @@ def test_a_sample_runs_next_though_paid_chunks_are_queued(
     settings.ANEX_DISPATCH_IN_FLIGHT = settings.ANEX_DISPATCH_JOB_IN_FLIGHT = 4
     broker = dramatiq.get_broker()
     assert isinstance(broker, RedisBroker)
-    broker.flush_all()
+    broker_flush()
     run_queues_declare()
     send = dispatch.send
     held: list[Sent] = []

@@ -9,7 +9,6 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-import dramatiq
 import pytest
 import standardwebhooks
 from django.utils import timezone
@@ -26,7 +25,7 @@ from jobs.services.webhooks import delivery_attempt, webhook_signature
 from jobs.storage import storage_for
 from tests.dispatched import dispatch_catch
 from tests.servers import LocalServer, _Handler, reply, tls_context
-from tests.workers import running_worker
+from tests.workers import broker_flush, running_worker
 
 INPUTS = "/batch/v1/inputs"
 ROWS = b'{"custom_id":"row-1","method":"POST","url":"/v1/chat/completions","body":{}}\n' * 50
@@ -252,8 +251,7 @@ def test_end_to_end_through_the_broker_and_a_worker(api_key, client_for, source:
     from tests.factories import api_key_make
 
     _key, plaintext = api_key_make(key.organization)
-    broker = dramatiq.get_broker()
-    broker.flush_all()
+    broker_flush()
     created = client_for(plaintext).post(INPUTS, {
         "source_url": serve(source, "/in.jsonl", ROWS),
         "callback_url": receiver.url("/hook")}, format="json").json()

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import dramatiq
 import pytest
 import requests
 from django.db import connection
@@ -32,7 +31,7 @@ from tests.dispatched import dispatch_catch
 from tests.factories import api_key_make, organization_make
 from tests.race import run_after
 from tests.servers import LocalServer, reply, tls_context, trickle
-from tests.workers import running_worker
+from tests.workers import broker_flush, running_worker
 
 INPUTS = "/batch/v1/inputs"
 ROWS = b'{"custom_id":"row-1","method":"POST","url":"/v1/chat/completions","body":{}}\n' * 50
@@ -144,7 +143,7 @@ def test_a_source_trickling_its_body_fails_its_copy_at_the_deadline_in_one_attem
     source.routes["/tarpit.jsonl"] = trickle(BODY_TARPIT, every=0.2)
     _attacker_key, attacker = api_key_make(organization_make())
     _other_key, other = api_key_make(organization_make())
-    dramatiq.get_broker().flush_all()
+    broker_flush()
 
     def ingest(token: str, path: str) -> str:
         client = APIClient()

@@ -11,7 +11,6 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import dramatiq
 import pytest
 from django.utils import timezone
 from pytest_django import Settings
@@ -31,7 +30,7 @@ from jobs.services.recovery import ESTIMATE, SUBMITTED, lease_recover
 from tests.db.test_jobs_submit import uploaded
 from tests.dispatched import dispatch_catch
 from tests.factories import input_ready, organization_make
-from tests.workers import running_worker
+from tests.workers import broker_flush, running_worker
 
 JOBS = "/batch/v1/jobs"
 
@@ -346,8 +345,7 @@ def test_end_to_end_submit_to_cost_ready_through_a_worker(client_for) -> None:  
     _key, plaintext = api_key_make(organization)
     api = client_for(plaintext)
     item = input_ready(organization, jsonl(embedding_row("a", "a plain text string")))
-    broker = dramatiq.get_broker()
-    broker.flush_all()
+    broker_flush()
     job_id = api.post(JOBS, {"input_id": str(item.pk), "model": "qwen3-embedding-8b"},
                       format="json").json()["id"]
     with running_worker():

@@ -26,7 +26,7 @@ from tests.db.test_admin_permissions import staff_with
 from tests.db.test_fair_dispatch import MODEL, approved_job, finish
 from tests.dispatched import dispatch_catch
 from tests.factories import job_make, organization_make
-from tests.workers import running_worker, until
+from tests.workers import broker_flush, running_worker, until
 
 OPERATIONS = "/admin/operations/"
 
@@ -132,7 +132,7 @@ def test_a_running_worker_beats_and_its_row_goes_when_it_stops(settings: Any) ->
     settings.ANEX_WORKER_MODELS = [MODEL]
     settings.ANEX_WORKER_REGIONS = ["eu"]
     name = worker_name()
-    dramatiq.get_broker().flush_all()
+    broker_flush()
     dispatch.run_queues_declare()
     with running_worker():
         until(lambda: WorkerHeartbeat.objects.filter(name=name).exists(), timeout=60)
