@@ -150,7 +150,7 @@ def test_two_dispatchers_at_once_send_nothing_twice(settings: Settings, sent: li
 
     def release() -> None:
         try:
-            barrier.wait()
+            barrier.wait(30)  # one that never arrives fails the test, not hangs it
             chunks_release(region="world", model=MODEL)
         finally:
             connection.close()

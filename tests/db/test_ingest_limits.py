@@ -235,7 +235,7 @@ def test_concurrent_ingests_cannot_overshoot_the_limit(
         client = APIClient()
         client.credentials(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
         try:
-            barrier.wait()
+            barrier.wait(30)  # one that never arrives fails the test, not hangs it
             return int(client.post(INPUTS, {"source_url": source.url("/in.jsonl")},
                                    format="json").status_code)
         finally:

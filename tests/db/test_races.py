@@ -35,7 +35,7 @@ def race(worker: Callable[[], Any]) -> list[Any]:
 
     def run() -> None:
         try:
-            barrier.wait()
+            barrier.wait(30)  # one that never arrives fails the test, not hangs it
             outcome: Any = worker()
         except Exception as exc:  # collected and asserted on below
             outcome = exc
