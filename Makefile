@@ -34,7 +34,7 @@ test: $(INSTALLED_CPU)
 	ANEX_RUN_DIR=$(TEST_RUN_DIR) $(PY) -m anex.devstack exec -- sh -c '\
 		$(PY) -m pytest --fast $(ARGS) || exit 1; \
 		$(VENV)/bin/mypy . > $(TEST_RUN_DIR)/mypy.log 2>&1 & typing=$$!; \
-		$(PY) -m pytest -m "engine or e2e or browser" -n 2 --dist loadgroup $(ARGS); \
+		$(PY) -m pytest -m "engine or e2e or browser or fuzz" -n 2 --dist loadgroup $(ARGS); \
 		tiers=$$?; \
 		wait $$typing; typed=$$?; cat $(TEST_RUN_DIR)/mypy.log; \
 		[ $$tiers -eq 0 ] && [ $$typed -eq 0 ]'

@@ -34,7 +34,11 @@ pytest_plugins = ["tests.engine_fixtures"]
 # processes and engines together, tests/browser chromium. The fast tier (`make test-fast`,
 # `pytest --fast`) is unit and db, on xdist workers, without vLLM or torch; a test there
 # that takes a real engine through its fixtures is marked engine, and runs with the engine
-# tier. `make test` (and CI) runs the fast tier, then the rest: -m "engine or e2e or browser".
+# tier. A test marked fuzz (Schemathesis' run of every phase over the whole API: some 1,500
+# generated requests, 20 CPU-seconds on 2 cores, a sixth of the fast tier's Python CPU)
+# runs with the slow tiers too; what it found stays in the fast tier, pinned as plain tests.
+# `make test` (and CI) runs the fast tier, then the rest:
+# -m "engine or e2e or browser or fuzz".
 # The test run caches its bytecode whatever PYTHONDONTWRITEBYTECODE says (it is set on
 # some machines, this one among them): without a cache every xdist worker, the template's
 # migrate and each subprocess a test starts compile the project and the test modules again
@@ -50,6 +54,7 @@ gc.set_threshold(50_000, 20, 20)
 
 TESTS = Path(__file__).resolve().parent
 SLOW_TIERS = ("engine", "e2e", "browser")
+SLOW_MARKERS = (*SLOW_TIERS, "fuzz")
 ENGINE_FIXTURES = {"checkpoint_dirs", "chat_engine", "embedding_engine", "decision_engine"}
 # The fast tier's xdist workers, when --fast is given without -n: its tests wait on
 # PostgreSQL, Redis, local servers and deadlines, so twice the two cores pays. On this
@@ -199,7 +204,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         takes_engine = bool(ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())))
         if tier == "engine" or (takes_engine and tier != "e2e"):
             item.add_marker(pytest.mark.engine)
-        slow = any(item.get_closest_marker(marker) for marker in SLOW_TIERS)
+        slow = any(item.get_closest_marker(marker) for marker in SLOW_MARKERS)
         (deselected if fast and slow else kept).append(item)
     if deselected:
         config.hook.pytest_deselected(items=deselected)

@@ -46,7 +46,8 @@ else:  # imported by the one test that runs it, not by every worker's collection
     events = lazy_module("schemathesis.engine.events")
 
 # Bounded, and derandomized with a fixed seed: the same run every time, in well under a
-# minute. The coverage phase is not bounded by it; it covers every schema rule once.
+# minute (20 CPU-seconds on 2 cores: it runs with the slow tiers, marked fuzz). The
+# coverage phase is not bounded by it; it covers every schema rule once.
 MAX_EXAMPLES = 6
 SEED = 20260726
 SUBMITS = ("POST /batch/v1/jobs", "POST /batch/v1/checks")
@@ -246,6 +247,7 @@ def findings(schema: Any) -> tuple[list[str], int]:
     return found, cases
 
 
+@pytest.mark.fuzz  # with the slow tiers (tests/conftest.py): the fast tier keeps the pins below
 @pytest.mark.django_db(transaction=True)
 def test_schemathesis_finds_nothing_but_the_references_own_answers(
         organization: Organization, engines: LocalServer, no_dns: None, in_process: None,
