@@ -31,6 +31,11 @@ logger = logging.getLogger(__name__)
 
 CPU_KVCACHE_GIB = "1"
 CPU_GPU_MEMORY_UTILIZATION = 0.1
+# The CPU features (Linux's /proc/cpuinfo flags: x86 `flags`, Arm `Features`) under which a
+# CPU computes float16 itself rather than converting each value (decisions.md, "A pooling
+# engine's precision on a CPU").
+CPU_FLOAT16_FLAGS = frozenset({"avx512_fp16", "amx_fp16", "asimdhp"})
+CPUINFO = Path("/proc/cpuinfo")
 BUDGET_PROCESSOR = "inference.engines.budget:ThinkingBudgetProcessor"
 
 
@@ -105,6 +110,10 @@ def engine_options(checkpoint: Path, *, runner: str, max_model_len: int, cpu: bo
     }
     if cpu:
         options.update(gpu_memory_utilization=CPU_GPU_MEMORY_UTILIZATION, enforce_eager=True)
+        if runner == "pooling" and not cpu_flags() & CPU_FLOAT16_FLAGS:
+            # vLLM runs a float32 pooling checkpoint in float16 on a CPU; one without float16
+            # arithmetic takes torch's slow path for it (MiniLM: 65 rows/s, 238 in float32).
+            options["dtype"] = "float32"
     else:
         options.update(gpu_memory_utilization=settings.ANEX_GPU_MEMORY_FRACTION,
                        tensor_parallel_size=settings.ANEX_TENSOR_PARALLEL_SIZE)
@@ -126,6 +135,19 @@ def engine_options(checkpoint: Path, *, runner: str, max_model_len: int, cpu: bo
             # parser recognises (</think> in the prompt or the output).
             options["reasoning_parser"] = reasoning_parser
     return options
+
+
+def cpu_flags(cpuinfo: Path | None = None) -> frozenset[str]:
+    """The CPU's feature flags as Linux lists them (none where it does not)."""
+    try:
+        text = (cpuinfo or CPUINFO).read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
 
 
 def _build(checkpoint: Path, *, runner: str, max_model_len: int,

@@ -20,6 +20,7 @@ from django.utils.module_loading import autodiscover_modules
 from pytest_django import Settings
 
 from anex import roles
+from inference.engines import runtime
 from inference.engines.runtime import CPU_GPU_MEMORY_UTILIZATION, engine_options
 from jobs.dispatch import RUN, SAMPLE
 
@@ -105,6 +106,30 @@ def test_the_engine_takes_the_deployments_gpu_share_and_tensor_parallel_size(
     on_cpu = engine_options(tmp_path, runner="pooling", max_model_len=512, cpu=True)
     assert on_cpu["gpu_memory_utilization"] == CPU_GPU_MEMORY_UTILIZATION
     assert "tensor_parallel_size" not in on_cpu
+
+
+@pytest.mark.parametrize("flags,dtype", [
+    ("fpu avx2 avx512f avx512_bf16", "float32"),  # no float16 arithmetic: the checkpoint's own
+    ("fpu avx2 avx512f avx512_fp16", None),       # float16 computed: vLLM's choice stands
+    ("fp asimd asimdhp", None),                   # Arm's half-precision arithmetic
+])
+def test_a_pooling_engine_on_a_cpu_without_float16_arithmetic_runs_in_float32(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: str, dtype: str | None) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    label = "Features" if "asimd" in flags else "flags"
+    cpuinfo.write_text(f"processor\t: 0\n{label}\t\t: {flags}\n\n")
+    monkeypatch.setattr(runtime, "CPUINFO", cpuinfo)
+    pooling = engine_options(tmp_path, runner="pooling", max_model_len=512, cpu=True)
+    assert pooling.get("dtype") == dtype
+    # generation keeps vLLM's own choice, and so does every GPU
+    assert "dtype" not in engine_options(tmp_path, runner="generate", max_model_len=512,
+                                         cpu=True)
+    assert "dtype" not in engine_options(tmp_path, runner="pooling", max_model_len=512,
+                                         cpu=False)
+
+
+def test_a_machine_without_cpuinfo_has_no_flags(tmp_path: Path) -> None:
+    assert runtime.cpu_flags(tmp_path / "absent") == frozenset()
 
 
 def test_the_web_role_is_gunicorn_on_its_address(settings: Settings) -> None:
