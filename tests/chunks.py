@@ -10,6 +10,7 @@ from typing import Any
 from django.utils import timezone
 
 from inference.constants import RowOutcome
+from inference.kinds.embed import embeddings_body
 from inference.pricing import Usage, usage_from_json, usage_json
 from jobs.constants import ChunkStatus
 from jobs.jsonl import line_dumps
@@ -25,14 +26,15 @@ def row_record(index: int, ident: str, outcome: RowOutcome, usage: Usage, *,
     (`embedding`), or, for RowOutcome.ERROR, a row error that billed nothing."""
     if outcome == RowOutcome.ERROR:
         return {"i": index, "id": ident, "outcome": outcome.value, "status_code": 400,
-                "body": None, "output": None, "embedding": None,
+                "body": None, "output": None,
                 "error": {"message": "failed", "type": "server_error", "code": None,
                           "param": None},
                 "usage": usage_json(Usage())}
-    body = {"choices": [{"message": {"content": answer}}]} if answer is not None else {}
+    body = ({"choices": [{"message": {"content": answer}}]} if answer is not None else
+            embeddings_body("test", [embedding], usage.input_tokens) if embedding is not None
+            else {})
     return {"i": index, "id": ident, "outcome": outcome.value, "status_code": 200,
-            "body": body, "output": answer, "embedding": embedding, "error": None,
-            "usage": usage_json(usage)}
+            "body": body, "output": answer, "error": None, "usage": usage_json(usage)}
 
 
 def chunk_done(chunk: Chunk, records: list[dict[str, Any]]) -> None:

@@ -148,15 +148,15 @@ class InputRow:
 @dataclass(frozen=True)
 class ServedRow:
     """What one row's engine outcome becomes in the chunk's results: its outcome, the
-    response body and error object (output-format.txt), the parquet result's output or
-    embedding, and what the row bills (nothing when it failed)."""
+    response body and error object (output-format.txt), the parquet result's output text,
+    and what the row bills (nothing when it failed). An embedding row's vector is in its
+    body, once."""
 
     outcome: RowOutcome
     status_code: int | None
     body: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
     output: str | None = None
-    embedding: list[float] | None = None
     usage: Usage = field(default_factory=Usage)
 
     @classmethod

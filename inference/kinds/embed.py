@@ -63,6 +63,12 @@ def embeddings_body(model_id: str, vectors: Sequence[list[float] | str],
             "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}}
 
 
+def _vector(body: dict[str, Any] | None) -> list[float] | None:
+    """A batch row's one vector, in its embeddings body; none for a failed row."""
+    data = (body or {}).get("data") or [None]
+    return data[0]["embedding"] if isinstance(data[0], dict) else None
+
+
 @dataclass(frozen=True)
 class EmbedRequest:
     """One realtime embeddings request, checked: an engine row per input string, in order,
@@ -153,14 +159,15 @@ class EmbedKind(TaskKind[EmbedRow, EmbedOutcome, EmbedRunner]):
         return ServedRow(
             outcome=RowOutcome.SUCCESS, status_code=200,
             body=embeddings_body(job.model, [outcome.vector], outcome.prompt_tokens),
-            embedding=outcome.vector,
             usage=meter.embedding(row.body, prompt_tokens=outcome.prompt_tokens))
 
     def parquet_output(self, records: list[dict[str, Any]]) -> tuple[str, Any]:
-        """A vector per row, as float32 (the width the models compute in)."""
+        """A vector per row, as float32 (the width the models compute in), read from the
+        row's body: a chunk keeps each vector once (a second copy, under "embedding",
+        doubled an embedding chunk's object and what every merge reads)."""
         import pyarrow as pa
 
-        return "embedding", pa.array([item["embedding"] for item in records],
+        return "embedding", pa.array([_vector(item.get("body")) for item in records],
                                      pa.list_(pa.float32()))
 
     # -- the realtime API -------------------------------------------------------------------

@@ -160,4 +160,4 @@ def record(row: InputRow, served: ServedRow) -> dict[str, Any]:
     """One row's result as the chunk object keeps it; the result file is made from these."""
     return {"i": row.index, "id": row.ident, "outcome": served.outcome.value,
             "status_code": served.status_code, "body": served.body, "error": served.error,
-            "output": served.output, "embedding": served.embedding}
+            "output": served.output}

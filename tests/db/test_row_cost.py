@@ -188,3 +188,28 @@ def test_a_real_engine_run_prices_every_row(settings: Settings, organization: Or
     costs = [Decimal(line["cost"]["credits"]) for line in lines]
     assert len(costs) == 1000 and sum(costs) == job.cost_cents == charged(job) > 0
     assert costs[39] > costs[0]
+
+
+def test_a_parquet_embedding_result_has_each_rows_vector_and_none_for_a_failed_row(
+        organization: Organization, sent: list[str]) -> None:
+    # given a parquet embedding job whose chunks keep each vector once, in the row's body
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"id": [f"r{i}" for i in range(150)], "input": ["hi"] * 150}),
+                   buffer)
+    job = approved(organization, 150, est=5000, content=buffer.getvalue(), fmt="parquet",
+                   model="qwen3-embedding-8b")
+    job_start(job_id=job.pk)
+    for chunk in job.chunks.order_by("index"):
+        chunk_done(chunk, [row_record(i, f"r{i}", outcome_of(i), Usage(input_tokens=3),
+                                      embedding=[i / 4, -1.0, 0.5])
+                           for i in range(chunk.first_row, chunk.first_row + chunk.row_count)])
+    assert job_finalize(job_id=job.pk) == JobStatus.DONE
+    job.refresh_from_db()
+    # then the result's embedding column holds them (float32), null where a row failed
+    table = pq.read_table(storage_for("world").path(job.result_key))  # type: ignore[attr-defined]
+    assert table.schema.field("embedding").type == pa.list_(pa.float32())
+    assert table.column("embedding").to_pylist() == [
+        None if outcome_of(i) == RowOutcome.ERROR else [i / 4, -1.0, 0.5] for i in range(150)]
