@@ -36,7 +36,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-MODEL = "qwen3.8-27b"  # the scale harness's chat model (priced per token)
+# The model each --task's rows are priced on: the scale harness's chat model, and an
+# embedding model priced per token (rows as the embed kind writes them, 384 floats each).
+MODELS = {"chat": ("qwen3.8-27b", "chat"), "embed": ("qwen3-embedding-8b", "embed")}
+VECTOR_WIDTH = 384
 BUCKETS = {"world": "anex-bench-world", "eu": "anex-bench-eu"}
 BEFORE = "fcc63b5"  # the last commit before the read-ahead merge
 
@@ -65,8 +68,9 @@ def _environment(backend: str, base: Path, endpoint: str) -> dict[str, str]:
 def _job(spec: dict[str, Any]) -> tuple[Any, list[Any]]:
     from jobs.models import Chunk, Input, Job
 
+    model, task = MODELS[spec["task"]]
     job = Job(id=uuid.UUID(spec["job"]), organization_id=uuid.UUID(spec["organization"]),
-              model=MODEL, format=spec["format"], data_residency="world", task_type="chat",
+              model=model, format=spec["format"], data_residency="world", task_type=task,
               row_count=spec["rows"])
     job.input = Input(object_key=spec["input_key"], content_pin=spec.get("pin", ""))
     chunks = [Chunk(job=job, index=index, first_row=index * spec["chunk_rows"],
@@ -75,9 +79,29 @@ def _job(spec: dict[str, Any]) -> tuple[Any, list[Any]]:
     return job, chunks
 
 
+def _embed_record(index: int, job: Any, rng: random.Random) -> dict[str, Any]:
+    """A row's record as the embed kind writes it into its chunk's result (a unit-length
+    scale of random floats, the row's own token count)."""
+    from inference.constants import RowOutcome
+    from inference.kinds.base import InputRow, ServedRow
+    from inference.kinds.embed import embeddings_body
+    from inference.pricing import Usage, usage_json
+    from jobs.services.rows import record
+
+    tokens = rng.randint(8, 40)
+    vector = [rng.uniform(-0.2, 0.2) for _ in range(VECTOR_WIDTH)]
+    served = ServedRow(outcome=RowOutcome.SUCCESS, status_code=200,
+                       body=embeddings_body(job.model, [vector], tokens),
+                       usage=Usage(input_tokens=tokens))
+    return {**record(InputRow(index, f"row-{index}", {}), served),
+            "usage": usage_json(served.usage)}
+
+
 def _record(index: int, job: Any, rng: random.Random) -> dict[str, Any]:
     """A row's record as the chat kind writes it into its chunk's result (the simulated
     engine's shape: a chat completion body, the row's own usage)."""
+    if job.task_type == "embed":
+        return _embed_record(index, job, rng)
     ident = f"row-{index}"
     prompt, completion = rng.randint(20, 400), rng.randint(1, 200)
     usage = {"input_tokens": prompt, "output_tokens": completion}
@@ -89,7 +113,7 @@ def _record(index: int, job: Any, rng: random.Random) -> dict[str, Any]:
     answer = f"simulated answer {index:016x}"
     finish = "length" if index % 89 == 7 else "stop"
     body = {"id": f"chatcmpl-{job.pk.hex[:12]}-{index}", "object": "chat.completion",
-            "created": 1767225600, "model": MODEL,
+            "created": 1767225600, "model": job.model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": answer},
                          "finish_reason": finish}],
             "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
@@ -133,8 +157,8 @@ def child_setup(spec: dict[str, Any]) -> dict[str, Any]:
                                  max_bytes=2**40)
         local.unlink()
         return {"pin": storage.fingerprint(spec["input_key"])[1],
-                "charge": price(model_get(MODEL), total).cents}  # type: ignore[arg-type]
-    return {"charge": price(model_get(MODEL), total).cents}  # type: ignore[arg-type]
+                "charge": price(model_get(job.model), total).cents}  # type: ignore[arg-type]
+    return {"charge": price(model_get(job.model), total).cents}  # type: ignore[arg-type]
 
 
 def _before_module(rev: str) -> Any:
@@ -297,6 +321,8 @@ def main() -> int:
     parser.add_argument("--backend", nargs="+", default=["local", "s3"],
                         choices=["local", "s3"])
     parser.add_argument("--format", nargs="+", default=["jsonl"], choices=["jsonl", "parquet"])
+    parser.add_argument("--task", default="chat", choices=sorted(MODELS),
+                        help="the rows' kind: chat completions, or 384-float embeddings")
     parser.add_argument("--mode", nargs="+", default=["before", "after"],
                         choices=["before", "after"])
     parser.add_argument("--before", default=BEFORE, help="the git revision 'before' runs")
@@ -317,7 +343,7 @@ def main() -> int:
                 spec: dict[str, Any] = {
                     "job": str(uuid.uuid4()), "organization": str(uuid.uuid4()),
                     "rows": args.rows, "chunk_rows": args.chunk_rows, "format": fmt,
-                    "base": str(args.base), "before": args.before}
+                    "base": str(args.base), "before": args.before, "task": args.task}
                 spec["input_key"] = f"inputs/{spec['organization']}/{spec['job']}.{fmt}"
                 started = time.perf_counter()
                 spec.update(_run_child(env, "setup", json.dumps(spec)))

@@ -125,6 +125,8 @@ _ENVELOPED = msgspec.json.Decoder(_Enveloped)
 # A merge keeps its rows between its two passes in memory up to this size, on local disk
 # past it (a 2,000-row embedding job's 16 MB stays in memory; a 10M-row job goes to disk).
 SPOOL_MEMORY_BYTES = 64 * 1024 * 1024
+# Distinct usages a merge remembers the weight of (_Weights); past it each is priced anew.
+WEIGHTS_KEPT = 65_536
 
 
 def _weighed(line: bytes) -> tuple[str, dict[str, Any] | None]:
@@ -157,10 +159,32 @@ def _enveloped(line: bytes) -> tuple[str, dict[str, Any] | None, bytes]:
     }, option=orjson.OPT_APPEND_NEWLINE)
 
 
+class _Weights:
+    """_usage_weight, remembered by the usage's items: a job's rows mostly share a few
+    usages (an embedding job's differ by their token count alone), each priced once."""
+
+    def __init__(self, model: CatalogModel | None) -> None:
+        self.model = model
+        self.known: dict[tuple[tuple[str, Any], ...], Decimal] = {}
+
+    def __call__(self, usage: dict[str, Any] | None) -> Decimal:
+        key = tuple(usage.items()) if usage else ()
+        try:
+            weight = self.known.get(key)
+        except TypeError:  # a value that is not a scalar: priced, not remembered
+            return _usage_weight(usage, self.model)
+        if weight is None:
+            weight = _usage_weight(usage, self.model)
+            if len(self.known) < WEIGHTS_KEPT:
+                self.known[key] = weight
+        return weight
+
+
 def _costed(job: Job, chunks: list[Chunk], *, charge: int,
             keep: Callable[[bytes], tuple[str, dict[str, Any] | None, bytes]],
-            ) -> Iterator[tuple[bytes, str]]:
-    """Each row's kept text (`keep` of its chunk line) and its share of the job's `charge`
+            ) -> Iterator[tuple[memoryview, str]]:
+    """Each row's kept text (`keep` of its chunk line, a view into the spool's line, valid
+    until the next row is asked for) and its share of the job's `charge`
     (billing.allocation: in proportion to the rows' exact prices, adding up to the charge
     exactly). Two passes over the rows, one to weigh, one to hand out; the chunk results
     are read from storage once, by the first, which keeps each row in a spool for the
@@ -168,13 +192,14 @@ def _costed(job: Job, chunks: list[Chunk], *, charge: int,
     holds no raw tab), so a row is priced once and read once. No row is held."""
     model = model_get(job.model)
     total, billed = ZERO, 0
+    weigh = _Weights(model)
     with tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY_BYTES) as spool:
         with localcontext(ALLOCATION_CONTEXT):
             for data in _chunk_results(job, chunks):
                 weighed: list[bytes] = []
                 for line in _lines(data):
                     outcome, usage, kept = keep(line)
-                    weight = _usage_weight(usage, model)
+                    weight = weigh(usage)
                     total += weight
                     bills = outcome != RowOutcome.ERROR
                     billed += bills
@@ -187,17 +212,19 @@ def _costed(job: Job, chunks: list[Chunk], *, charge: int,
         allocator = ChargeAllocator(charge=charge,
                                     total_weight=Decimal(billed) if even else total)
         spool.seek(0)
-        for entry in spool:
-            weight_text, bills_text, kept = entry.split(b"\t", 2)
-            weight = Decimal(bills_text == b"1") if even else Decimal(weight_text.decode())
-            yield kept.rstrip(b"\n"), credits_text(allocator.share(weight))
+        for entry in spool:  # weight, a tab, 1 or 0 (billed), a tab, the text, a newline
+            tab = entry.index(b"\t")
+            weight = Decimal(entry[tab + 1] == ord("1")) if even \
+                else Decimal(entry[:tab].decode())
+            # The text is not copied out of its line (an embedding row's is some 8 KB).
+            yield memoryview(entry)[tab + 3:-1], credits_text(allocator.share(weight))
 
 
 def records_costed(job: Job, chunks: list[Chunk], *, charge: int) -> Iterator[dict[str, Any]]:
     """records() with each row's share of the job's `charge` as "cost" (_costed)."""
     for line, cost in _costed(job, chunks, charge=charge,
                               keep=lambda line: (*_weighed(line), line)):
-        yield {**line_loads(line), "cost": cost}
+        yield {**line_loads(bytes(line)), "cost": cost}
 
 
 def lines_costed(job: Job, chunks: list[Chunk], *, charge: int) -> Iterator[bytes]:
