@@ -84,7 +84,11 @@ ignore_startup_parameters = extra_float_digits
 """)
     command = ["pgbouncer", str(directory / "pgbouncer.ini")]
     if os.geteuid() == 0:
-        command[1:1] = ["-u", db["USER"] or "postgres"]
+        # A database on a unix socket (make test's embedded PostgreSQL) is reached as the
+        # owner of its socket's directory, which only that user may enter.
+        host = str(db["HOST"] or "")
+        command[1:1] = ["-u", Path(host).owner() if host.startswith("/")
+                        else db["USER"] or "postgres"]
     log = (directory / "pgbouncer.log").open("wb")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     try:
