@@ -183,8 +183,8 @@ class _Weights:
 def _costed(job: Job, chunks: list[Chunk], *, charge: int,
             keep: Callable[[bytes], tuple[str, dict[str, Any] | None, bytes]],
             ) -> Iterator[tuple[memoryview, str]]:
-    """Each row's kept text (`keep` of its chunk line, a view into the spool's line, valid
-    until the next row is asked for) and its share of the job's `charge`
+    """Each row's kept text (`keep` of its chunk line, as a view of the spool's line) and
+    its share of the job's `charge`
     (billing.allocation: in proportion to the rows' exact prices, adding up to the charge
     exactly). Two passes over the rows, one to weigh, one to hand out; the chunk results
     are read from storage once, by the first, which keeps each row in a spool for the
