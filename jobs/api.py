@@ -19,7 +19,7 @@ from anex.api.schema import links
 from anex.api.serializers import ErrorOut
 from anex.regions import region_require, request_region
 from jobs.idempotency import IDEMPOTENCY_PARAMETER, IN_FLIGHT_DESCRIPTION, idempotent
-from jobs.selectors import check_get, input_get, job_get, job_progress
+from jobs.selectors import check_get, input_get, job_get, job_progress, job_read
 from jobs.serializers import (
     CheckOut,
     CheckStateOut,
@@ -141,8 +141,8 @@ class JobView(APIView):
                    summary="Poll a job for its status, estimate, and row counts")
     def get(self, request: Request, job_id: str) -> Response:
         # Either region's API answers this poll (the reference).
-        job = job_get(organization=request_organization(request), id=job_id)
-        return Response(JobOut(job).data)
+        job = job_read(organization=request_organization(request), id=job_id)
+        return Response(JobOut.answer(job))
 
 
 class JobApproveView(APIView):

@@ -20,6 +20,7 @@ from anex.api.serializers import (
     DocumentedJSONField,
     DocumentedListField,
     Omissible,
+    Prototyped,
 )
 from anex.regions import Region
 from inference.catalog import model_get
@@ -271,7 +272,7 @@ class JobStateOut(serializers.Serializer):  # type: ignore[type-arg]
     status = serializers.ChoiceField(choices=JobStatus.choices)
 
 
-class JobOut(serializers.ModelSerializer[Job]):
+class JobOut(Prototyped, serializers.ModelSerializer[Job]):
     est_cost_cents = serializers.IntegerField(allow_null=True)
     reasoning_budget = serializers.SerializerMethodField()
     reasoning_effort = serializers.SerializerMethodField()
@@ -323,9 +324,10 @@ class JobOut(serializers.ModelSerializer[Job]):
         return str(job.parent_id) if job.parent_id else None
 
     def get_children(self, job: Job) -> list[str] | None:
-        children = [str(pk) for pk in job.children.order_by("created_at", "id")
-                    .values_list("pk", flat=True)]
-        return children or None
+        ids = getattr(job, "children_ids", None)  # read with the job (jobs.selectors.job_read)
+        if ids is None:
+            ids = job.children.order_by("created_at", "id").values_list("pk", flat=True)
+        return [str(pk) for pk in ids] or None
 
 
 class ProgressOut(serializers.Serializer):  # type: ignore[type-arg]
