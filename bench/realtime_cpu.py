@@ -1,7 +1,8 @@
 """The web tier's CPU per realtime request, this checkout against a baseline, in one run.
 
     flock /tmp/heavy.lock python -m anex.devstack exec -- \
-        .venv/bin/python bench/realtime_cpu.py [--baseline REF] [--seconds 6] [--rounds 3]
+        .venv/bin/python bench/realtime_cpu.py [--baseline REF] [--seconds 6] [--rounds 3] \
+        [--cases embeddings systemone "job read"]
 
 Each side is a gunicorn started as the web role starts it (anex/roles.py: the access log,
 its masking logger), with one worker of 16 threads and its own metrics directory (as
@@ -10,7 +11,9 @@ unpacked into a temporary directory (default BASELINE, the commit before the rea
 fast path). Both forward to one stub engine server on loopback (a thread here
 answering canned vectors and decisions at once), so what is measured is the web tier
 alone: the gunicorn worker's CPU time (/proc, user + system) over the requests it answered,
-for a one-text embedding and a one-question decision, sent by CLIENTS keep-alive clients.
+for a one-text embedding and a one-question decision, sent by CLIENTS keep-alive clients,
+and for the batch API's job poll (GET /batch/v1/jobs/{id}, the load test's job read; the
+baseline JOB_READ_BASELINE is the commit before its prepared read).
 The sides take turns, `--rounds` rounds each, and the figure is each side's median round;
 the ratio is this checkout's over the baseline's.
 
@@ -61,8 +64,13 @@ DECISION: dict[str, Any] = {
     "model": "laya", "state": {"body": "We were billed twice for March. Please refund it."},
     "questions": {"urgent": {"type": "noul",
                              "instructions": "Does the customer need an answer today?"}}}
-CASES = (("embeddings", "/realtime/v1/embeddings", EMBEDDING),
-         ("systemone", "/realtime/v1/systemone", DECISION))
+# (name, path, body): a body is POSTed, None is a GET; {job} is the bench's job.
+CASES: tuple[tuple[str, str, dict[str, Any] | None], ...] = (
+    ("embeddings", "/realtime/v1/embeddings", EMBEDDING),
+    ("systemone", "/realtime/v1/systemone", DECISION),
+    ("job read", "/batch/v1/jobs/{job}", None))
+# The commit before GET /jobs/{id}'s prepared read (docs/decisions.md, "The job poll").
+JOB_READ_BASELINE = "36f0bd3"
 
 
 # -- the stub engine -----------------------------------------------------------------------
@@ -184,13 +192,15 @@ class Web:
         self.metrics.cleanup()
 
 
-def load(url: str, path: str, body: dict[str, Any], headers: dict[str, str],
+def load(url: str, path: str, body: dict[str, Any] | None, headers: dict[str, str],
          seconds: float, worker: int) -> tuple[int, float]:
-    """CLIENTS keep-alive clients sending `body` for `seconds` after a warm-up: the requests
-    answered in the measured window and the worker's CPU seconds over it."""
+    """CLIENTS keep-alive clients sending `body` (None: a GET) for `seconds` after a
+    warm-up: the requests answered in the measured window and the worker's CPU seconds
+    over it."""
     import urllib3
 
-    payload = json.dumps(body).encode()
+    payload = None if body is None else json.dumps(body).encode()
+    method = "GET" if body is None else "POST"
     answered = [0]
     failures: list[str] = []
     lock = threading.Lock()
@@ -203,7 +213,7 @@ def load(url: str, path: str, body: dict[str, Any], headers: dict[str, str],
         pool = urllib3.connection_from_url(url, maxsize=1, retries=False)
         mine = 0
         while (now := time.monotonic()) < stop:
-            response = pool.urlopen("POST", path, body=payload, headers=headers)
+            response = pool.urlopen(method, path, body=payload, headers=headers)
             if response.status != 200:
                 with lock:
                     failures.append(f"{response.status} {response.data[:200]!r}")
@@ -232,7 +242,7 @@ def load(url: str, path: str, body: dict[str, Any], headers: dict[str, str],
 
 # -- in process (a child per side, in its checkout) ----------------------------------------
 
-def in_process_child(path: str, body: dict[str, Any], key: str, count: int) -> float:
+def in_process_child(path: str, body: dict[str, Any] | None, key: str, count: int) -> float:
     """This checkout's WSGI application answering `count` requests: thread CPU ms each."""
     import django
 
@@ -240,11 +250,12 @@ def in_process_child(path: str, body: dict[str, Any], key: str, count: int) -> f
     from django.core.wsgi import get_wsgi_application
 
     application = get_wsgi_application()
-    payload = json.dumps(body).encode()
+    payload = b"" if body is None else json.dumps(body).encode()
 
     def call() -> None:
         environ = {
-            "REQUEST_METHOD": "POST", "PATH_INFO": path, "SCRIPT_NAME": "",
+            "REQUEST_METHOD": "GET" if body is None else "POST", "PATH_INFO": path,
+            "SCRIPT_NAME": "",
             "QUERY_STRING": "", "SERVER_NAME": "127.0.0.1", "SERVER_PORT": "8000",
             "SERVER_PROTOCOL": "HTTP/1.1", "REMOTE_ADDR": "127.0.0.1",
             "CONTENT_TYPE": "application/json", "CONTENT_LENGTH": str(len(payload)),
@@ -272,7 +283,7 @@ def in_process_child(path: str, body: dict[str, Any], key: str, count: int) -> f
     return (time.thread_time() - started) / count * 1000
 
 
-def in_process(tree: Path, env: dict[str, str], path: str, body: dict[str, Any],
+def in_process(tree: Path, env: dict[str, str], path: str, body: dict[str, Any] | None,
                key: str) -> float:
     out = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), "--child", path, json.dumps(body),
@@ -284,8 +295,9 @@ def in_process(tree: Path, env: dict[str, str], path: str, body: dict[str, Any],
 
 # -- the run -------------------------------------------------------------------------------
 
-def setup_key() -> str:
-    """An organization with credits and a key, in the environment's database."""
+def setup_key() -> tuple[str, str]:
+    """An organization with credits, a key and a priced job, in the environment's
+    database: the key's plaintext and the job's id."""
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "anex.settings")
     import django
@@ -296,13 +308,17 @@ def setup_key() -> str:
     from billing.services import credits_grant
     from console.actors import Actor
     from console.services import api_key_create, organization_create
+    from jobs.constants import JobStatus
+    from jobs.models import Job
 
     call_command("migrate", "--noinput", verbosity=0)
     system = Actor(system="bench")
     organization = organization_create(name="realtime cpu bench", actor=system)
     credits_grant(organization=organization, cents=1_000_000, reason="bench", actor=system)
     _key, plaintext = api_key_create(organization=organization, actor=system, name="bench")
-    return plaintext
+    job = Job.objects.create(organization=organization, model=MINILM,
+                             status=JobStatus.COST_READY, est_cost_cents=1, row_count=1)
+    return plaintext, str(job.pk)
 
 
 def main() -> None:
@@ -311,8 +327,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=THREADS, help="the worker's threads")
+    parser.add_argument("--cases", nargs="+", choices=[case[0] for case in CASES],
+                        default=[case[0] for case in CASES])
     args = parser.parse_args()
-    key = setup_key()
+    key, job_id = setup_key()
+    cases = [(case, path.format(job=job_id), body) for case, path, body in CASES
+             if case in args.cases]
     results: dict[tuple[str, str], list[float]] = {}
     with engine() as engine_url, baseline_checkout(args.baseline) as tree:
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": "anex.settings",
@@ -330,7 +350,7 @@ def main() -> None:
         webs = {name: Web(name, path, env, args.threads) for name, path in sides.items()}
         headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
         try:
-            for case, path, body in CASES:
+            for case, path, body in cases:
                 for web in webs.values():  # warm: the first requests load and connect
                     load(web.url, path, body, headers, 2.0, web.worker)
                 for _ in range(args.rounds):
@@ -346,17 +366,20 @@ def main() -> None:
             for web in webs.values():
                 web.stop()
         inproc = {(case, name): in_process(path_, env, path, body, key)
-                  for case, path, body in CASES for name, path_ in sides.items()}
-    print(f"{'request':<12}{'side':<10}{'gunicorn ms':>12}{'rounds':>26}{'in process ms':>15}")
-    for case, _path, _body in CASES:
+                  for case, path, body in cases for name, path_ in sides.items()}
+    width = 6 * args.rounds
+    print(f"{'request':<12}{'side':<10}{'gunicorn ms':>12}  {'rounds':<{width}}"
+          f"{'in process ms':>15}")
+    for case, _path, _body in cases:
         for name in sides:
             rounds = results[(case, name)]
-            print(f"{case:<12}{name:<10}{statistics.median(rounds):>12.2f}"
-                  f"{' '.join(f'{r:.2f}' for r in rounds):>26}{inproc[(case, name)]:>15.2f}")
+            print(f"{case:<12}{name:<10}{statistics.median(rounds):>12.2f}  "
+                  f"{' '.join(f'{r:5.2f}' for r in rounds):<{width}}"
+                  f"{inproc[(case, name)]:>15.2f}")
         ratio = (statistics.median(results[(case, "this")])
                  / statistics.median(results[(case, "baseline")]))
         inratio = inproc[(case, "this")] / inproc[(case, "baseline")]
-        print(f"{case:<12}{'ratio':<10}{ratio:>12.2f}{'':>26}{inratio:>15.2f}")
+        print(f"{case:<12}{'ratio':<10}{ratio:>12.2f}  {'':<{width}}{inratio:>15.2f}")
 
 
 if __name__ == "__main__":
