@@ -178,7 +178,7 @@ class JobProgressView(APIView):
     def get(self, request: Request, job_id: str) -> Response:
         # Like the job poll, either region's API answers it: it carries counts, no data.
         progress = job_progress(organization=request_organization(request), id=job_id)
-        return Response(ProgressOut(progress).data)
+        return Response(ProgressOut.answer(progress))
 
 
 MERGED_PARAMETER = OpenApiParameter(

@@ -22,8 +22,12 @@ def input_get(*, organization: Organization, id: uuid.UUID | str) -> Input:
     return scoped_get(Input.objects.all(), organization=organization, id=id, noun="Input")
 
 
+# Every job read by id (the polls, approve, cancel, the result...): compiled once.
+_JOB_GET = ScopedGet(lambda: Job.objects.all(), noun="Job")
+
+
 def job_get(*, organization: Organization, id: uuid.UUID | str) -> Job:
-    return scoped_get(Job.objects.all(), organization=organization, id=id, noun="Job")
+    return _JOB_GET(organization=organization, id=id)
 
 
 # GET /jobs/{id}, the poll clients send in a loop: the job and its re-runs' ids (oldest

@@ -330,7 +330,7 @@ class JobOut(Prototyped, serializers.ModelSerializer[Job]):
         return [str(pk) for pk in ids] or None
 
 
-class ProgressOut(serializers.Serializer):  # type: ignore[type-arg]
+class ProgressOut(Prototyped, serializers.Serializer):  # type: ignore[type-arg]
     """GET /jobs/{id}/progress (jobs.selectors.Progress)."""
 
     done_rows = serializers.IntegerField(help_text="Rows whose answer (or row error) is in; "

@@ -15,11 +15,11 @@ from rest_framework.test import APIClient
 from anex.db import PreparedSelect
 from anex.errors import NotFound
 from console.models import ApiKey, Organization
-from console.tenancy import ScopedGet
+from console.tenancy import ScopedGet, scoped_get
 from jobs.constants import FailureCode, JobStatus
 from jobs.models import Job
-from jobs.selectors import job_get, job_read
-from jobs.serializers import JobOut
+from jobs.selectors import job_progress, job_read
+from jobs.serializers import JobOut, ProgressOut
 from tests.factories import api_key_make, job_make, organization_make
 
 pytestmark = pytest.mark.django_db
@@ -69,13 +69,15 @@ def test_a_scoped_get_is_the_same_object_or_the_same_404_as_scoped_get(
     other = organization_make()
     get = ScopedGet(lambda: Job.objects.all(), noun="Job")
     _fields_equal(get(organization=organization, id=str(job.pk)),
-                  job_get(organization=organization, id=job.pk))
+                  scoped_get(Job.objects.all(), organization=organization, id=job.pk,
+                             noun="Job"))
     for organization_asked, asked in ((other, job.pk), (organization, uuid.uuid4()),
                                       (organization, "not-a-uuid")):
         with pytest.raises(NotFound) as refused:
             get(organization=organization_asked, id=asked)
         with pytest.raises(NotFound) as refused_too:
-            job_get(organization=organization_asked, id=asked)
+            scoped_get(Job.objects.all(), organization=organization_asked, id=asked,
+                       noun="Job")
         assert str(refused.value) == str(refused_too.value)
 
 
@@ -92,7 +94,7 @@ def test_a_job_read_answers_what_the_serializer_answers_in_one_query(
                                    parent=parent, status=JobStatus.SUBMITTED)
                 for _ in range(2)]
     for job in (plain, failed, parent, *children):
-        orm = job_get(organization=organization, id=job.pk)
+        orm = Job.objects.get(pk=job.pk)
         # when it is read as GET /jobs/{id} reads it
         with CaptureQueriesContext(connection) as queries:
             read = job_read(organization=organization, id=job.pk)
@@ -112,3 +114,10 @@ def test_the_job_poll_through_the_api(api: APIClient, organization: Organization
     assert api.get(f"{JOBS}/{child.pk}").json()["parent_id"] == str(parent.pk)
     assert api.get(f"{JOBS}/{job_make().pk}").status_code == 404
     assert api.get(f"{JOBS}/not-a-uuid").status_code == 404
+
+
+def test_the_progress_poll_answers_what_its_serializer_answers(
+        organization: Organization) -> None:
+    job = job_make(organization, status=JobStatus.IN_PROGRESS)
+    progress = job_progress(organization=organization, id=job.pk)
+    assert ProgressOut.answer(progress) == ProgressOut(progress).data
