@@ -121,3 +121,35 @@ def test_the_progress_poll_answers_what_its_serializer_answers(
     job = job_make(organization, status=JobStatus.IN_PROGRESS)
     progress = job_progress(organization=organization, id=job.pk)
     assert ProgressOut.answer(progress) == ProgressOut(progress).data
+
+
+def test_a_batch_is_read_with_its_job_and_file_as_the_orm_reads_it(
+        organization: Organization) -> None:
+    from openai_api.batches import batch_get, batch_object
+    from openai_api.models import FilePurpose, OpenAIBatch, OpenAIFile
+
+    file = OpenAIFile.objects.create(organization=organization, purpose=FilePurpose.BATCH,
+                                     filename="in.jsonl", bytes=10)
+    ran = OpenAIBatch.objects.create(organization=organization, input_file=file,
+                                     endpoint="/v1/embeddings", metadata={"a": "b"},
+                                     job=job_make(organization))
+    refused = OpenAIBatch.objects.create(organization=organization, input_file=file,
+                                         endpoint="/v1/embeddings", job=None,
+                                         errors=[{"code": "x", "message": "y"}])
+    for batch in (ran, refused):
+        orm = OpenAIBatch.objects.select_related("job", "input_file").get(pk=batch.pk)
+        with CaptureQueriesContext(connection) as queries:
+            read = batch_get(organization=organization, id=batch.pk)
+            job, input_file = read.job, read.input_file
+        assert len(queries) == 1
+        _fields_equal(read, orm)
+        _fields_equal(input_file, orm.input_file)
+        if orm.job is None:
+            assert job is None
+        else:
+            _fields_equal(job, orm.job)
+        assert batch_object(read) == batch_object(orm)
+    for organization_asked, asked in ((organization_make(), ran.pk),
+                                      (organization, "batch_none")):
+        with pytest.raises(NotFound):
+            batch_get(organization=organization_asked, id=asked)
