@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
+import trustme
 
 from realtime import engine_client
 from realtime.engine_client import EngineTimedOut, EngineUnavailable, engine_call
@@ -41,7 +43,8 @@ def read_request(reader: Any) -> tuple[str, dict[str, str], bytes] | None:
 
 
 @contextmanager
-def raw_server(serve: Callable[[socket.socket, Any, int], None]) -> Iterator[tuple[str, list[int]]]:
+def raw_server(serve: Callable[[socket.socket, Any, int], None],
+               tls: ssl.SSLContext | None = None) -> Iterator[tuple[str, list[int]]]:
     """A server on loopback calling serve(connection, its reader, its number) for each
     connection it accepts: its URL, and how many connections it has accepted."""
     listening = socket.create_server(("127.0.0.1", 0))
@@ -58,12 +61,19 @@ def raw_server(serve: Callable[[socket.socket, Any, int], None]) -> Iterator[tup
                              daemon=True).start()
 
     def _serve(connection: socket.socket, number: int) -> None:
+        if tls is not None:
+            try:
+                connection = tls.wrap_socket(connection, server_side=True)
+            except OSError:  # the client refused the certificate
+                connection.close()
+                return
         with connection, connection.makefile("rb") as reader:
             serve(connection, reader, number)
 
     threading.Thread(target=loop, daemon=True).start()
+    scheme = "https" if tls is not None else "http"
     try:
-        yield f"http://127.0.0.1:{listening.getsockname()[1]}", accepted
+        yield f"{scheme}://127.0.0.1:{listening.getsockname()[1]}", accepted
     finally:
         listening.close()
 
@@ -192,3 +202,25 @@ def test_the_host_header_names_the_port_unless_it_is_the_schemes_own() -> None:
         "engine-1.internal"
     assert engine_client._address("https://engine-1.internal:8443").host_header == \
         "engine-1.internal:8443"
+
+
+def test_an_https_engine_is_answered_over_tls_with_its_certificate_checked(
+        ca: trustme.CA, monkeypatch: pytest.MonkeyPatch) -> None:
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(served)
+    trusting = ssl.create_default_context()
+    ca.configure_trust(trusting)
+
+    def serve(connection: socket.socket, reader: Any, number: int) -> None:
+        while read_request(reader) is not None:
+            connection.sendall(answer())
+
+    with raw_server(serve, tls=served) as (url, accepted):
+        assert url.startswith("https://")
+        # The system's CAs alone do not know the test CA: refused, never sent in clear.
+        with pytest.raises(EngineUnavailable):
+            engine_call(urls=(url,), path="/v1/embeddings", body=BODY)
+        monkeypatch.setattr(engine_client, "_tls", trusting)
+        for _ in range(2):
+            assert engine_call(urls=(url,), path="/v1/embeddings", body=BODY) == ANSWER
+    assert len(accepted) == 2  # the refused handshake, then one connection kept
