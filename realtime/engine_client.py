@@ -123,7 +123,10 @@ class _Connection:
         if address.scheme == "https":
             try:
                 sock = _tls_context().wrap_socket(sock, server_hostname=address.host)
-            except OSError:
+            except TimeoutError:  # a handshake that timed out: as a connect that did
+                sock.close()
+                raise _Broken("the TLS handshake timed out") from None
+            except OSError:  # a certificate refused: not tried again
                 sock.close()
                 raise
         self.sock = sock
@@ -250,9 +253,9 @@ def engine_call(*, urls: tuple[str, ...], path: str, body: dict[str, Any]) -> di
             connection = _checkout(url)
             status, data, keep = connection.exchange(
                 _head(url, path, headers, len(payload)) + payload, timeout)
-        except TimeoutError:
-            assert connection is not None  # a connect that timed out is _Broken
-            connection.close()
+        except TimeoutError:  # connecting timeouts are _Broken: this is the answer's
+            if connection is not None:
+                connection.close()
             logger.warning("realtime engine at %s took a request and did not answer in "
                            "time", url)
             raise EngineTimedOut(url) from None

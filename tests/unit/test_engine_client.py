@@ -224,3 +224,17 @@ def test_an_https_engine_is_answered_over_tls_with_its_certificate_checked(
         for _ in range(2):
             assert engine_call(urls=(url,), path="/v1/embeddings", body=BODY) == ANSWER
     assert len(accepted) == 2  # the refused handshake, then one connection kept
+
+
+def test_a_tls_handshake_that_never_comes_is_tried_again_then_502(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A server that accepts and never speaks TLS: the handshake times out as a connect
+    # does (tried again, then 502), never a 500 or a billed timeout.
+    monkeypatch.setattr(engine_client, "CONNECT_TIMEOUT_SECONDS", 0.2)
+    listening = socket.create_server(("127.0.0.1", 0))
+    try:
+        url = f"https://127.0.0.1:{listening.getsockname()[1]}"
+        with pytest.raises(EngineUnavailable):
+            engine_call(urls=(url,), path="/v1/embeddings", body=BODY)
+    finally:
+        listening.close()
