@@ -139,12 +139,15 @@ class _Connection:
     def exchange(self, request: bytes, timeout: float) -> tuple[int, bytes, bool]:
         """Send one request, read its answer: the status, the body, and whether the
         connection may carry another. _Broken before any of the answer arrived or for a
-        partial one; TimeoutError when the engine took the request and did not answer."""
+        partial one; TimeoutError when the engine took the request and did not answer;
+        ConnectionError when the request could not be sent within the timeout."""
         self.sock.settimeout(timeout)
         try:
             self.sock.sendall(request)
         except TimeoutError:
-            raise _Broken("the request could not be sent in time") from None
+            # Not all of it reached the engine, which computes nothing before it has the
+            # whole body: a 502 billed nothing, not sent again (that would wait as long).
+            raise ConnectionError("the request could not be sent in time") from None
         except OSError as exc:
             raise _Broken(exc.__class__.__name__) from None
         try:

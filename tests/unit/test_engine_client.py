@@ -238,3 +238,22 @@ def test_a_tls_handshake_that_never_comes_is_tried_again_then_502(
             engine_call(urls=(url,), path="/v1/embeddings", body=BODY)
     finally:
         listening.close()
+
+
+def test_a_request_the_engine_does_not_read_in_time_is_502_and_not_sent_again(
+        settings: Any) -> None:
+    # The engine never reads a body larger than the sockets' buffers: it cannot have
+    # computed anything, so nothing is billed (a 502, not a timeout) and once is enough.
+    settings.ANEX_REALTIME_TIMEOUT_SECONDS = 0.3
+    released = threading.Event()
+
+    def serve(connection: socket.socket, reader: Any, number: int) -> None:
+        released.wait(5)
+
+    with raw_server(serve) as (url, accepted), pytest.raises(EngineUnavailable):
+        try:
+            engine_call(urls=(url,), path="/v1/embeddings",
+                        body={"model": "m", "input": ["x" * 32 * 1024 * 1024]})
+        finally:
+            released.set()
+    assert len(accepted) == 1
