@@ -1,8 +1,5 @@
 """The web role's gunicorn hooks (anex.roles: `--config python:anex.gunicorn_hooks`).
 
-The master makes the web lanes' queues before it forks and gives each new worker its lane
-(anex/weblanes.py: realtime on workers of its own).
-
 Once a worker has loaded the application, and before its first request, it loads what its
 requests would otherwise load on the way (the URLconf with every view module; the
 tokenizer and chat template of each local checkpoint, which realtime counts with, and
@@ -41,19 +38,5 @@ def heap_freeze() -> None:
     logger.info("web worker ready: %d objects frozen", gc.get_freeze_count())
 
 
-def on_starting(server: Any) -> None:
-    from anex.weblanes import lanes_prepare
-
-    lanes_prepare(server)
-
-
-def pre_fork(server: Any, worker: Any) -> None:
-    from anex.weblanes import lane_assign
-
-    lane_assign(server, worker)
-
-
 def post_worker_init(worker: Any) -> None:
     heap_freeze()
-    if getattr(worker, "lane", None):
-        logger.info("web worker %d serves the %s lane", worker.pid, worker.lane)

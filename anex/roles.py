@@ -16,8 +16,7 @@ stops it at start), then replaces this process with its command (exec), so a sup
 signals reach gunicorn or Dramatiq directly. Arguments after the role go to the command.
 
 What each role takes, from the environment:
-- web: ANEX_WEB_BIND (host:port), ANEX_WEB_WORKERS, ANEX_WEB_THREADS,
-  ANEX_WEB_REALTIME_WORKERS.
+- web: ANEX_WEB_BIND (host:port), ANEX_WEB_WORKERS, ANEX_WEB_THREADS.
 - worker-gpu: ANEX_WORKER_MODELS (each with a checkpoint in ANEX_CHECKPOINTS),
   ANEX_WORKER_REGIONS (default world only: EU work runs only where "eu" is named),
   ANEX_GPU_WORKER_THREADS, and for its engine ANEX_GPU_MEMORY_FRACTION and
@@ -140,7 +139,6 @@ def command(role: str, extra: Sequence[str] = ()) -> list[str]:
     if role == WEB:
         return [sys.executable, "-m", "gunicorn", "anex.wsgi:application",
                 "--config", "python:anex.gunicorn_hooks", "--bind", settings.ANEX_WEB_BIND,
-                "--worker-class", "anex.weblanes.LaneWorker",
                 "--workers", str(settings.ANEX_WEB_WORKERS),
                 "--threads", str(settings.ANEX_WEB_THREADS), "--graceful-timeout", "10",
                 "--access-logfile", "-", "--access-logformat", ACCESS_LOG_FORMAT,

@@ -415,17 +415,6 @@ if not ANEX_WEB_BIND.rpartition(":")[2].isdigit() \
         f"ANEX_WEB_BIND={ANEX_WEB_BIND!r} is not host:port (such as 0.0.0.0:8000).")
 ANEX_WEB_WORKERS = env.integer("ANEX_WEB_WORKERS", 2, minimum=1, maximum=64)
 ANEX_WEB_THREADS = env.integer("ANEX_WEB_THREADS", 16, minimum=1, maximum=256)
-# The web workers that serve /realtime/ (anex/weblanes.py): the others accept every
-# connection, serve everything else, and hand them each realtime request, so a saturated
-# realtime API holds none of the batch API's threads or its interpreter. Half the workers
-# by default (none with one worker); 0 has every worker serve every path.
-ANEX_WEB_REALTIME_WORKERS = env.integer("ANEX_WEB_REALTIME_WORKERS", ANEX_WEB_WORKERS // 2,
-                                        minimum=0, maximum=63)
-if ANEX_WEB_REALTIME_WORKERS >= ANEX_WEB_WORKERS:
-    raise ImproperlyConfigured(
-        f"ANEX_WEB_REALTIME_WORKERS={ANEX_WEB_REALTIME_WORKERS} leaves none of the "
-        f"ANEX_WEB_WORKERS={ANEX_WEB_WORKERS} web workers to accept connections and serve "
-        "the batch API: at most ANEX_WEB_WORKERS - 1, or 0 for no realtime lane.")
 # A GPU worker is one process (one engine per model it serves, on the GPUs it is given):
 # its threads share that engine's running batch. A CPU worker holds no engine, so it may
 # run several processes; one by default, never one per core.

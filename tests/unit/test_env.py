@@ -137,8 +137,6 @@ def test_the_process_starts_with_good_settings() -> None:
     ("ANEX_GPU_MEMORY_FRACTION", "90%", "ANEX_GPU_MEMORY_FRACTION='90%' is not a number"),
     ("ANEX_TENSOR_PARALLEL_SIZE", "0", "ANEX_TENSOR_PARALLEL_SIZE=0 is below the minimum"),
     ("ANEX_WORKER_REGIONS", "world,us", "must name one or both of world and eu"),
-    ("ANEX_WEB_REALTIME_WORKERS", "2", "ANEX_WEB_REALTIME_WORKERS=2 leaves none of the "
-                                       "ANEX_WEB_WORKERS=2 web workers"),
 ])
 def test_a_bad_value_stops_the_process_at_start(name: str, value: str, message: str) -> None:
     result = _start_django(**{name: value})
