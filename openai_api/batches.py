@@ -31,6 +31,7 @@ from inference.rows.core import JobOptions
 from jobs.constants import FailureCode, InputStatus, JobStatus
 from jobs.models import Job, JobEvent
 from jobs.services.lifecycle import job_cancel
+from jobs.services.purge import input_data_purge
 from jobs.services.submission import JobRequest, job_submit
 from jobs.storage import StorageChanged, storage_for
 from openai_api.models import FilePart, FilePurpose, OpenAIBatch, OpenAIFile
@@ -423,18 +424,11 @@ def files_page(*, organization: Organization, after: str | None, limit: int, ord
 
 def file_delete(*, file: OpenAIFile) -> None:
     """DELETE /files/{id}: gone from this surface at once. An uploaded file's bytes go
-    with it unless a batch still running reads them (then the 7-day expiry takes them);
-    a batch's output or error file is a view of the job's result, which stays available
-    through the anex API until DELETE /batch/v1/jobs/{id}/data."""
-    now = timezone.now()
-    OpenAIFile.objects.filter(pk=file.pk).update(deleted_at=now)
-    item = file.input
-    if item is None or item.status != InputStatus.READY:
-        return
-    running = Job.objects.filter(input=item).exclude(
-        status__in=[JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCELLED]).exists()
-    if not running:
-        storage_for(item.data_residency).delete(item.object_key)
-        type(item).objects.filter(pk=item.pk, status=InputStatus.READY).update(
-            status=InputStatus.EXPIRED, deleted_at=now)
+    with it unless a batch still running reads them (then once it has ended, by the
+    input expiry's next sweep: jobs.services.purge input_data_purge); a batch's output or
+    error file is a view of the job's result, which stays available through the anex API
+    until DELETE /batch/v1/jobs/{id}/data."""
+    OpenAIFile.objects.filter(pk=file.pk).update(deleted_at=timezone.now())
+    if file.input is not None and file.input.deleted_at is None:
+        input_data_purge(item=file.input)
 
