@@ -31,6 +31,7 @@ from inference.rows.core import JobOptions
 from jobs.constants import FailureCode, InputStatus, JobStatus
 from jobs.models import Job, JobEvent
 from jobs.services.lifecycle import job_cancel
+from jobs.services.metering import job_usage_recorded
 from jobs.services.purge import input_data_purge
 from jobs.services.submission import JobRequest, job_submit
 from jobs.storage import StorageChanged, storage_for
@@ -119,19 +120,16 @@ def _event_at(job: Job, status: JobStatus) -> datetime | None:
 
 
 def _usage(job: Job) -> dict[str, Any]:
-    """What the finished chunks used (inference.pricing.Usage): input with media, output
-    with thinking (the chunks keep no separate count of thinking tokens)."""
-    totals = {"input_tokens": 0, "output_tokens": 0}
-    for usage in job.chunks.values_list("usage", flat=True):
-        usage = usage or {}
-        totals["input_tokens"] += sum(int(usage.get(name) or 0) for name in (
-            "input_tokens", "media_tokens", "media_row_tokens"))
-        totals["output_tokens"] += int(usage.get("output_tokens") or 0)
-    return {"input_tokens": totals["input_tokens"],
+    """What the finished chunks used (inference.pricing.Usage, as recorded when the job
+    ended: no chunk is read then): input with media, output with thinking (the chunks keep
+    no separate count of thinking tokens)."""
+    usage = job_usage_recorded(job=job)
+    input_tokens = usage.input_tokens + usage.media_tokens + usage.media_row_tokens
+    return {"input_tokens": input_tokens,
             "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": totals["output_tokens"],
+            "output_tokens": usage.output_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": totals["input_tokens"] + totals["output_tokens"]}
+            "total_tokens": input_tokens + usage.output_tokens}
 
 
 def batch_object(batch: OpenAIBatch) -> dict[str, Any]:
@@ -362,13 +360,21 @@ def result_part_lines(job: Job, part: FilePart) -> Iterator[bytes]:
 
 def result_files(batch: OpenAIBatch) -> dict[str, str]:
     """The batch's output and error file ids (each made on first sight of the finished
-    job's result, with its size counted once); a part with no rows has none."""
+    job's result, its size the one recorded when the job ended: the file is not read); a
+    part with no rows has none."""
     existing = {file.part: file.id for file in batch.files.all()}
-    if existing or batch.job is None:
+    job = batch.job
+    if existing or job is None:
         return existing
-    sizes = {FilePart.OUTPUT: 0, FilePart.ERROR: 0}
-    for line in _result_lines(batch.job):
-        sizes[_part_of(line)] += len(line)
+    if job.result_output_bytes is not None:
+        sizes = {FilePart.OUTPUT: job.result_output_bytes,
+                 FilePart.ERROR: job.result_error_bytes or 0}
+    else:  # a job that ended before the sizes were recorded: counted once, here
+        sizes = {FilePart.OUTPUT: 0, FilePart.ERROR: 0}
+        for line in _result_lines(job):
+            sizes[_part_of(line)] += len(line)
+    if not any(sizes.values()):
+        return {}
     with transaction.atomic():
         for part, size in sizes.items():
             if size:
