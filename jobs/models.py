@@ -138,6 +138,10 @@ class Job(models.Model):
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT,
                                related_name="children")
     rerun_include = models.JSONField(null=True, blank=True)
+    # A GET ?merged=true writing this job's merged result holds this claim (a conditional
+    # UPDATE), renewed as its rows go by, so concurrent first requests write it once: the
+    # others wait for it (jobs.services.rerun). Null when no one is writing it.
+    merge_claimed_at = models.DateTimeField(null=True, blank=True)
     # The highest progress threshold (percent of rows) whose webhook was recorded: each is
     # sent once, whichever chunk (or re-run of one) crosses it (jobs.services.progress).
     progress_sent = models.PositiveSmallIntegerField(default=0)
