@@ -90,6 +90,15 @@ class RateLimited(DomainError):
         super().__init__(detail, extra=extra, retry_after=retry_after)
 
 
+class QuotaExceeded(RateLimited):
+    """An organization's stored inputs are at its quota (jobs.services.quota): answered as
+    the reference's other per-organization caps are (the approval queue's), with the
+    seconds until the oldest of them expires in Retry-After."""
+
+    def __init__(self, detail: str, *, retry_after: int) -> None:
+        super().__init__(detail, retry_after=retry_after)
+
+
 class NotServed(DomainError):
     """The model exists but is not served this way (a batch-only model sent to realtime)."""
 

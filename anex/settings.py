@@ -212,6 +212,12 @@ ANEX_UPLOADS_PER_MINUTE = env.integer("ANEX_UPLOADS_PER_MINUTE", 120, minimum=1)
 # tokenizes a whole input on the estimate workers, for free.
 ANEX_CHECKS_PER_MINUTE = env.integer("ANEX_CHECKS_PER_MINUTE", 10, minimum=1)
 ANEX_INPUT_RETENTION_DAYS = env.integer("ANEX_INPUT_RETENTION_DAYS", 7, minimum=1)
+# What one organization may keep stored at once, inputs (uploads, ingests, OpenAI files)
+# counted until their objects are deleted (jobs.services.quota; issue 40 M4): staff may
+# set another quota on an organization in the admin.
+ANEX_STORED_INPUTS_MAX = env.integer("ANEX_STORED_INPUTS_MAX", 10_000, minimum=1)
+ANEX_STORED_INPUT_BYTES_MAX = env.integer("ANEX_STORED_INPUT_BYTES_MAX", 100 * 1024**3,
+                                          minimum=1)
 # Results are kept this long after a job ends (the reference: 30 days).
 ANEX_RESULT_RETENTION_DAYS = env.integer("ANEX_RESULT_RETENTION_DAYS", 30, minimum=1)
 # Rows per chunk: one engine call each. Larger chunks batch better on a GPU; smaller ones

@@ -234,7 +234,8 @@ def child_merge(spec: dict[str, Any], mode: str, profile: str) -> dict[str, Any]
     calls = _Calls(storage)
     profilers = _profile_threads() if profile else []
     start = time.perf_counter()
-    key, rows = module.result_write(job, chunks, charge=spec["charge"])
+    # The key and the rows lead what either version returns (a pair before issue 40).
+    key, rows = module.result_write(job, chunks, charge=spec["charge"])[:2]
     seconds = time.perf_counter() - start
     if profilers:
         import pstats

@@ -19,6 +19,7 @@ from console.actors import Actor
 from console.models import ApiKey, AuditEvent, Membership, Organization
 from console.services import (
     ORGANIZATION_SETTINGS,
+    STAFF_SETTINGS,
     api_key_revoke,
     organization_create,
     organization_update,
@@ -55,7 +56,8 @@ class OrganizationForm(ModelForm):
 
     class Meta:
         model = Organization
-        fields = ["name", "webhook_url", "auto_approve", "eu_data_routing", "progress_webhooks"]
+        fields = ["name", "webhook_url", "auto_approve", "eu_data_routing", "progress_webhooks",
+                  "stored_inputs_max", "stored_input_bytes_max"]
 
     def clean_webhook_url(self) -> str:
         # The same check organization_webhook_set makes, shown on the field.
@@ -72,7 +74,7 @@ class OrganizationAdmin(admin.ModelAdmin):
     list_filter = ["eu_data_routing", "auto_approve"]
     search_fields = ["name", "id"]
     fields = ["id", "name", "webhook_url", "auto_approve", "progress_webhooks", "eu_data_routing",
-              "created_at", "credits"]
+              "stored_inputs_max", "stored_input_bytes_max", "created_at", "credits"]
     readonly_fields = ["id", "created_at", "credits"]
     inlines = [MembershipInline, ApiKeyInline]
     actions = ["grant_credits"]
@@ -97,6 +99,10 @@ class OrganizationAdmin(admin.ModelAdmin):
             if form.cleaned_data["webhook_url"]:
                 organization_webhook_set(organization=created, actor=actor,
                                          url=form.cleaned_data["webhook_url"])
+            quotas = {name: form.cleaned_data[name] for name in STAFF_SETTINGS
+                      if form.cleaned_data[name] is not None}
+            if quotas:
+                organization_update(organization=created, actor=actor, **quotas)
             obj.pk = created.pk
             obj._state.adding = False
             obj._state.db = created._state.db

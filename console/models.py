@@ -4,6 +4,7 @@ import uuid
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -36,6 +37,14 @@ class Organization(models.Model):
         default=False,
         help_text="Also send a `progress` webhook at 25, 50 and 75 % of a job's rows.",
     )
+    # The stored-input quota (jobs.services.quota), set by staff on request; empty: the
+    # deployment's ANEX_STORED_INPUTS_MAX / ANEX_STORED_INPUT_BYTES_MAX.
+    stored_inputs_max = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)],
+        help_text="Inputs it may keep at once (empty: the deployment's default).")
+    stored_input_bytes_max = models.PositiveBigIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)],
+        help_text="Bytes of inputs it may keep at once (empty: the deployment's default).")
 
     class Meta:
         ordering = ["name"]

@@ -60,7 +60,10 @@ def organization_create(*, name: str, actor: Actor, eu_data_routing: bool = Fals
 
 # The organization settings a service may change, and how each is recorded. The webhook
 # endpoint is not one of them: it is checked and given a secret by organization_webhook_set.
-ORGANIZATION_SETTINGS = ("name", "auto_approve", "eu_data_routing", "progress_webhooks")
+ORGANIZATION_SETTINGS = ("name", "auto_approve", "eu_data_routing", "progress_webhooks",
+                         "stored_inputs_max", "stored_input_bytes_max")
+# Set by us, never by a customer: a stored-input quota (jobs.services.quota).
+STAFF_SETTINGS = ("stored_inputs_max", "stored_input_bytes_max")
 
 
 @transaction.atomic
@@ -75,6 +78,10 @@ def organization_update(*, organization: Organization, actor: Actor,
     if "eu_data_routing" in changes and not _staff_or_system(actor) and \
             changes["eu_data_routing"] != organization.eu_data_routing:
         raise PermissionDenied("EU data routing is turned on by anex staff on request.")
+    if not _staff_or_system(actor) and any(
+            name in changes and changes[name] != getattr(organization, name)
+            for name in STAFF_SETTINGS):
+        raise PermissionDenied("Storage quotas are set by anex staff on request.")
     locked = Organization.objects.select_for_update().get(pk=organization.pk)
     changed = {
         name: {"from": getattr(locked, name), "to": value}

@@ -111,6 +111,13 @@ class Job(models.Model):
     # Cancel reached it while rows were running: it settles as cancelled when they finish.
     cancel_requested = models.BooleanField(default=False)
     result_key = models.CharField(max_length=500, blank=True, default="")
+    # Recorded once, when the job ends (jobs.services.running job_finalize, job_transition):
+    # what its done chunks consumed (inference.pricing.Usage as usage_json writes it), and
+    # the bytes of its JSONL result's lines with no error and with one - the OpenAI
+    # surface's output and error files - so a read never sums the chunks or reads the file.
+    usage = models.JSONField(null=True, blank=True)
+    result_output_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    result_error_bytes = models.PositiveBigIntegerField(null=True, blank=True)
     # Who approved it: the key (or console user) whose spend this job is.
     approved_by_key = models.ForeignKey(
         "console.ApiKey", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
@@ -131,6 +138,10 @@ class Job(models.Model):
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT,
                                related_name="children")
     rerun_include = models.JSONField(null=True, blank=True)
+    # A GET ?merged=true writing this job's merged result holds this claim (a conditional
+    # UPDATE), renewed as its rows go by, so concurrent first requests write it once: the
+    # others wait for it (jobs.services.rerun). Null when no one is writing it.
+    merge_claimed_at = models.DateTimeField(null=True, blank=True)
     # The highest progress threshold (percent of rows) whose webhook was recorded: each is
     # sent once, whichever chunk (or re-run of one) crosses it (jobs.services.progress).
     progress_sent = models.PositiveSmallIntegerField(default=0)

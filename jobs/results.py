@@ -9,7 +9,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable, Iterator
 from decimal import Decimal, localcontext
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import orjson
@@ -227,31 +227,51 @@ def records_costed(job: Job, chunks: list[Chunk], *, charge: int) -> Iterator[di
         yield {**line_loads(bytes(line)), "cost": cost}
 
 
-def lines_costed(job: Job, chunks: list[Chunk], *, charge: int) -> Iterator[bytes]:
+# How an envelope ends when its row has no error: "error" is its last member, written by
+# orjson (as chunk rows are), so a null is exactly these bytes before the closing brace.
+_NO_ERROR = b'"error":null}'
+
+
+def lines_costed(job: Job, chunks: list[Chunk], *,
+                 charge: int) -> Iterator[tuple[bytes, bool]]:
     """The JSONL result's lines: each row's envelope() with its share of the job's `charge`
     as "cost", its last member (_costed, _enveloped), as rows_write writes records_costed's
-    rows, without reading any row's answer."""
+    rows, without reading any row's answer; and whether the row has an error."""
     for line, cost in _costed(job, chunks, charge=charge, keep=_enveloped):
+        failed = bytes(line[-len(_NO_ERROR):]) != _NO_ERROR
         # The envelope's closing brace gives way to its last member.
-        yield b"".join((line[:-1], b',"cost":{"credits":', orjson.dumps(cost), b"}}\n"))
+        yield (b"".join((line[:-1], b',"cost":{"credits":', orjson.dumps(cost), b"}}\n")),
+               failed)
 
 
-def result_write(job: Job, chunks: list[Chunk], *, charge: int = 0) -> tuple[str, int]:
+class ResultWritten(NamedTuple):
+    """A result file written: its key, its rows, and (JSONL) the bytes of its lines with
+    no error and with one - the OpenAI surface's output and error files."""
+
+    key: str
+    rows: int
+    output_bytes: int | None = None
+    error_bytes: int | None = None
+
+
+def result_write(job: Job, chunks: list[Chunk], *, charge: int = 0) -> ResultWritten:
     """Write the result object, each row carrying its share of `charge` (the credits the
-    job is charged); returns its key and how many rows it holds."""
+    job is charged); what was written, counted as it was."""
     key = result_key(job)
     if job.format != InputFormat.JSONL:
-        return key, rows_write(job, records_costed(job, chunks, charge=charge), key)
-    count = 0
+        return ResultWritten(key, rows_write(job, records_costed(job, chunks, charge=charge),
+                                             key))
+    count, sizes = 0, [0, 0]
 
     def counted() -> Iterator[bytes]:
         nonlocal count
-        for line in lines_costed(job, chunks, charge=charge):
+        for line, failed in lines_costed(job, chunks, charge=charge):
             count += 1
+            sizes[failed] += len(line)
             yield line
 
     storage_for(job.data_residency).write_stream(key, counted(), max_bytes=2**62)
-    return key, count
+    return ResultWritten(key, count, output_bytes=sizes[False], error_bytes=sizes[True])
 
 
 def rows_write(job: Job, rows: Iterator[dict[str, Any]], key: str) -> int:

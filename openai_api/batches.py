@@ -31,6 +31,8 @@ from inference.rows.core import JobOptions
 from jobs.constants import FailureCode, InputStatus, JobStatus
 from jobs.models import Job, JobEvent
 from jobs.services.lifecycle import job_cancel
+from jobs.services.metering import job_usage_recorded
+from jobs.services.purge import input_data_purge
 from jobs.services.submission import JobRequest, job_submit
 from jobs.storage import StorageChanged, storage_for
 from openai_api.models import FilePart, FilePurpose, OpenAIBatch, OpenAIFile
@@ -118,19 +120,16 @@ def _event_at(job: Job, status: JobStatus) -> datetime | None:
 
 
 def _usage(job: Job) -> dict[str, Any]:
-    """What the finished chunks used (inference.pricing.Usage): input with media, output
-    with thinking (the chunks keep no separate count of thinking tokens)."""
-    totals = {"input_tokens": 0, "output_tokens": 0}
-    for usage in job.chunks.values_list("usage", flat=True):
-        usage = usage or {}
-        totals["input_tokens"] += sum(int(usage.get(name) or 0) for name in (
-            "input_tokens", "media_tokens", "media_row_tokens"))
-        totals["output_tokens"] += int(usage.get("output_tokens") or 0)
-    return {"input_tokens": totals["input_tokens"],
+    """What the finished chunks used (inference.pricing.Usage, as recorded when the job
+    ended: no chunk is read then): input with media, output with thinking (the chunks keep
+    no separate count of thinking tokens)."""
+    usage = job_usage_recorded(job=job)
+    input_tokens = usage.input_tokens + usage.media_tokens + usage.media_row_tokens
+    return {"input_tokens": input_tokens,
             "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": totals["output_tokens"],
+            "output_tokens": usage.output_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": totals["input_tokens"] + totals["output_tokens"]}
+            "total_tokens": input_tokens + usage.output_tokens}
 
 
 def batch_object(batch: OpenAIBatch) -> dict[str, Any]:
@@ -361,13 +360,21 @@ def result_part_lines(job: Job, part: FilePart) -> Iterator[bytes]:
 
 def result_files(batch: OpenAIBatch) -> dict[str, str]:
     """The batch's output and error file ids (each made on first sight of the finished
-    job's result, with its size counted once); a part with no rows has none."""
+    job's result, its size the one recorded when the job ended: the file is not read); a
+    part with no rows has none."""
     existing = {file.part: file.id for file in batch.files.all()}
-    if existing or batch.job is None:
+    job = batch.job
+    if existing or job is None:
         return existing
-    sizes = {FilePart.OUTPUT: 0, FilePart.ERROR: 0}
-    for line in _result_lines(batch.job):
-        sizes[_part_of(line)] += len(line)
+    if job.result_output_bytes is not None:
+        sizes = {FilePart.OUTPUT: job.result_output_bytes,
+                 FilePart.ERROR: job.result_error_bytes or 0}
+    else:  # a job that ended before the sizes were recorded: counted once, here
+        sizes = {FilePart.OUTPUT: 0, FilePart.ERROR: 0}
+        for line in _result_lines(job):
+            sizes[_part_of(line)] += len(line)
+    if not any(sizes.values()):
+        return {}
     with transaction.atomic():
         for part, size in sizes.items():
             if size:
@@ -423,18 +430,11 @@ def files_page(*, organization: Organization, after: str | None, limit: int, ord
 
 def file_delete(*, file: OpenAIFile) -> None:
     """DELETE /files/{id}: gone from this surface at once. An uploaded file's bytes go
-    with it unless a batch still running reads them (then the 7-day expiry takes them);
-    a batch's output or error file is a view of the job's result, which stays available
-    through the anex API until DELETE /batch/v1/jobs/{id}/data."""
-    now = timezone.now()
-    OpenAIFile.objects.filter(pk=file.pk).update(deleted_at=now)
-    item = file.input
-    if item is None or item.status != InputStatus.READY:
-        return
-    running = Job.objects.filter(input=item).exclude(
-        status__in=[JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCELLED]).exists()
-    if not running:
-        storage_for(item.data_residency).delete(item.object_key)
-        type(item).objects.filter(pk=item.pk, status=InputStatus.READY).update(
-            status=InputStatus.EXPIRED, deleted_at=now)
+    with it unless a batch still running reads them (then once it has ended, by the
+    input expiry's next sweep: jobs.services.purge input_data_purge); a batch's output or
+    error file is a view of the job's result, which stays available through the anex API
+    until DELETE /batch/v1/jobs/{id}/data."""
+    OpenAIFile.objects.filter(pk=file.pk).update(deleted_at=timezone.now())
+    if file.input is not None and file.input.deleted_at is None:
+        input_data_purge(item=file.input)
 

@@ -10,13 +10,14 @@ from django.db import transaction
 from django.http import HttpRequest
 from python_multipart.multipart import parse_options_header
 
-from anex.errors import Invalid, TooLarge
+from anex.errors import Invalid, QuotaExceeded, TooLarge
 from anex.regions import Region, region_check, residency_resolve
-from billing.services import credits_require_positive
+from billing.services import credits_require_positive, organization_lock
 from console.actors import Actor
 from console.models import Organization
 from inference.constants import InputFormat
 from jobs.services.inputs import input_derived_create
+from jobs.services.quota import stored_quota_require, stored_room
 from jobs.storage import StorageTooLarge, storage_for
 from jobs.storage_views import _FormError, _StreamedForm
 from openai_api.models import FilePurpose, OpenAIFile
@@ -74,18 +75,35 @@ def file_upload(*, organization: Organization, actor: Actor, host_region: Region
         yield from _Source(form).chunks()
 
     try:
-        with transaction.atomic():
-            item = input_derived_create(organization=organization, actor=actor,
-                                        fmt=InputFormat.JSONL, residency=residency,
-                                        chunks=written(), mode="openai")
-            made.append(item.object_key)
-            assert item.size_bytes is not None
-            return OpenAIFile.objects.create(organization=organization, input=item,
-                                             purpose=FilePurpose.BATCH, filename=filename,
-                                             bytes=item.size_bytes)
-    except StorageTooLarge:
-        raise TooLarge(f"The file is over the input cap of {cap:,} bytes.") from None
-    except BaseException:
-        for key in made:
-            storage.delete(key)
-        raise
+        # The file streams into the room the organization's stored-input quota has left,
+        # and stops there; once stored, its real size is judged again under the lock.
+        room = stored_room(organization=organization)
+        try:
+            with transaction.atomic():
+                item = input_derived_create(organization=organization, actor=actor,
+                                            fmt=InputFormat.JSONL, residency=residency,
+                                            chunks=written(), mode="openai", max_bytes=room)
+                made.append(item.object_key)
+                assert item.size_bytes is not None
+                organization_lock(organization.pk)
+                stored_quota_require(organization=organization, adding_bytes=item.size_bytes,
+                                     excluding=item.pk)
+                return OpenAIFile.objects.create(organization=organization, input=item,
+                                                 purpose=FilePurpose.BATCH, filename=filename,
+                                                 bytes=item.size_bytes)
+        except StorageTooLarge:
+            if room < cap:  # stopped by the quota, not the cap: as it stands now
+                stored_quota_require(organization=organization, adding_bytes=room + 1,
+                                     cut_short=True)
+                raise TooLarge(f"The file is over the {room:,} bytes the organization's "
+                               "stored-input quota had room for when it began.") from None
+            raise TooLarge(f"The file is over the input cap of {cap:,} bytes.") from None
+        except BaseException:
+            for key in made:
+                storage.delete(key)
+            raise
+    except QuotaExceeded as refused:
+        # OpenAI answers its own organization file-storage limit 400 invalid_request_error
+        # (its SDK's BadRequestError, never retried): so does this surface, with the
+        # anex API's message (docs/decisions.md, "Stored inputs: a quota per organization").
+        raise Invalid(refused.detail, retry_after=refused.retry_after) from None

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from anex.crypto import secret_encrypt
@@ -32,9 +32,14 @@ from console.constants import AuditAction
 from console.models import Organization
 from inference.constants import InputFormat
 from jobs import dispatch
-from jobs.constants import InputStatus
-from jobs.models import Input
-from jobs.services.purge import input_quotes_purge
+from jobs.constants import TERMINAL_STATUSES, InputStatus
+from jobs.models import Input, Job
+from jobs.services.purge import input_data_purge
+from jobs.services.quota import (
+    stored_quota_failure,
+    stored_quota_require,
+    stored_quota_shortfall,
+)
 from jobs.services.webhooks import delivery_enqueue, webhook_secret_new
 from jobs.storage import StorageTooLarge, storage_for
 
@@ -151,6 +156,9 @@ def input_upload_create(*, organization: Organization, actor: Actor, fmt: InputF
     target = storage.upload_target(key=key, max_bytes=settings.ANEX_INPUT_MAX_BYTES,
                                    expires_in=settings.ANEX_UPLOAD_WINDOW_SECONDS)
     with transaction.atomic():
+        # Counted under the organization lock, so concurrent requests cannot overshoot.
+        organization_lock(organization.pk)
+        stored_quota_require(organization=organization)
         item = Input.objects.create(
             id=input_id, organization=organization, status=InputStatus.AWAITING_UPLOAD,
             format=fmt, data_residency=residency, object_key=key,
@@ -164,15 +172,18 @@ def input_upload_create(*, organization: Organization, actor: Actor, fmt: InputF
 
 
 def input_derived_create(*, organization: Organization, actor: Actor, fmt: InputFormat,
-                         residency: Region, chunks: Iterable[bytes], mode: str) -> Input:
-    """An input the product writes itself from rows it already holds (a re-run's rows,
-    jobs.services.rerun): stored, frozen on its bytes and ready at once, kept as long as
-    an upload. Call it inside the transaction that uses it; the caller removes the object
-    (jobs.storage delete) if that transaction does not commit."""
+                         residency: Region, chunks: Iterable[bytes], mode: str,
+                         max_bytes: int | None = None) -> Input:
+    """An input written from bytes in hand (a re-run's rows, jobs.services.rerun; an OpenAI
+    file's upload): stored under `max_bytes` (the input cap by default; StorageTooLarge
+    past it), frozen on its bytes and ready at once, kept as long as an upload. Call it
+    inside the transaction that uses it; the caller removes the object (jobs.storage
+    delete) if that transaction does not commit."""
     input_id = uuid.uuid4()
     key = _object_key(organization, input_id, fmt)
     storage = storage_for(residency)
-    storage.write_stream(key, chunks, max_bytes=settings.ANEX_INPUT_MAX_BYTES)
+    storage.write_stream(key, chunks, max_bytes=settings.ANEX_INPUT_MAX_BYTES
+                         if max_bytes is None else max_bytes)
     size, pin = storage.fingerprint(key)
     item = Input.objects.create(
         id=input_id, organization=organization, format=fmt, data_residency=residency,
@@ -205,6 +216,7 @@ def input_ingest_create(*, organization: Organization, actor: Actor, source_url:
     # Checked before the probe too, so an organization at its limit makes us contact
     # nothing; the count that decides is taken again under the lock below.
     _ingest_capacity_check(organization)
+    stored_quota_require(organization=organization)
     try:
         size = _advertised_size(source_url)
     except UnsafeURL as exc:
@@ -223,6 +235,7 @@ def input_ingest_create(*, organization: Organization, actor: Actor, source_url:
         # Counted under the organization lock, so concurrent requests cannot overshoot.
         organization_lock(organization.pk)
         _ingest_capacity_check(organization)
+        stored_quota_require(organization=organization)
         item = Input.objects.create(
             id=input_id, organization=organization, status=InputStatus.PENDING, format=fmt,
             data_residency=residency, object_key=key,
@@ -281,9 +294,7 @@ def input_refresh(*, item: Input) -> Input:
             size, pin = storage.fingerprint(item.object_key)
             problem = format_problem(storage.read_range(item.object_key, 0, SNIFF_BYTES,
                                                         pin=pin), item.format)
-            fields = {"status": InputStatus.FAILED, "error": problem} if problem \
-                else _ready_fields(size, pin)
-            Input.objects.filter(pk=item.pk, status=InputStatus.AWAITING_UPLOAD).update(**fields)
+            _upload_settle(item, size=size, pin=pin, problem=problem)
         elif item.upload_expires_at is not None and item.upload_expires_at <= now:
             Input.objects.filter(pk=item.pk, status=InputStatus.AWAITING_UPLOAD).update(
                 status=InputStatus.EXPIRED,
@@ -293,6 +304,29 @@ def input_refresh(*, item: Input) -> Input:
             status=InputStatus.EXPIRED)
     item.refresh_from_db()
     return item
+
+
+def _upload_settle(item: Input, *, size: int, pin: str, problem: str | None) -> None:
+    """awaiting_upload -> ready on the landed file, or failed: not the format it claims
+    (`problem`), or, on the stored object's real size (whatever the client declared), past
+    the organization's stored-input quota. A failed upload's file is deleted at once; its
+    form could still be replayed until its window closes, so the expiry sweep deletes its
+    key once more after that (inputs_expire)."""
+    with transaction.atomic():
+        # The real size is judged under the organization lock: two uploads landing
+        # together cannot both take the last of the room.
+        organization_lock(item.organization_id)
+        if problem is None:
+            _usage, shortfall = stored_quota_shortfall(
+                organization=Organization.objects.get(pk=item.organization_id),
+                adding_bytes=size, excluding=item.pk)
+            problem = stored_quota_failure(shortfall) if shortfall else None
+        fields = {"status": InputStatus.FAILED, "error": problem} if problem \
+            else _ready_fields(size, pin)
+        settled = Input.objects.filter(pk=item.pk, status=InputStatus.AWAITING_UPLOAD) \
+            .update(**fields)
+    if settled and problem:
+        storage_for(item.data_residency).delete(item.object_key)
 
 
 def _stream(response_chunks: Iterator[bytes], fmt: str) -> Iterator[bytes]:
@@ -352,12 +386,23 @@ def input_copy(*, input_id: uuid.UUID | str) -> InputStatus | None:
 @transaction.atomic
 def _copy_settle(item: Input, *, error: str, size: int, started: datetime,
                  pin: str = "") -> bool:
-    """copying -> ready or failed (guarded on this copy's claim) and its callback."""
+    """copying -> ready or failed (guarded on this copy's claim) and its callback. A copy
+    past the organization's stored-input quota on its real size fails, its file deleted
+    (judged under the organization lock, as an upload landing is)."""
+    if not error:
+        organization_lock(item.organization_id)
+        _usage, shortfall = stored_quota_shortfall(organization=item.organization,
+                                                   adding_bytes=size, excluding=item.pk)
+        error = stored_quota_failure(shortfall) if shortfall else ""
     fields = _ready_fields(size, pin) if not error else {"status": InputStatus.FAILED,
                                                      "error": error}
     # The source URL may carry the customer's credentials: keep it no longer than needed.
     updated = Input.objects.filter(pk=item.pk, status=InputStatus.COPYING,
                                    copy_started_at=started).update(source_url="", **fields)
+    if updated and error:
+        # Whatever the copy stored goes now (the expiry sweep would take it later).
+        key, storage = item.object_key, storage_for(item.data_residency)
+        transaction.on_commit(lambda: storage.delete(key))
     if updated and item.callback_url:
         item.refresh_from_db()
         delivery_enqueue(
@@ -392,23 +437,21 @@ def input_copy_give_up(item: Input) -> None:
 
 
 def inputs_expire() -> int:
-    """Delete the objects of inputs past their 7 days (or past an unused upload window)."""
+    """Delete the objects of inputs past their 7 days (or past an unused upload window),
+    and of failed ones once no upload form can reach them. One a job still reads is kept
+    until every job on it has ended (issue 40 L11: an input is never expired under a job
+    that reads it; input_data_purge), then deleted by the next sweep."""
     now = timezone.now()
     # An upload may land just as its window closes: settle it before judging it.
     for item in Input.objects.filter(status=InputStatus.AWAITING_UPLOAD,
                                      upload_expires_at__lte=now).iterator():
         input_refresh(item=item)
+    unfinished = Job.objects.filter(input=OuterRef("pk")).exclude(
+        status__in=TERMINAL_STATUSES)
     due = Input.objects.filter(deleted_at__isnull=True).filter(
         Q(expires_at__lte=now)
         | Q(status=InputStatus.EXPIRED)
-        | Q(status=InputStatus.FAILED, created_at__lte=now - timedelta(
-            days=settings.ANEX_INPUT_RETENTION_DAYS)))
-    count = 0
-    for item in due.iterator():
-        storage_for(item.data_residency).delete(item.object_key)
-        Input.objects.filter(pk=item.pk).update(
-            status=InputStatus.EXPIRED if item.status == InputStatus.READY else item.status,
-            deleted_at=now)
-        input_quotes_purge(input_id=item.pk)
-        count += 1
-    return count
+        | Q(status=InputStatus.FAILED) & (Q(upload_expires_at__isnull=True)
+                                          | Q(upload_expires_at__lte=now))
+    ).filter(~Exists(unfinished))
+    return sum(input_data_purge(item=item) for item in due.iterator())

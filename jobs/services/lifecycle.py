@@ -28,6 +28,7 @@ from console.actors import Actor
 from console.audit import audit_record
 from console.constants import AuditAction
 from console.models import ApiKey
+from inference.pricing import usage_json
 from jobs import dispatch
 from jobs.constants import (
     CANCELLABLE,
@@ -44,6 +45,7 @@ from jobs.constants import (
 from jobs.models import Job, JobEvent
 from jobs.services import webhooks
 from jobs.services.chunks import IN_FLIGHT, chunks_skip_pending, chunks_skip_waiting
+from jobs.services.metering import job_usage_done
 from jobs.services.purge import job_data_purge
 
 logger = logging.getLogger(__name__)
@@ -82,7 +84,8 @@ def job_transition(*, job: Job, to: JobState, actor: Actor,
     - in_progress: approved_at and the hold on est_cost_cents (402 when it is not covered,
       and then nothing of the move is kept); the run is sent on commit.
     - done, failed, cancelled: finished_at and data_expires_at (the reference: set once
-      the job is terminal, the result kept ANEX_RESULT_RETENTION_DAYS); the hold settled on
+      the job is terminal, the result kept ANEX_RESULT_RETENTION_DAYS); its usage, recorded
+      (Job.usage, unless `fields` carry it: job_finalize's); the hold settled on
       `cost_cents` (released in full at 0); a data deletion asked for meanwhile, on commit.
     """
     allowed = _sources(to)
@@ -110,6 +113,8 @@ def job_transition(*, job: Job, to: JobState, actor: Actor,
     elif terminal:
         values["finished_at"] = now
         values["data_expires_at"] = now + timedelta(days=settings.ANEX_RESULT_RETENTION_DAYS)
+        if "usage" not in fields:  # job_finalize records what it charged on itself
+            values["usage"] = usage_json(job_usage_done(job.pk))
     entering = job_state_fields(to)
     moved = Job.objects.filter(pk=job.pk, status=status, substate=substate).update(
         status=entering["status"], substate=entering["substate"], **values, **fields)

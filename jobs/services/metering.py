@@ -1,17 +1,20 @@
 """A job's usage, summed over its chunks in the database: what its hold is checked against
 before each chunk and what it is charged (what each row bills is
-inference.kinds.metering.RowMeter's)."""
+inference.kinds.metering.RowMeter's); recorded on the job once it has ended
+(Job.usage), and read from there."""
 
 from __future__ import annotations
 
 import dataclasses
+import uuid
 
 from django.db.models import BigIntegerField, DecimalField, QuerySet, Sum
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 
-from inference.pricing import USAGE_RENAMED, Usage, usage_from_json
-from jobs.models import Chunk
+from inference.pricing import USAGE_RENAMED, Usage, usage_from_json, usage_json
+from jobs.constants import TERMINAL_STATUSES, ChunkStatus
+from jobs.models import Chunk, Job
 
 
 def usage_sum(chunks: QuerySet[Chunk]) -> Usage:
@@ -24,3 +27,20 @@ def usage_sum(chunks: QuerySet[Chunk]) -> Usage:
         for name in [f.name for f in dataclasses.fields(Usage)] + list(USAGE_RENAMED)})
     return usage_from_json({name: value for name, value in totals.items()
                             if value is not None})
+
+
+def job_usage_done(job_id: uuid.UUID | str) -> Usage:
+    """What the job's done chunks consumed: what it is charged on."""
+    return usage_sum(Chunk.objects.filter(job_id=job_id, status=ChunkStatus.DONE))
+
+
+def job_usage_recorded(*, job: Job) -> Usage:
+    """The job's usage as recorded when it ended (Job.usage), read without a chunk; summed
+    now while it runs. A job that ended before usage was recorded has it recorded now,
+    once (guarded: a concurrent read records the same)."""
+    if job.usage is not None:
+        return usage_from_json(job.usage)
+    usage = job_usage_done(job.pk)
+    if job.status in TERMINAL_STATUSES:
+        Job.objects.filter(pk=job.pk, usage__isnull=True).update(usage=usage_json(usage))
+    return usage

@@ -45,19 +45,32 @@ def job_data_purge(*, job: Job) -> Job:
         storage_for(ancestor.data_residency).delete(merged_stamp_key(ancestor))
         ancestor = ancestor.parent
     if job.input is not None:
-        storage.delete(job.input.object_key)
-        # The input may be shared by other jobs: its object is gone for all of them, so it
-        # reads expired, and a later submit against it is the reference's 410.
-        Input.objects.filter(pk=job.input.pk, deleted_at__isnull=True).update(
-            status=Case(When(status=InputStatus.READY, then=Value(InputStatus.EXPIRED)),
-                        default=F("status")),
-            deleted_at=timezone.now())
-        input_quotes_purge(input_id=job.input.pk)
+        input_data_purge(item=job.input)
     parquet_cache_purge(job_id=job.pk)
     Job.objects.filter(pk=job.pk, data_deleted_at__isnull=True).update(
         data_deleted_at=timezone.now())
     job.refresh_from_db()
     return job
+
+
+def input_data_purge(*, item: Input) -> bool:
+    """Delete an input's object (its expiry, DELETE /jobs/{id}/data, DELETE
+    /openai/v1/files/{id}); False when it is kept for now. It reads expired at once, so a
+    later submit against it is the reference's 410, and its checks' quoted rows go. Its
+    object is not deleted under a job that still reads it (issue 40 L11): the input may be
+    shared by jobs, and one unfinished keeps the bytes until it ends; then the expiry sweep
+    (jobs.services.inputs inputs_expire) deletes them."""
+    # Expired first: a submit that reads the input from here on is refused, so no job
+    # starts on it between the look at its jobs below and the delete.
+    Input.objects.filter(pk=item.pk, deleted_at__isnull=True).update(
+        status=Case(When(status=InputStatus.READY, then=Value(InputStatus.EXPIRED)),
+                    default=F("status")))
+    input_quotes_purge(input_id=item.pk)
+    if Job.objects.filter(input_id=item.pk).exclude(status__in=TERMINAL_STATUSES).exists():
+        return False
+    storage_for(item.data_residency).delete(item.object_key)
+    Input.objects.filter(pk=item.pk, deleted_at__isnull=True).update(deleted_at=timezone.now())
+    return True
 
 
 def input_quotes_purge(*, input_id: uuid.UUID) -> None:

@@ -19,11 +19,15 @@ from __future__ import annotations
 
 import hashlib
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
 
 from anex.errors import Conflict, DomainError, Gone
 from anex.regions import Region, region_check
@@ -252,20 +256,89 @@ def job_result_merged_link(*, job: Job) -> dict[str, object]:
     """GET /jobs/{id}/result?merged=true: one file with every delivered row's latest
     outcome; the plain result when the job has no finished re-run. The file is written
     once per set of finished re-runs (its stamp beside it) and served from there: a poll
-    of ?merged=true does not read and rewrite every row each time."""
+    of ?merged=true does not read and rewrite every row each time, and concurrent first
+    requests write it once (_merged_write_once)."""
     link = job_result_link(job=job)  # 410, 409 as the plain result answers
     if not _children(job):
         return {**link, "merged": True}
-    storage = storage_for(job.data_residency)
-    key, stamp_key, stamp = merged_key(job), merged_stamp_key(job), _merged_stamp(job)
+    stamp = _merged_stamp(job)
     count = _stamped_count(job, stamp)
     if count is None:
-        count = rows_write(job, merged_records(job), key)
-        # Written after the file, so a stamp never names a file that is not all there.
-        storage.write_stream(stamp_key, [f"{stamp} {count}".encode()], max_bytes=1024)
-    url = storage.download_url(
-        key, expires_in=RESULT_LINK_SECONDS, filename=f"{job.pk}-merged.{job.format}")
+        count = _merged_write_once(job, stamp)
+    url = storage_for(job.data_residency).download_url(
+        merged_key(job), expires_in=RESULT_LINK_SECONDS,
+        filename=f"{job.pk}-merged.{job.format}")
     return {**link, "result_url": url, "row_count": count, "merged": True}
+
+
+# A merge's claim (Job.merge_claimed_at) is renewed every MERGE_BEAT_SECONDS while its rows
+# go by; one not renewed for MERGE_CLAIM_STALE belongs to a request that died, and is taken
+# over. A request waiting on another's merge looks at the claim every MERGE_POLL_SECONDS.
+MERGE_BEAT_SECONDS = 10.0
+MERGE_CLAIM_STALE = timedelta(seconds=120)
+MERGE_POLL_SECONDS = 0.25
+
+
+def _merge_claim(job: Job) -> datetime | None:
+    """Take the job's merge claim (free, or stale); its time, the claim's token, or None
+    while another request holds it."""
+    now = timezone.now()
+    taken = Job.objects.filter(pk=job.pk).filter(
+        Q(merge_claimed_at__isnull=True) | Q(merge_claimed_at__lte=now - MERGE_CLAIM_STALE)
+    ).update(merge_claimed_at=now)
+    return now if taken == 1 else None
+
+
+def _merge_claimed(job: Job) -> bool:
+    """Whether another request holds a live claim on the job's merge."""
+    return Job.objects.filter(pk=job.pk, merge_claimed_at__gt=timezone.now()
+                              - MERGE_CLAIM_STALE).exists()
+
+
+def _beating(rows: Iterator[dict[str, Any]], job: Job,
+             token: list[datetime]) -> Iterator[dict[str, Any]]:
+    """The rows, the claim renewed as they go by (token[0]: the claim's time as written)."""
+    due = time.monotonic() + MERGE_BEAT_SECONDS
+    for row in rows:
+        if time.monotonic() >= due:
+            now = timezone.now()
+            Job.objects.filter(pk=job.pk, merge_claimed_at=token[0]).update(
+                merge_claimed_at=now)
+            token[0], due = now, time.monotonic() + MERGE_BEAT_SECONDS
+        yield row
+
+
+def _merged_write_once(job: Job, stamp: str) -> int:
+    """Write the merged file for `stamp` and its stamp; its row count. Concurrent first
+    requests (issue 40 L12: each read every row of the job and its re-runs and wrote the
+    same file) are told apart by the job's merge claim: the one that takes it writes, the
+    others wait for the claim to go and serve what it wrote. A writer that died leaves a
+    claim that stops beating, and a waiter takes it over; one that failed leaves no stamp,
+    and a waiter writes the file itself."""
+    storage = storage_for(job.data_residency)
+    while True:
+        claimed = _merge_claim(job)
+        if claimed is not None:
+            token = [claimed]
+            try:
+                # Written by the holder this request waited for, or just before its look.
+                count = _stamped_count(job, stamp)
+                if count is None:
+                    count = rows_write(job, _beating(merged_records(job), job, token),
+                                       merged_key(job))
+                    # Written after the file, so a stamp never names a file not all there.
+                    storage.write_stream(merged_stamp_key(job), [f"{stamp} {count}".encode()],
+                                         max_bytes=1024)
+                return count
+            finally:
+                Job.objects.filter(pk=job.pk, merge_claimed_at=token[0]).update(
+                    merge_claimed_at=None)
+        # Another request is writing it: as long as it beats, the wait is its write's.
+        while _merge_claimed(job):
+            time.sleep(MERGE_POLL_SECONDS)
+        count = _stamped_count(job, stamp)
+        if count is not None:
+            return count
 
 
 def _stamped_count(job: Job, stamp: str) -> int | None:

@@ -63,7 +63,7 @@ from jobs.services.lifecycle import (
     job_lease_claim,
     job_transition,
 )
-from jobs.services.metering import usage_sum
+from jobs.services.metering import job_usage_done
 from jobs.services.progress import job_progress_notify
 from jobs.services.rows import record, rows_read
 from jobs.storage import StorageChanged, storage_for
@@ -170,7 +170,7 @@ def job_start(*, job_id: uuid.UUID | str) -> int:
 
 def job_usage(job: Job) -> Usage:
     """What the job's finished chunks consumed."""
-    return usage_sum(Chunk.objects.filter(job_id=job.pk, status=ChunkStatus.DONE))
+    return job_usage_done(job.pk)
 
 
 def hold_reached(job: Job, usage: Usage | None = None) -> bool:
@@ -390,7 +390,8 @@ def job_finalize(*, job_id: uuid.UUID | str) -> JobStatus | None:
     # The merge streams every row once (10M rows take minutes on S3): its lease is renewed
     # meanwhile, so the recovery pass hands the finalize out only when this worker died.
     with _Heartbeat(lambda: job_lease_beat(job_id=job.pk, state=JobStatus.FINALIZING)):
-        key, delivered = result_write(job, done, charge=cost)
+        written = result_write(job, done, charge=cost)
+    key, delivered = written.key, written.rows
     totals = Chunk.objects.filter(pk__in=[c.pk for c in done]).aggregate(
         success=Sum("success_rows"), errors=Sum("error_rows"),
         truncated=Sum("truncated_rows"), format_errors=Sum("format_error_rows"))
@@ -411,6 +412,10 @@ def job_finalize(*, job_id: uuid.UUID | str) -> JobStatus | None:
             "pending_rows": max(rows - accounted, 0),
             "partial": status != JobStatus.DONE and delivered > 0,
             "result_key": key if delivered or status == JobStatus.DONE else "",
+            # Recorded once, here: a batch read shows them without summing the chunks or
+            # reading the file (openai_api.batches).
+            "usage": usage_json(usage), "result_output_bytes": written.output_bytes,
+            "result_error_bytes": written.error_bytes,
         },
     )
     return JobStatus(finished.status)

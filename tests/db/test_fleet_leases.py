@@ -44,7 +44,7 @@ def test_a_merge_longer_than_the_stale_window_keeps_its_finalize(
     merging, checked = threading.Event(), threading.Event()
     write = running.result_write
 
-    def slow_write(*args: Any, **kwargs: Any) -> tuple[str, int]:
+    def slow_write(*args: Any, **kwargs: Any) -> Any:
         merging.set()
         # a 10M-row merge, in miniature: past the 1.5 s window, until the checks below
         checked.wait(20)

@@ -16,12 +16,12 @@ from pytest_django import Settings
 from rest_framework.test import APIClient
 
 from billing.services import credits_summary
-from console.models import ApiKey
-from jobs.constants import InputStatus
-from jobs.models import Input
-from jobs.services.inputs import inputs_expire
+from console.models import ApiKey, Organization
+from jobs.constants import InputStatus, JobStatus
+from jobs.models import Input, Job
+from jobs.services.inputs import input_refresh, inputs_expire
 from jobs.storage import storage_for
-from tests.factories import api_key_make, organization_make
+from tests.factories import api_key_make, input_ready, job_make, organization_make
 
 pytestmark = pytest.mark.django_db
 INPUTS = "/batch/v1/inputs"
@@ -254,3 +254,41 @@ def test_openapi_describes_the_input_operations() -> None:
     assert document["paths"]["/batch/v1/inputs/{input_id}"]["get"]["operationId"] == "getInput"
     assert json.dumps(document)  # serialisable end to end
 
+
+
+def test_an_input_past_its_expiry_keeps_its_bytes_until_the_job_reading_it_ends(
+        organization: Organization) -> None:
+    # Issue 40 L11: the 7-day sweep deleted an input's object under a job still running on
+    # it (a long job, or one approved on day 6).
+    item = input_ready(organization, ROWS)
+    job = job_make(organization, status=JobStatus.IN_PROGRESS)
+    Job.objects.filter(pk=job.pk).update(input=item)
+    Input.objects.filter(pk=item.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    storage = storage_for("world")
+    # when the sweep runs while the job is in progress
+    assert inputs_expire() == 0
+    # then its bytes are kept; the input reads expired, so nothing new starts on it
+    assert storage.exists(item.object_key)
+    item = input_refresh(item=Input.objects.get(pk=item.pk))
+    assert item.status == InputStatus.EXPIRED and item.deleted_at is None
+    # and once the job has ended, the next sweep deletes them
+    Job.objects.filter(pk=job.pk).update(status=JobStatus.DONE)
+    assert inputs_expire() == 1
+    item.refresh_from_db()
+    assert item.deleted_at is not None and not storage.exists(item.object_key)
+
+
+def test_deleting_a_jobs_data_keeps_a_shared_input_under_another_job_until_it_ends(
+        api: APIClient, organization: Organization) -> None:
+    item = input_ready(organization, ROWS)
+    done = job_make(organization, status=JobStatus.DONE)
+    running = job_make(organization, status=JobStatus.IN_PROGRESS)
+    Job.objects.filter(pk__in=[done.pk, running.pk]).update(input=item)
+    assert api.delete(f"/batch/v1/jobs/{done.pk}/data").status_code == 200
+    storage = storage_for("world")
+    assert storage.exists(item.object_key)
+    item.refresh_from_db()
+    assert item.status == InputStatus.EXPIRED and item.deleted_at is None
+    Job.objects.filter(pk=running.pk).update(status=JobStatus.CANCELLED)
+    assert inputs_expire() == 1
+    assert not storage.exists(item.object_key)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Callable
+from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -479,3 +480,72 @@ def test_the_merged_file_is_written_once_per_set_of_finished_reruns(
     assert len(writes) == 2
     merged(api, parent)
     assert len(writes) == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_first_requests_write_the_merged_file_once(
+        api: APIClient, organization: Organization, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 40 L12: every first GET ?merged=true that came in before the file was written
+    # read every row of the job and its re-runs and wrote it again.
+    import threading
+
+    from django.db import connection
+
+    from jobs.services import rerun as rerun_service
+    from jobs.services.rerun import job_result_merged_link
+    from tests.race import run_after
+
+    writes: list[str] = []
+    real_write = rerun_service.rows_write
+
+    def write_noted(job: Any, rows: Any, key: str) -> Any:
+        writes.append(key)
+        return real_write(job, rows, key)
+
+    monkeypatch.setattr(rerun_service, "rows_write", write_noted)
+    parent = parent_done(organization)
+    approve_and_run(api, rerun(api, parent)["id"], lambda ident: RowOutcome.SUCCESS, "first")
+    # given four requests that have each looked for the file and found none
+    requests = 4
+    looked, seen, lock = threading.Barrier(requests), set(), threading.Lock()
+
+    def all_looked(*args: Any, **kwargs: Any) -> None:
+        with lock:
+            first = threading.get_ident() not in seen
+            seen.add(threading.get_ident())
+        if first:
+            looked.wait(timeout=30)
+
+    answers: list[dict[str, object]] = []
+
+    def ask() -> None:
+        try:
+            answers.append(job_result_merged_link(job=Job.objects.get(pk=parent.pk)))
+        finally:
+            connection.close()
+
+    with run_after("jobs.services.rerun._stamped_count", all_looked, every=True):
+        threads = [threading.Thread(target=ask) for _ in range(requests)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+    # then the file was written once, and every request was answered with it
+    assert writes == [merged_key(parent)]
+    assert len(answers) == requests and {answer["row_count"] for answer in answers} == {20}
+    assert Job.objects.get(pk=parent.pk).merge_claimed_at is None
+    assert len(merged(api, parent)) == 20 and len(writes) == 1
+
+
+def test_a_merge_claim_left_by_a_request_that_died_is_taken_over(
+        api: APIClient, organization: Organization) -> None:
+    from django.utils import timezone
+
+    from jobs.services.rerun import MERGE_CLAIM_STALE
+
+    parent = parent_done(organization)
+    approve_and_run(api, rerun(api, parent)["id"], lambda ident: RowOutcome.SUCCESS, "first")
+    Job.objects.filter(pk=parent.pk).update(
+        merge_claimed_at=timezone.now() - MERGE_CLAIM_STALE - timedelta(seconds=1))
+    assert len(merged(api, parent)) == 20
+    assert Job.objects.get(pk=parent.pk).merge_claimed_at is None
