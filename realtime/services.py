@@ -47,6 +47,7 @@ from billing.services import (
     organization_lock,
     realtime_charge_write,
 )
+from billing.unsettled import CREDITS_READ_EVERY_SECONDS, NANO_PER_CREDIT
 from console.models import ApiKey
 from inference.catalog import CatalogModel
 from inference.engines import DecisionOutcome
@@ -57,7 +58,6 @@ from inference.rows.decisions import question_text, state_text
 from realtime.checks import encoding_format_check, realtime_model_require
 from realtime.concurrency import (
     LIMITER_UNAVAILABLE_DETAIL,
-    NANO_PER_CREDIT,
     Admission,
     Room,
     admitted,
@@ -117,8 +117,8 @@ _in_process_lock = threading.Lock()
 # and the key's budget must cover the next whole credit (billing.services Credits.covers,
 # KeyBudget.covers: approval's rules, asked of the smallest spend).
 NEXT_CREDIT = 1
-# The credit check's answer for a key is kept this long per process (_credits_require).
-CREDITS_READ_EVERY_SECONDS = 1.0
+# The credit check's answer for a key is kept CREDITS_READ_EVERY_SECONDS per process
+# (_credits_require; an approval's mark is counted that long after its hold commits).
 CREDITS_READ_KEYS = 10_000
 _credits_read: dict[uuid.UUID, tuple[float, str | None, Room]] = {}
 # A usage row is settled once it is this old (and marked settled as it is summed, so one
