@@ -514,6 +514,15 @@ def _decision_most(body: dict[str, Any]) -> int:
                for q in questions.values() if isinstance(q, dict)) or MARKER_TOKENS
 
 
+def _step_failed_detail(param: object) -> str:
+    name = param.removeprefix("questions.") if isinstance(param, str) else None
+    which = f"question '{name}'" if name else "a question"
+    return (f"The decision service failed on {which} of this request (the model failed on "
+            "it, and again when it was run alone), so no question was answered and nothing "
+            "was billed. Retry; if it persists, contact support with the X-Anex-Request-ID "
+            "header of this response.")
+
+
 def realtime_decision_create(*, key: ApiKey, host_region: Region,
                              body: dict[str, Any]) -> dict[str, Any]:
     """POST /realtime/v1/systemone: the reference's answers, usage and routing."""
@@ -531,9 +540,13 @@ def realtime_decision_create(*, key: ApiKey, host_region: Region,
                    ) as (answer, admission):
         error = answer.get("error")
         if isinstance(error, dict) and error.get("type") == "server_error":
-            # The engine's step failed on this request alone (feed.py): the engine's
-            # failure, not the caller's, and nothing was answered to bill.
-            raise EngineFailed(ENGINE_FAILED_DETAIL.format(what="decision"))
+            # The engine's step failed on one of this request's questions, in its batch and
+            # again alone (feed.py): the engine's failure, not the caller's. The request
+            # fails closed, as its batch row would: no question is answered and nothing is
+            # billed (docs/realtime.md, "POST /systemone"; issue 40 L14).
+            # (Not the question's name in the log: it is the customer's text.)
+            logger.error("realtime decision engine failed on a question of the request")
+            raise EngineFailed(_step_failed_detail(error.get("param")))
         if isinstance(error, dict):
             # A question the model refuses: 422 with the model's own message, naming it.
             # The engine checks the questions before it reads the text: nothing to bill.

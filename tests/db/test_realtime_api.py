@@ -465,7 +465,10 @@ def test_a_decision_the_engine_failed_on_is_502_not_the_callers_422(
     response = api.post(DECIDE, {"model": "laya", "state": "x", "questions": QUESTIONS},
                         format="json")
     assert response.status_code == 502
-    assert "decision service failed to answer" in response.json()["detail"]
+    assert response.json()["detail"].startswith(
+        "The decision service failed on a question of this request (the model failed on it, "
+        "and again when it was run alone), so no question was answered and nothing was "
+        "billed.")
     assert not RealtimeUsage.objects.exists()
 
 
