@@ -352,7 +352,7 @@ def _realtime_require(*, job: HeldJob, key: ApiKey | None, estimate: int, credit
             f"The balance does not cover the estimate: approving this job holds {estimate} "
             f"credits and {credits.available} are available, of which realtime usage not "
             f"yet charged and realtime requests in flight hold {credits_text(held)}. Top up "
-            "and approve again, or wait for the realtime requests to end.",
+            "and approve again.",
         )
     if code == 2:
         assert budget is not None
