@@ -18,7 +18,10 @@ network: telling the two apart would let a customer map our internal DNS.
 
 Socket timeouts bound each read, so a source sending a byte every few seconds never trips
 them; one absolute deadline per fetch (connect, TLS, headers and body, every hop) does.
-The name lookup runs inside that deadline too. Bodies are streamed under a byte cap.
+The name lookup runs inside that deadline too, on a shared pool of resolver threads of
+which one tenant (the organization the fetch is for, `tenant`) holds at most
+TENANT_LOOKUPS at once, so a tenant whose names never answer (a slow zone it controls)
+cannot take every thread from the others. Bodies are streamed under a byte cap.
 Redirects are handed back to the caller unless ``max_redirects`` allows following them.
 Every failure is a `FetchError` whose message is safe to show the customer; every failure
 before a reply began (refused, timed out, TLS) reads the same (`no_reply`), so the fetcher
@@ -32,7 +35,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Hashable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass
@@ -312,6 +315,7 @@ def fetch(
     method: Method,
     url: str,
     *,
+    tenant: Hashable,
     headers: Mapping[str, str] | None = None,
     body: bytes | None = None,
     max_bytes: int = MAX_BYTES,
@@ -331,6 +335,9 @@ def fetch(
     Unset, it is one connect timeout plus one read timeout: enough for the small replies
     most callers read (a webhook's answer, a probe's headers). Callers that download real
     files pass their own.
+
+    ``tenant`` is whose fetch it is (an organization's id): its name lookups share its
+    TENANT_LOOKUPS, never another tenant's.
     """
     if method not in _METHODS:
         raise ValueError(f"unsupported method {method!r}")
@@ -340,10 +347,10 @@ def fetch(
     ca_certs: str | None = getattr(settings, "ANEX_FETCH_CA_BUNDLE", None)
     timer = _Deadline(connect_timeout + read_timeout if deadline is None else deadline)
     try:
-        return _fetch(method, url, headers=headers, body=body, max_bytes=max_bytes,
-                      max_redirects=max_redirects, connect_timeout=connect_timeout,
-                      read_timeout=read_timeout, deadline=timer,
-                      allow_loopback=allow_loopback, ca_certs=ca_certs)
+        return _fetch(method, url, tenant=tenant, headers=headers, body=body,
+                      max_bytes=max_bytes, max_redirects=max_redirects,
+                      connect_timeout=connect_timeout, read_timeout=read_timeout,
+                      deadline=timer, allow_loopback=allow_loopback, ca_certs=ca_certs)
     except BaseException:
         timer.close()
         raise
@@ -353,6 +360,7 @@ def _fetch(
     method: Method,
     url: str,
     *,
+    tenant: Hashable,
     headers: Mapping[str, str] | None,
     body: bytes | None,
     max_bytes: int,
@@ -370,7 +378,8 @@ def _fetch(
         target = _parse(url, allow_loopback=allow_loopback)
         if previous is not None and _origin(target) != _origin(previous):
             request_headers = _without(request_headers, _ORIGIN_BOUND_HEADERS)
-        addresses = _resolve(target, allow_loopback=allow_loopback, deadline=deadline)
+        addresses = _resolve(target, tenant=tenant, allow_loopback=allow_loopback,
+                             deadline=deadline)
         pool, response = _send(
             target,
             addresses,
@@ -422,12 +431,14 @@ def url_mask(url: str) -> str:
     return f"{parts.scheme}://{host}{f':{port}' if port else ''}/{'…' if rest else ''}"
 
 
-def url_check(url: str) -> None:
+def url_check(url: str, *, tenant: Hashable) -> None:
     """Refuse, without connecting, a URL that `fetch` would refuse (steps 1 and 2 above):
     for a URL saved now and fetched later, such as a webhook endpoint, so a bad one is
-    refused when it is set. `fetch` checks again, since DNS answers change."""
+    refused when it is set. `fetch` checks again, since DNS answers change. Its lookup is
+    `tenant`'s, as a fetch's is."""
     allow_loopback: bool = getattr(settings, "ANEX_FETCH_ALLOW_LOOPBACK", False)
-    _resolve(_parse(url, allow_loopback=allow_loopback), allow_loopback=allow_loopback)
+    _resolve(_parse(url, allow_loopback=allow_loopback), tenant=tenant,
+             allow_loopback=allow_loopback)
 
 
 def _parse(url: str, *, allow_loopback: bool) -> _Target:
@@ -465,25 +476,78 @@ def _parse(url: str, *, allow_loopback: bool) -> _Target:
 # Name lookups run here, so one that hangs (a resolver that never answers, a name whose
 # servers drop queries) is abandoned at the fetch's deadline instead of holding the fetch
 # past it: getaddrinfo itself cannot be interrupted. A lookup abandoned keeps its thread
-# until the system resolver gives up; with every thread busy, later lookups wait their
-# turn within their own deadlines.
-_RESOLVERS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="anex-dns")
+# until the system resolver gives up. One tenant's lookups hold at most TENANT_LOOKUPS of
+# the threads, running or abandoned (issue 40 L5: a customer's zone whose servers drop
+# queries took all 8 threads, and every other organization's ingests, probes and
+# webhooks in the process waited out their deadlines behind it); a tenant past its share
+# waits for one of its own to end, within its deadline, on its own thread.
+RESOLVER_THREADS = 32
+TENANT_LOOKUPS = 4
+_RESOLVERS = ThreadPoolExecutor(max_workers=RESOLVER_THREADS, thread_name_prefix="anex-dns")
 # The lookup's limit for url_check, which has no fetch deadline (a URL saved to be fetched
 # later: the webhook endpoint).
 RESOLVE_TIMEOUT = 10.0
 
 
-def _getaddrinfo(target: _Target, timeout: float) -> list[Any]:
-    lookup = _RESOLVERS.submit(socket.getaddrinfo, target.host, target.port,
-                               type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+class _TenantLookups:
+    """How many lookups each tenant has on the resolver threads (queued, running, or
+    abandoned and still running), at most TENANT_LOOKUPS each."""
+
+    def __init__(self) -> None:
+        self._held: dict[Hashable, int] = {}
+        self._changed = threading.Condition()
+
+    def take(self, tenant: Hashable, timeout: float) -> bool:
+        """One of the tenant's lookups, waiting at most `timeout` for one to end; False
+        when none did."""
+        with self._changed:
+            if not self._changed.wait_for(
+                    lambda: self._held.get(tenant, 0) < TENANT_LOOKUPS, timeout=max(timeout, 0)):
+                return False
+            self._held[tenant] = self._held.get(tenant, 0) + 1
+            return True
+
+    def give(self, tenant: Hashable) -> None:
+        with self._changed:
+            left = self._held[tenant] - 1
+            if left:
+                self._held[tenant] = left
+            else:
+                del self._held[tenant]
+            self._changed.notify_all()
+
+
+_LOOKUPS = _TenantLookups()
+
+
+def _getaddrinfo(target: _Target, timeout: float, tenant: Hashable) -> list[Any]:
+    """The name's addresses, looked up on a resolver thread within `timeout`, as one of
+    `tenant`'s lookups; FuturesTimeout past it (its share taken the whole time included)."""
+    ends = time.monotonic() + timeout
+    if not _LOOKUPS.take(tenant, timeout):
+        raise FuturesTimeout
+
+    def lookup() -> list[Any]:
+        try:
+            return socket.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM,
+                                      proto=socket.IPPROTO_TCP)
+        finally:
+            _LOOKUPS.give(tenant)  # when the lookup ends, even one the fetch abandoned
+
     try:
-        return lookup.result(timeout=max(timeout, 0))
+        future = _RESOLVERS.submit(lookup)
+    except BaseException:
+        _LOOKUPS.give(tenant)
+        raise
+    try:
+        return future.result(timeout=max(ends - time.monotonic(), 0))
     except FuturesTimeout:
-        lookup.cancel()
+        if future.cancel():  # never started: its share is given back here, not by lookup
+            _LOOKUPS.give(tenant)
         raise
 
 
-def _resolve(target: _Target, *, allow_loopback: bool,
+def _resolve(target: _Target, *, tenant: Hashable, allow_loopback: bool,
              deadline: _Deadline | None = None) -> list[IPAddress]:
     """Resolve once, within the fetch's deadline, and judge every address: one bad answer
     refuses the whole host.
@@ -493,7 +557,8 @@ def _resolve(target: _Target, *, allow_loopback: bool,
     names exist in our internal DNS."""
     not_public = UnsafeURL(f"{target.host} is not a public internet address")
     try:
-        infos = _getaddrinfo(target, deadline.remaining() if deadline else RESOLVE_TIMEOUT)
+        infos = _getaddrinfo(target, deadline.remaining() if deadline else RESOLVE_TIMEOUT,
+                             tenant)
     except FuturesTimeout:
         if deadline is not None:
             raise deadline.unreachable(target.host) from None

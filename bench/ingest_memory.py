@@ -66,7 +66,7 @@ if mode == "anex":
     assert input_copy(input_id=item.pk) == "ready", item.pk
 else:
     from anex.net import fetch
-    with fetch("GET", url, max_bytes=10**12) as response:
+    with fetch("GET", url, tenant="bench", max_bytes=10**12) as response:
         body = response.read()
     storage_for(Region.WORLD).write_stream(item.object_key, iter([body]), max_bytes=10**12)
 size = storage_for(Region.WORLD).size(item.object_key)

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,15 +78,24 @@ def wait_for(url: str, process: subprocess.Popen[bytes], timeout: float = 300) -
 SECRET = secrets.token_hex(16)
 
 
-def signed(headers: dict[str, str], path: str, body: dict[str, Any]) -> dict[str, str]:
-    """Headers for a request straight to an engine server, signed as the web tier signs
-    (good for ENGINE_SIGNATURE_SECONDS: one level's run)."""
-    from realtime.engine_client import engine_signature
+def signed(headers: dict[str, str], url: str, body: dict[str, Any]
+           ) -> Callable[[], dict[str, str]]:
+    """Headers for each request straight to an engine server, signed as the web tier signs
+    them: a fresh timestamp and nonce per request (an engine server answers a nonce once)."""
+    import hashlib
 
-    timestamp = str(int(time.time()))
-    return {**headers, "X-Anex-Timestamp": timestamp,
-            "X-Anex-Signature": engine_signature(SECRET, timestamp=timestamp, path=path,
-                                                 body=json.dumps(body).encode())}
+    from realtime.engine_client import deadline_seconds, engine_signed_headers
+
+    parts = urllib3.util.parse_url(url)
+    host, path = f"{parts.host}:{parts.port}", parts.path or "/"
+    timeout_ms = str(int(deadline_seconds() * 1000))
+    digest = hashlib.sha256(json.dumps(body).encode()).hexdigest()
+
+    def sign() -> dict[str, str]:
+        return {**headers, "X-Anex-Timeout-Ms": timeout_ms, **engine_signed_headers(
+            SECRET, host=host, path=path, timeout_ms=timeout_ms, body_digest=digest)}
+
+    return sign
 
 
 @contextmanager
@@ -136,9 +145,10 @@ class Level:
         return len(self.latencies) / self.seconds
 
 
-def load(url: str, body: dict[str, Any], headers: dict[str, str], clients: int,
+def load(url: str, body: dict[str, Any], headers: Callable[[], dict[str, str]], clients: int,
          seconds: float) -> Level:
-    """`clients` threads sending `body` back to back for `seconds` (after a warm-up)."""
+    """`clients` threads sending `body` back to back for `seconds` (after a warm-up), each
+    request with the headers `headers()` gives."""
     payload = json.dumps(body).encode()
     latencies: list[float] = []
     errors = [0]
@@ -153,7 +163,7 @@ def load(url: str, body: dict[str, Any], headers: dict[str, str], clients: int,
         pool = urllib3.connection_from_url(url, maxsize=1, retries=False)
         mine: list[float] = []
         while (now := time.monotonic()) < stop:
-            response = pool.urlopen("POST", path, body=payload, headers=headers)
+            response = pool.urlopen("POST", path, body=payload, headers=headers())
             took = time.monotonic() - now
             if response.status != 200:
                 with lock:
@@ -236,11 +246,10 @@ def main() -> None:
             engine = direct_url.rsplit("/v1/", 1)[0]
             for clients in CONCURRENCY:
                 before = batching(engine)
-                path = "/v1/" + direct_url.rsplit("/v1/", 1)[1]
-                direct = load(direct_url, direct_body, signed(plain, path, direct_body),
+                direct = load(direct_url, direct_body, signed(plain, direct_url, direct_body),
                               clients, seconds)
                 middle = batching(engine)
-                ours = load(anex_url, anex_body, auth, clients, seconds)
+                ours = load(anex_url, anex_body, lambda: auth, clients, seconds)
                 after = batching(engine)
                 for label, level, per_call in (("engine", direct, middle - before),
                                                ("anex", ours, after - middle)):

@@ -63,7 +63,7 @@ class OrganizationForm(ModelForm):
         # The same check organization_webhook_set makes, shown on the field.
         url: str = self.cleaned_data["webhook_url"]
         if url:
-            webhook_url_validate(url)
+            webhook_url_validate(url, organization_id=self.instance.pk)
         return url
 
 

@@ -14,10 +14,14 @@ next request that looks.
 What a request may spend is what the ledger said was available (read at most once a
 second per process, realtime.services) less what realtime has metered and the ledger has
 not yet charged (the metered total less the settled total, which the settlement raises
-as it charges the ledger: realtime_settled_add) less every reservation in flight. Taking a
-slot is one Lua call: sweep, sum, check and add happen atomically, so concurrent requests
-cannot overshoot. The settled total is read before the ledger is, so a settlement that
-lands between the two reads is counted twice (a refusal too many), never not at all.
+as it charges the ledger: realtime_settled_add) less every reservation in flight, less
+what the jobs approved in the last seconds hold (their marks: the ledger read may be from
+before their holds committed). Taking a slot is one Lua call: sweep, sum, check and add
+happen atomically, so concurrent requests cannot overshoot, and an approval, which counts
+the same totals and reservations (billing.unsettled), sees every reservation taken before
+its own call, as every request taken after it sees its mark. The settled total is read
+before the ledger is, so a settlement that lands between the two reads is counted twice
+(a refusal too many), never not at all.
 
 When Redis cannot be reached the request is refused (503): without the reservations a
 request could overdraw, and realtime spends money where the batch API's rate limiter,
@@ -32,13 +36,24 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import redis
 from django.conf import settings
 
 from anex.errors import PaymentRequired, RateLimited, Unavailable
 from anex.redis import redis_client
+from billing.unsettled import (
+    LUA_FUNCTIONS,
+    MOST_NANO,
+    credits_text,
+    holding_key,
+    lua_script,
+    metered_keys,
+    nano,
+    reserved_key,
+    settled_keys,
+    slots_key,
+)
 from console.models import ApiKey
 
 logger = logging.getLogger(__name__)
@@ -46,47 +61,33 @@ logger = logging.getLogger(__name__)
 RETRY_AFTER_SECONDS = 1
 # A slot outlives any request that still runs: the engine timeout plus a margin.
 SLOT_MARGIN_SECONDS = 30
-# Money in Redis is counted in whole nano-dollars (a credit is 10,000,000 of them): exact
-# for every realtime rate in the catalog, and in a Lua number (a double) up to $9M.
-NANO_PER_CREDIT = 10_000_000
-MOST_NANO = 2**53 - 1
 LIMITER_UNAVAILABLE_DETAIL = ("The realtime API could not reserve this request's cost, so "
                               "nothing was done and nothing was billed. Retry.")
 UNSETTLED_RETRY_AFTER_SECONDS = 30
 
 # KEYS: the organization's slots, its reservations, its metered total, the key's metered
-# total. ARGV: now, the slot's expiry, the concurrency limit, the slot's token, the slots'
-# lifetime, the request's cost, the key's id, the organization's room, its settled total,
-# the key's room (-1: no budget), the key's settled total, the unsettled cap. Answers
-# {0 when a slot was taken, else why not: 1 the credits, 2 the key's budget, 3 the cap,
-# 4 the concurrency limit; what was already held against the refusing limit}.
-_TAKE = """
+# total, the organization's holding marks. ARGV: now, the slot's expiry, the concurrency
+# limit, the slot's token, the slots' lifetime, the request's cost, the key's id, the
+# organization's room, its settled total, the key's room (-1: no budget), the key's settled
+# total, the unsettled cap. Answers {0 when a slot was taken, else why not: 1 the credits,
+# 2 the key's budget, 3 the cap, 4 the concurrency limit; what was already held against
+# the refusing limit}.
+_TAKE = LUA_FUNCTIONS + """
 local now = tonumber(ARGV[1])
-local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
-if #expired > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-  redis.call('HDEL', KEYS[2], unpack(expired))
-end
 local cost = tonumber(ARGV[6])
-local org_reserved, key_reserved = 0, 0
-local held = redis.call('HGETALL', KEYS[2])
-for i = 1, #held, 2 do
-  local space = string.find(held[i + 1], ' ', 1, true)
-  local amount = tonumber(string.sub(held[i + 1], 1, space - 1))
-  org_reserved = org_reserved + amount
-  if string.sub(held[i + 1], space + 1) == ARGV[7] then
-    key_reserved = key_reserved + amount
-  end
-end
+local org_reserved, key_reserved = in_flight(KEYS[1], KEYS[2], now, ARGV[7])
+-- Jobs approved in the last seconds count against the credits and the budget (the room may
+-- be a read from before their holds), not against the cap on realtime's own spend.
+local org_marked, key_marked = holding(KEYS[5], now, ARGV[7])
 local org_held = math.max(0, (tonumber(redis.call('GET', KEYS[3])) or 0)
                              - tonumber(ARGV[9])) + org_reserved
-if org_held + cost > tonumber(ARGV[8]) then
-  return {1, org_held}
+if org_held + org_marked + cost > tonumber(ARGV[8]) then
+  return {1, org_held + org_marked}
 end
 local key_room = tonumber(ARGV[10])
 if key_room >= 0 then
   local key_held = math.max(0, (tonumber(redis.call('GET', KEYS[4])) or 0)
-                               - tonumber(ARGV[11])) + key_reserved
+                               - tonumber(ARGV[11])) + key_reserved + key_marked
   if key_held + cost > key_room then
     return {2, key_held}
   end
@@ -114,25 +115,6 @@ if tonumber(ARGV[2]) > 0 then
 end
 return 1
 """
-_scripts: dict[tuple[int, str], Any] = {}
-
-
-def _slots_key(organization_id: object) -> str:
-    return f"anex:realtime:inflight:{organization_id}"
-
-
-def _reserved_key(organization_id: object) -> str:
-    return f"anex:realtime:reserved:{organization_id}"
-
-
-def _metered_keys(organization_id: object, key_id: object) -> tuple[str, str]:
-    return (f"anex:realtime:metered:org:{organization_id}",
-            f"anex:realtime:metered:key:{key_id}")
-
-
-def _settled_keys(organization_id: object, key_id: object) -> tuple[str, str]:
-    return (f"anex:realtime:settled:org:{organization_id}",
-            f"anex:realtime:settled:key:{key_id}")
 
 
 def slot_seconds() -> int:
@@ -143,15 +125,6 @@ def limit_detail(limit: int) -> str:
     return (f"Too many concurrent realtime requests: this organization already has {limit} "
             "in flight, the most it may. Wait the seconds in the Retry-After header, then "
             "retry.")
-
-
-def nano(credits: int) -> int:
-    return min(max(credits, 0) * NANO_PER_CREDIT, MOST_NANO)
-
-
-def _credits(amount: int) -> str:
-    """Nano-dollars as credits, to two places (a request costs a fraction of one)."""
-    return f"{amount / NANO_PER_CREDIT:,.2f}"
 
 
 @dataclass(frozen=True)
@@ -167,14 +140,14 @@ class Room:
 
 def settled_read(*, key: ApiKey) -> tuple[int, int]:
     """The organization's and the key's settled totals (read before the ledger)."""
-    values = redis_client().mget(_settled_keys(key.organization_id, key.pk))
+    values = redis_client().mget(settled_keys(key.organization_id, key.pk))
     return int(values[0] or 0), int(values[1] or 0)
 
 
 def realtime_settled_add(*, organization_id: object, key_id: object, amount: int) -> None:
     """A settlement charged the ledger for `amount` nano-dollars of metered usage (less any
     fraction carried, realtime.services): that much is no longer unsettled."""
-    org, key = _settled_keys(organization_id, key_id)
+    org, key = settled_keys(organization_id, key_id)
     client = redis_client()
     with client.pipeline(transaction=True) as pipe:
         pipe.incrby(org, amount)
@@ -186,16 +159,9 @@ def unsettled_nano(*, organization_id: object) -> int:
     """The organization's metered realtime usage the ledger has not yet charged (for tests,
     the admin and the settlement's lag)."""
     client = redis_client()
-    metered = client.get(_metered_keys(organization_id, "-")[0])
-    settled = client.get(_settled_keys(organization_id, "-")[0])
+    metered = client.get(metered_keys(organization_id, "-")[0])
+    settled = client.get(settled_keys(organization_id, "-")[0])
     return max(0, int(metered or 0) - int(settled or 0))
-
-
-def _script(client: redis.Redis, source: str) -> Any:
-    script = _scripts.get((id(client), source))
-    if script is None:
-        script = _scripts[(id(client), source)] = client.register_script(source)
-    return script
 
 
 class Admission:
@@ -214,17 +180,18 @@ def _refusal(code: int, held: int, *, key: ApiKey, cost: int, room: Room) -> Exc
     if code == 1:
         return PaymentRequired(
             f"The organization's credits do not cover this request: "
-            f"{_credits(room.organization)} credits are available, realtime usage not yet "
-            f"settled and requests in flight hold {_credits(held)}, and this request may "
-            f"cost up to {_credits(cost)}. Add credits (a top-up on the console's Billing "
-            "page), or retry once the requests in flight end.")
+            f"{credits_text(room.organization)} credits are available, realtime usage not "
+            f"yet settled, requests in flight and jobs approved in the last seconds hold "
+            f"{credits_text(held)}, and this request may cost up to {credits_text(cost)}. Add "
+            "credits (a top-up on the console's Billing page), or retry once the requests in "
+            "flight end.")
     if code == 2:
         return PaymentRequired(
             f"This API key's spend budget does not cover this request: "
-            f"{_credits(room.key or 0)} credits of it are left, realtime usage not yet "
-            f"settled and requests in flight hold {_credits(held)}, and this request may "
-            f"cost up to {_credits(cost)}. Raise the budget on the console's Keys page, or "
-            "use another key.")
+            f"{credits_text(room.key or 0)} credits of it are left, realtime usage not yet "
+            f"settled, requests in flight and jobs approved in the last seconds hold "
+            f"{credits_text(held)}, and this request may cost up to {credits_text(cost)}. "
+            "Raise the budget on the console's Keys page, or use another key.")
     if code == 3:
         return Unavailable(
             f"This organization's realtime usage waiting to be settled into the ledger has "
@@ -244,12 +211,12 @@ def admitted(*, key: ApiKey, cost: int, room: Room) -> Iterator[Admission]:
     organization_id = key.organization_id
     token = uuid.uuid4().hex
     client = redis_client()
-    keys = [_slots_key(organization_id), _reserved_key(organization_id),
-            *_metered_keys(organization_id, key.pk)]
+    keys = [slots_key(organization_id), reserved_key(organization_id),
+            *metered_keys(organization_id, key.pk)]
     now = time.time()
     lifetime = slot_seconds()
     try:
-        code, held = _script(client, _TAKE)(keys=keys, args=[
+        code, held = lua_script(client, _TAKE)(keys=[*keys, holding_key(organization_id)], args=[
             now, now + lifetime, settings.ANEX_REALTIME_CONCURRENCY, token, lifetime, cost,
             str(key.pk), room.organization, room.organization_settled,
             -1 if room.key is None else room.key, room.key_settled,
@@ -264,20 +231,20 @@ def admitted(*, key: ApiKey, cost: int, room: Room) -> Iterator[Admission]:
         yield admission
     finally:
         try:
-            _script(client, _GIVE_BACK)(keys=keys, args=[token, admission.spent])
+            lua_script(client, _GIVE_BACK)(keys=keys, args=[token, admission.spent])
         except redis.RedisError as exc:  # the slot and its reservation lapse on their own
             logger.warning("could not give back a realtime slot: %s", exc)
 
 
 def slots_in_flight(*, organization_id: object) -> int:
     """The organization's slots not yet lapsed (for tests and the admin)."""
-    key = _slots_key(organization_id)
+    key = slots_key(organization_id)
     return int(redis_client().zcount(key, time.time(), "+inf"))
 
 
 def reservations_in_flight(*, organization_id: object) -> int:
     """The organization's reservations (for tests: none once its requests end)."""
-    return int(redis_client().hlen(_reserved_key(organization_id)))
+    return int(redis_client().hlen(reserved_key(organization_id)))
 
 
 @contextmanager

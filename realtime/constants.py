@@ -16,11 +16,17 @@ SWITCH_ID = 1  # the one row of RealtimeSwitch
 # The header a forwarded request carries its time left in, in milliseconds: the engine
 # server takes the work only before then (realtime/serving.py, realtime/engine_client.py).
 ENGINE_TIMEOUT_HEADER = "X-Anex-Timeout-Ms"
-# The signature of a forwarded request (an HMAC-SHA256 of the timestamp, the path and the
-# body with ANEX_REALTIME_ENGINE_SECRET), and the Unix time it was signed at.
+# The signature of a forwarded request (an HMAC-SHA256 with ANEX_REALTIME_ENGINE_SECRET of
+# its method, Host, path, timestamp, nonce, timeout and body digest: realtime/engine_client
+# engine_signature), the Unix time it was signed at, a nonce never sent twice, and the
+# SHA-256 of its body (hex): everything an engine server checks is in the head, so a
+# request that is not the web tier's is refused before its body is read.
 ENGINE_SIGNATURE_HEADER = "X-Anex-Signature"
 ENGINE_TIMESTAMP_HEADER = "X-Anex-Timestamp"
-# How far a signed request's timestamp may be from the engine server's clock.
+ENGINE_NONCE_HEADER = "X-Anex-Nonce"
+ENGINE_BODY_DIGEST_HEADER = "X-Anex-Body-SHA256"
+# How far a signed request's timestamp may be from the engine server's clock (its nonce is
+# remembered that long past the timestamp: a replay within the window is refused too).
 ENGINE_SIGNATURE_SECONDS = 60
 
 

@@ -2,9 +2,11 @@
 engine URL per process, so a request costs a round trip on loopback, not a connect.
 
 Every request is signed with the secret the web tier shares with its engine servers
-(ANEX_REALTIME_ENGINE_SECRET: an HMAC-SHA256 of a timestamp, the path and the body), so an
-engine server answers no one else, and carries its deadline (ENGINE_TIMEOUT_HEADER). A
-model with several engine servers sends each request to the next in turn.
+(ANEX_REALTIME_ENGINE_SECRET: an HMAC-SHA256 of its method, Host, path, timestamp, a nonce,
+its deadline header and its body's SHA-256, engine_signature), so an engine server answers
+no one else, checks it all before it reads the body, and answers each signed request once.
+Each request carries its deadline (ENGINE_TIMEOUT_HEADER). A model with several engine
+servers sends each request to the next in turn.
 
 The client is this module's own, on a socket: an engine server (realtime/serving.py) speaks
 one HTTP/1.1 dialect, a JSON answer with its Content-Length in one write, and a request is
@@ -24,6 +26,7 @@ import hmac
 import itertools
 import json
 import logging
+import secrets
 import select
 import socket
 import ssl
@@ -36,6 +39,8 @@ from urllib.parse import urlsplit
 from django.conf import settings
 
 from realtime.constants import (
+    ENGINE_BODY_DIGEST_HEADER,
+    ENGINE_NONCE_HEADER,
     ENGINE_SIGNATURE_HEADER,
     ENGINE_TIMEOUT_HEADER,
     ENGINE_TIMESTAMP_HEADER,
@@ -228,10 +233,27 @@ def deadline_seconds() -> float:
     return max(timeout - DEADLINE_MARGIN_SECONDS, timeout / 2)
 
 
-def engine_signature(secret: str, *, timestamp: str, path: str, body: bytes) -> str:
-    """The HMAC-SHA256 of a request to an engine server (realtime/serving.py checks it)."""
-    message = b"\n".join((timestamp.encode(), path.encode(), body))
-    return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
+def engine_signature(secret: str, *, method: str, host: str, path: str, timestamp: str,
+                     nonce: str, timeout_ms: str, body_digest: str) -> str:
+    """The HMAC-SHA256 of a request to an engine server (realtime/serving.py checks it): of
+    every header the server acts on, and of the body through its digest, so the server can
+    check it before it reads the body. No field can carry a newline (an HTTP head cannot),
+    so no two requests sign the same message."""
+    message = "\n".join((method, host, path, timestamp, nonce, timeout_ms, body_digest))
+    return hmac.new(secret.encode(), message.encode(), hashlib.sha256).hexdigest()
+
+
+def engine_signed_headers(secret: str, *, host: str, path: str, timeout_ms: str,
+                          body_digest: str) -> dict[str, str]:
+    """The headers that sign a POST to an engine server, with a fresh timestamp and nonce
+    (one set per request sent: the server answers a nonce once)."""
+    timestamp = str(int(time.time()))
+    nonce = secrets.token_hex(16)
+    return {ENGINE_TIMESTAMP_HEADER: timestamp, ENGINE_NONCE_HEADER: nonce,
+            ENGINE_BODY_DIGEST_HEADER: body_digest,
+            ENGINE_SIGNATURE_HEADER: engine_signature(
+                secret, method="POST", host=host, path=path, timestamp=timestamp,
+                nonce=nonce, timeout_ms=timeout_ms, body_digest=body_digest)}
 
 
 def engine_call(*, urls: tuple[str, ...], path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -239,23 +261,22 @@ def engine_call(*, urls: tuple[str, ...], path: str, body: dict[str, Any]) -> di
     while one cannot be connected to); its JSON answer."""
     timeout = float(settings.ANEX_REALTIME_TIMEOUT_SECONDS)
     payload = json.dumps(body, ensure_ascii=False).encode()
-    headers = {"Content-Type": "application/json",
-               ENGINE_TIMEOUT_HEADER: str(int(deadline_seconds() * 1000))}
+    timeout_ms = str(int(deadline_seconds() * 1000))
+    headers = {"Content-Type": "application/json", ENGINE_TIMEOUT_HEADER: timeout_ms}
     secret = settings.ANEX_REALTIME_ENGINE_SECRET
-    if secret:
-        timestamp = str(int(time.time()))
-        headers[ENGINE_TIMESTAMP_HEADER] = timestamp
-        headers[ENGINE_SIGNATURE_HEADER] = engine_signature(secret, timestamp=timestamp,
-                                                            path=path, body=payload)
+    digest = hashlib.sha256(payload).hexdigest() if secret else ""
     first = next(_turns)
     order = [urls[(first + step) % len(urls)] for step in range(len(urls))]
     attempts = [order[0], *order]  # the first twice: a connection it closed in the pool
     for attempt, url in enumerate(attempts):
         connection = None
+        signed = headers if not secret else {**headers, **engine_signed_headers(
+            secret, host=_address(url).host_header, path=path, timeout_ms=timeout_ms,
+            body_digest=digest)}
         try:
             connection = _checkout(url)
             status, data, keep = connection.exchange(
-                _head(url, path, headers, len(payload)) + payload, timeout)
+                _head(url, path, signed, len(payload)) + payload, timeout)
         except TimeoutError:  # connecting timeouts are _Broken: this is the answer's
             if connection is not None:
                 connection.close()

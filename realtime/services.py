@@ -47,6 +47,7 @@ from billing.services import (
     organization_lock,
     realtime_charge_write,
 )
+from billing.unsettled import CREDITS_READ_EVERY_SECONDS, NANO_PER_CREDIT
 from console.models import ApiKey
 from inference.catalog import CatalogModel
 from inference.engines import DecisionOutcome
@@ -57,7 +58,6 @@ from inference.rows.decisions import question_text, state_text
 from realtime.checks import encoding_format_check, realtime_model_require
 from realtime.concurrency import (
     LIMITER_UNAVAILABLE_DETAIL,
-    NANO_PER_CREDIT,
     Admission,
     Room,
     admitted,
@@ -117,8 +117,8 @@ _in_process_lock = threading.Lock()
 # and the key's budget must cover the next whole credit (billing.services Credits.covers,
 # KeyBudget.covers: approval's rules, asked of the smallest spend).
 NEXT_CREDIT = 1
-# The credit check's answer for a key is kept this long per process (_credits_require).
-CREDITS_READ_EVERY_SECONDS = 1.0
+# The credit check's answer for a key is kept CREDITS_READ_EVERY_SECONDS per process
+# (_credits_require; an approval's mark is counted that long after its hold commits).
 CREDITS_READ_KEYS = 10_000
 _credits_read: dict[uuid.UUID, tuple[float, str | None, Room]] = {}
 # A usage row is settled once it is this old (and marked settled as it is summed, so one
@@ -514,6 +514,15 @@ def _decision_most(body: dict[str, Any]) -> int:
                for q in questions.values() if isinstance(q, dict)) or MARKER_TOKENS
 
 
+def _step_failed_detail(param: object) -> str:
+    name = param.removeprefix("questions.") if isinstance(param, str) else None
+    which = f"question '{name}'" if name else "a question"
+    return (f"The decision service failed on {which} of this request (the model failed on "
+            "it, and again when it was run alone), so no question was answered and nothing "
+            "was billed. Retry; if it persists, contact support with the X-Anex-Request-ID "
+            "header of this response.")
+
+
 def realtime_decision_create(*, key: ApiKey, host_region: Region,
                              body: dict[str, Any]) -> dict[str, Any]:
     """POST /realtime/v1/systemone: the reference's answers, usage and routing."""
@@ -531,9 +540,13 @@ def realtime_decision_create(*, key: ApiKey, host_region: Region,
                    ) as (answer, admission):
         error = answer.get("error")
         if isinstance(error, dict) and error.get("type") == "server_error":
-            # The engine's step failed on this request alone (feed.py): the engine's
-            # failure, not the caller's, and nothing was answered to bill.
-            raise EngineFailed(ENGINE_FAILED_DETAIL.format(what="decision"))
+            # The engine's step failed on one of this request's questions, in its batch and
+            # again alone (feed.py): the engine's failure, not the caller's. The request
+            # fails closed, as its batch row would: no question is answered and nothing is
+            # billed (docs/realtime.md, "POST /systemone"; issue 40 L14).
+            # (Not the question's name in the log: it is the customer's text.)
+            logger.error("realtime decision engine failed on a question of the request")
+            raise EngineFailed(_step_failed_detail(error.get("param")))
         if isinstance(error, dict):
             # A question the model refuses: 422 with the model's own message, naming it.
             # The engine checks the questions before it reads the text: nothing to bill.

@@ -22,14 +22,25 @@ and billing are the web tier's:
          200 {"answers", "input_tokens", "routing"} | {"error": {...}, "routing"}
 
 400 for a body it cannot read, 403 for a request not signed by the web tier (or for
-another Host), 404 for a model it does not serve, 500 when the engine failed (the web tier
-answers that 502), 503 with Retry-After when its queue is full or the request's deadline
-passed while it waited (nothing computed).
+another Host, or signed and answered before: a replay), 404 for a model it does not serve,
+500 when the engine failed (the web tier answers that 502), 503 with Retry-After when its
+queue is full or the request's deadline passed while it waited (nothing computed).
+
+A request is judged on its head before its body is read (issue 40 L2): the Host, then the
+signature, which covers the body through its SHA-256 (checked once the body is read), the
+timeout header and the Host, then its nonce, which is answered once within the
+signature's window. A refused request's body is never read, and its connection is closed.
+Each connection has a socket timeout, and each request's head and body must arrive within
+REQUEST_READ_SECONDS of its first byte, so a client that sends slowly, or not at all, holds
+a thread that long at most.
 """
 
 from __future__ import annotations
 
+import hashlib
+import heapq
 import hmac
+import io
 import json
 import logging
 import queue
@@ -50,6 +61,8 @@ from inference.engines import EngineNotConfigured
 from inference.engines.registry import Engine
 from inference.kinds import AnyKind, kind_for
 from realtime.constants import (
+    ENGINE_BODY_DIGEST_HEADER,
+    ENGINE_NONCE_HEADER,
     ENGINE_SIGNATURE_HEADER,
     ENGINE_SIGNATURE_SECONDS,
     ENGINE_TIMEOUT_HEADER,
@@ -64,6 +77,17 @@ logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = 26 * 1024 * 1024
 # How many full engine calls' worth of items may wait: past it a request is refused 503.
 QUEUED_BATCHES = 4
+# A connection that sends nothing this long is closed (the web tier's pooled connections
+# among them: its client drops one the server closed before it reuses it).
+IDLE_SECONDS = 60.0
+# A request's head and body arrive within this long of its first byte: the web tier sends
+# both in one write, so only a client that trickles its bytes is cut.
+REQUEST_READ_SECONDS = 30.0
+# Nonces remembered at once (each for ENGINE_SIGNATURE_SECONDS past its timestamp): past it,
+# signed requests are answered 503 until the oldest lapse, never let through unremembered.
+MAX_NONCES = 1_000_000
+UNSIGNED_DETAIL = "a request to this engine server must be signed by the web tier"
+REPLAYED_DETAIL = "this signed request was answered before: a replay is refused"
 RETRY_AFTER_SECONDS = 1
 # A request each kind's first engine call is paid with (a forward body, as the web sends).
 WARM_UP: dict[str, Any] = {
@@ -216,20 +240,56 @@ def served_build(model_id: str, kind: AnyKind, engine: Engine) -> Served:
                   load_seconds=engine.load_seconds)
 
 
+class _Nonces:
+    """The nonces of the signed requests answered within the signature's window: a nonce is
+    remembered until its timestamp is too old to be accepted anyway."""
+
+    def __init__(self, most: int = MAX_NONCES) -> None:
+        self.most = most
+        self._lapses: dict[str, float] = {}
+        self._order: list[tuple[float, str]] = []  # a heap, by when each lapses
+        self._lock = threading.Lock()
+
+    def first_use(self, nonce: str, *, lapses: float) -> bool:
+        """Whether this is the nonce's first use (it is then remembered until `lapses`);
+        EngineBusy when MAX_NONCES are remembered, none lapsed."""
+        now = time.time()
+        with self._lock:
+            while self._order and self._order[0][0] <= now:
+                _, old = heapq.heappop(self._order)
+                self._lapses.pop(old, None)
+            if nonce in self._lapses:
+                return False
+            if len(self._lapses) >= self.most:
+                raise EngineBusy("too many signed requests in the replay window")
+            self._lapses[nonce] = lapses
+            heapq.heappush(self._order, (lapses, nonce))
+            return True
+
+
+def _latin1(value: str) -> bytes:
+    """A header value as bytes to compare: hmac.compare_digest raises TypeError on a str
+    with a character past ASCII, and a header may carry any Latin-1 character."""
+    return value.encode("utf-8", "surrogateescape")
+
+
 class EngineServer(ThreadingHTTPServer):
     """The engine server. With a `secret`, every request but GET /health must carry the
-    web tier's signature of it (realtime/engine_client.py: an HMAC-SHA256 of its timestamp,
-    path and body, signed within ENGINE_SIGNATURE_SECONDS), else 403; a request for
-    another Host than its own address (or one of `hosts`) is 403 too, so a page in a local
-    browser cannot reach it by DNS rebinding. With `fd`, it serves on a listening socket
-    its parent bound and handed it (`make run`: no port is probed, then bound by another)."""
+    web tier's signature of its head and body (realtime/engine_client.py, engine_signature),
+    signed within ENGINE_SIGNATURE_SECONDS and never answered before, else 403; a request
+    for another Host than its own address (or one of `hosts`) is 403 too, so a page in a
+    local browser cannot reach it by DNS rebinding. With `fd`, it serves on a listening
+    socket its parent bound and handed it (`make run`: no port is probed, then bound by
+    another)."""
 
     daemon_threads = True
     # Every web worker thread keeps a pooled connection open: allow a deep accept queue.
     request_queue_size = 256
 
     def __init__(self, address: tuple[str, int], served: dict[str, Served], *,
-                 secret: str = "", hosts: Collection[str] = (), fd: int | None = None) -> None:
+                 secret: str = "", hosts: Collection[str] = (), fd: int | None = None,
+                 idle_seconds: float = IDLE_SECONDS,
+                 read_seconds: float = REQUEST_READ_SECONDS) -> None:
         super().__init__(address, _Handler, bind_and_activate=fd is None)
         if fd is not None:
             self.socket.close()
@@ -237,6 +297,9 @@ class EngineServer(ThreadingHTTPServer):
             self.server_address = self.socket.getsockname()
         self.served = served
         self.secret = secret
+        self.idle_seconds = idle_seconds
+        self.read_seconds = read_seconds
+        self.nonces = _Nonces()
         host, port = self.server_address[:2]
         assert isinstance(host, str)  # an internet socket's address
         names = {f"[{host}]" if ":" in host else host, *hosts}
@@ -244,22 +307,46 @@ class EngineServer(ThreadingHTTPServer):
             names.add("localhost")
         self.hosts = {f"{name}:{port}" for name in names}
 
-    def refusal(self, method: str, path: str, body: bytes,
-                headers: Message) -> str | None:
-        """Why this request is not the web tier's (403), or None."""
-        if headers.get("Host") not in self.hosts:
+    def _signed(self, method: str, path: str) -> bool:
+        return bool(self.secret) and not (method == "GET" and path == "/health")
+
+    def refusal(self, method: str, path: str, headers: Message) -> str | None:
+        """Why this request is not the web tier's (403), or None: judged on its head alone,
+        before its body is read (the body's digest is signed; body_refusal checks it).
+        EngineBusy when its nonce cannot be remembered."""
+        host = headers.get("Host") or ""
+        if host not in self.hosts:
             return "this engine server answers only requests for its own address"
-        if not self.secret or (method == "GET" and path == "/health"):
+        if not self._signed(method, path):
             return None
         timestamp = headers.get(ENGINE_TIMESTAMP_HEADER) or ""
+        nonce = headers.get(ENGINE_NONCE_HEADER) or ""
+        # int() takes any script's digits, a sign and spaces: only ASCII digits are a time.
+        if not (timestamp.isascii() and timestamp.isdigit()) or not nonce \
+                or abs(time.time() - int(timestamp)) > ENGINE_SIGNATURE_SECONDS:
+            return UNSIGNED_DETAIL
+        expected = engine_signature(
+            self.secret, method=method, host=host, path=path, timestamp=timestamp,
+            nonce=nonce, timeout_ms=headers.get(ENGINE_TIMEOUT_HEADER) or "",
+            body_digest=headers.get(ENGINE_BODY_DIGEST_HEADER) or "")
         signature = headers.get(ENGINE_SIGNATURE_HEADER) or ""
-        try:
-            fresh = abs(time.time() - int(timestamp)) <= ENGINE_SIGNATURE_SECONDS
-        except ValueError:
-            fresh = False
-        expected = engine_signature(self.secret, timestamp=timestamp, path=path, body=body)
-        if not fresh or not hmac.compare_digest(signature, expected):
-            return "a request to this engine server must be signed by the web tier"
+        if not hmac.compare_digest(_latin1(signature), expected.encode()):
+            return UNSIGNED_DETAIL
+        # Remembered only once the signature holds: unsigned requests cannot fill the cache.
+        if not self.nonces.first_use(nonce, lapses=int(timestamp) + ENGINE_SIGNATURE_SECONDS
+                                     + 1):
+            return REPLAYED_DETAIL
+        return None
+
+    def body_refusal(self, method: str, path: str, body: bytes,
+                     headers: Message) -> str | None:
+        """Why this body is not the one the web tier signed (403), or None."""
+        if not self._signed(method, path):
+            return None
+        digest = hashlib.sha256(body).hexdigest().encode()
+        if not hmac.compare_digest(_latin1(headers.get(ENGINE_BODY_DIGEST_HEADER) or ""),
+                                   digest):
+            return UNSIGNED_DETAIL
         return None
 
     @property
@@ -269,7 +356,8 @@ class EngineServer(ThreadingHTTPServer):
 
     def answer(self, method: str, path: str, body: bytes,
                headers: Message) -> tuple[int, dict[str, Any]]:
-        refusal = self.refusal(method, path, body, headers)
+        """The answer to a request whose head was not refused (refusal), its body read."""
+        refusal = self.body_refusal(method, path, body, headers)
         if refusal is not None:
             return 403, {"detail": refusal}
         timeout_ms = headers.get(ENGINE_TIMEOUT_HEADER)
@@ -292,6 +380,9 @@ class EngineServer(ThreadingHTTPServer):
             rows = model.kind.realtime_rows(request)
             deadline = None
             if timeout_ms is not None:
+                if not (timeout_ms.isascii() and timeout_ms.isdigit()):
+                    raise ValueError(f"{ENGINE_TIMEOUT_HEADER} must be a number of "
+                                     "milliseconds")
                 deadline = time.monotonic() + int(timeout_ms) / 1000
             return 200, model.kind.realtime_reply(model.batcher.submit(rows, deadline))
         except ValueError as exc:
@@ -302,22 +393,74 @@ class EngineServer(ThreadingHTTPServer):
             return 500, {"detail": f"the engine failed: {exc}"}
 
 
+class _DeadlineReader(io.RawIOBase):
+    """A connection's bytes as its handler reads them: waiting at most the server's idle
+    time for a request's first byte, then the rest of its head and body within the
+    server's read time of it (a socket timeout alone bounds each read, not a client that
+    sends a byte at a time)."""
+
+    def __init__(self, sock: socket.socket, *, idle: float, whole: float) -> None:
+        self.sock = sock
+        self.idle = idle
+        self.whole = whole
+        self.deadline: float | None = None  # set by a request's first byte
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self.deadline is None:
+            self.sock.settimeout(self.idle)
+        else:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the request did not arrive in time")
+            self.sock.settimeout(left)
+        read = self.sock.recv_into(buffer)
+        if read and self.deadline is None:
+            self.deadline = time.monotonic() + self.whole
+        return read
+
+    def request_read(self) -> None:
+        """The request is in: the next one's time starts at its first byte, and writing
+        the answer waits on the socket at most the idle time."""
+        self.deadline = None
+        self.sock.settimeout(self.idle)
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: EngineServer
     protocol_version = "HTTP/1.1"  # keep-alive: the web tier pools its connections
     disable_nagle_algorithm = True
 
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # the plain reader setup made: replaced by the deadline's
+        # Every read of the request (BaseHTTPRequestHandler's head, _serve's body) goes
+        # through the deadline; a read past it is TimeoutError, which handle_one_request
+        # takes as "Request timed out" and closes the connection.
+        self.reader = _DeadlineReader(self.connection, idle=self.server.idle_seconds,
+                                      whole=self.server.read_seconds)
+        self.rfile = io.BufferedReader(self.reader)
+
     def _serve(self) -> None:
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            length = -1
+        value = self.headers.get("Content-Length") or "0"
+        length = int(value) if value.isascii() and value.isdigit() else -1
         if not 0 <= length <= MAX_BODY_BYTES:
             status, out = 400, {"detail": "a Content-Length up to 26 MiB is needed"}
             self.close_connection = True
+        elif (refused := self._head_refused()) is not None:
+            # The body is never read: a request that is not the web tier's costs its head,
+            # and its connection, out of step with the stream, is closed.
+            status, out = refused
+            self.close_connection = True
         else:
             body = self.rfile.read(length) if length else b""
+            if len(body) != length:  # the client closed the connection mid-body
+                self.close_connection = True
+                return
             status, out = self.server.answer(self.command, self.path, body, self.headers)
+        self.reader.request_read()
         payload = json.dumps(out, separators=(",", ":")).encode()
         head = [f"HTTP/1.1 {status} {self.responses.get(status, ('',))[0]}",
                 "Content-Type: application/json", f"Content-Length: {len(payload)}"]
@@ -327,6 +470,15 @@ class _Handler(BaseHTTPRequestHandler):
             head.append("Connection: close")
         # Head and body in one write: no small packet waits on a delayed ACK.
         self.wfile.write(("\r\n".join(head) + "\r\n\r\n").encode() + payload)
+
+    def _head_refused(self) -> tuple[int, dict[str, Any]] | None:
+        """The answer to a request refused on its head (403; 503 when its nonce cannot be
+        remembered), or None."""
+        try:
+            refusal = self.server.refusal(self.command, self.path, self.headers)
+        except EngineBusy as exc:
+            return 503, {"detail": str(exc)}
+        return None if refusal is None else (403, {"detail": refusal})
 
     do_GET = _serve
     do_POST = _serve

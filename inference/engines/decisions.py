@@ -152,20 +152,24 @@ class DecisionEngine:
                 (index, question, prompt) for question, prompt in zip(questions, prompts,
                                                                       strict=True))
         answers: dict[int, dict[str, dict[str, Any]]] = {index: {} for index in plans}
-        failed: set[int] = set()  # rows a question of which the engine failed on alone
+        # Rows a question of which the engine failed on alone, and that question: the row
+        # fails closed (docs/decisions.md, "A failed engine step"): none of its questions is
+        # answered and nothing of it is billed, in a batch result row as in a realtime
+        # request (502), as a question the model refuses fails its whole row.
+        failed: dict[int, str] = {}
         for key, batch in batches.items():
             reader = readers[key]
             for (index, question, _), probabilities in zip(
                     batch, self._score(reader, batch), strict=True):
                 if probabilities is None:
-                    failed.add(index)
+                    failed.setdefault(index, question.name)
                 else:
                     answers[index][question.name] = _answer(question, probabilities)
         for index, (questions, routing, billed) in plans.items():
             if index in failed:
+                error = RowError.engine_failed(param=f"questions.{failed[index]}")
                 outcomes[index] = DecisionOutcome(answers=None, input_tokens=0,
-                                                  routing=routing,
-                                                  error=RowError.engine_failed())
+                                                  routing=routing, error=error)
                 continue
             ordered = {q.name: answers[index][q.name] for q in questions}
             outcomes[index] = DecisionOutcome(answers=ordered, input_tokens=billed,

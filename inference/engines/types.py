@@ -38,10 +38,12 @@ class RowError:
                    status_code=400)
 
     @classmethod
-    def engine_failed(cls) -> RowError:
-        """The engine failed on this row alone (feed.py's RequestFailed): a 500 in its row."""
+    def engine_failed(cls, *, param: str | None = None) -> RowError:
+        """The engine failed on this row alone (feed.py's RequestFailed): a 500 in its row;
+        `param` names the part of the row it failed on, where it can tell (a decision's
+        question)."""
         return cls(type="server_error", message=ROW_FAILED_ENGINE, code="engine_error",
-                   status_code=500)
+                   param=param, status_code=500)
 
 
 class RowRefused(Exception):

@@ -10,6 +10,7 @@ customer).
 
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
 import tempfile
@@ -44,11 +45,13 @@ logger = logging.getLogger(__name__)
 CANNOT_PRICE = "We could not prepare a price for this job automatically."
 
 
-def media_content_type(url: str) -> str | None:
+def media_content_type(url: str, *, organization_id: uuid.UUID) -> str | None:
     """The best-effort HEAD probe for an extensionless audio/video URL (through the
-    SSRF-safe fetcher). None when the host does not answer usefully: never a refusal."""
+    SSRF-safe fetcher, the lookup the organization's). None when the host does not answer
+    usefully: never a refusal."""
     try:
-        with fetch("HEAD", url, connect_timeout=3, read_timeout=5) as response:
+        with fetch("HEAD", url, tenant=organization_id, connect_timeout=3,
+                   read_timeout=5) as response:
             if not 200 <= response.status < 300:
                 return None
             value = response.headers.get("Content-Type")
@@ -102,18 +105,19 @@ def input_validate(*, item: Input, options: JobOptions, count_tokens: CountToken
     """Every row of the input checked against a job's options and counted: a job's
     estimate, and (collecting every failing row in `errors`) a preflight check."""
     storage = storage_for(item.data_residency)
+    probe = functools.partial(media_content_type, organization_id=item.organization_id)
     # Pinned to the bytes the input froze on: a swapped file raises StorageChanged.
     with storage.open(item.object_key, pin=item.content_pin) as stream:
         if item.format == InputFormat.JSONL:
             return validate_jsonl(stream, options,  # type: ignore[arg-type]
                                   count_tokens=count_tokens,
-                                  probe_content_type=media_content_type, errors=errors)
+                                  probe_content_type=probe, errors=errors)
         # Parquet is read by row group, which needs a seekable file: spool it to disk.
         with tempfile.TemporaryFile() as local:
             shutil.copyfileobj(stream, local, 1024 * 1024)
             local.seek(0)
             return validate_parquet(local, options, count_tokens=count_tokens,
-                                    probe_content_type=media_content_type, errors=errors)
+                                    probe_content_type=probe, errors=errors)
 
 
 def _estimate_fields(job: Job, model: CatalogModel, report: FileReport) -> dict[str, object]:

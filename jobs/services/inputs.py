@@ -194,12 +194,13 @@ def input_derived_create(*, organization: Organization, actor: Actor, fmt: Input
     return item
 
 
-def _advertised_size(source_url: str) -> int | None:
+def _advertised_size(source_url: str, *, organization_id: uuid.UUID) -> int | None:
     """The size the source advertises, read from a GET's headers without reading its
     body (a presigned GET URL refuses HEAD). None when it does not say or cannot be asked
     within PROBE_DEADLINE_SECONDS; refused addresses raise UnsafeURL."""
     try:
-        with fetch("GET", source_url, connect_timeout=3, read_timeout=3,
+        with fetch("GET", source_url, tenant=organization_id, connect_timeout=3,
+                   read_timeout=3,
                    deadline=PROBE_DEADLINE_SECONDS,
                    max_bytes=settings.ANEX_INPUT_MAX_BYTES) as response:
             return response.content_length if 200 <= response.status < 300 else None
@@ -218,7 +219,7 @@ def input_ingest_create(*, organization: Organization, actor: Actor, source_url:
     _ingest_capacity_check(organization)
     stored_quota_require(organization=organization)
     try:
-        size = _advertised_size(source_url)
+        size = _advertised_size(source_url, organization_id=organization.pk)
     except UnsafeURL as exc:
         raise Invalid(f"source_url cannot be fetched: {exc}") from None
     cap = settings.ANEX_INPUT_MAX_BYTES
@@ -363,7 +364,8 @@ def input_copy(*, input_id: uuid.UUID | str) -> InputStatus | None:
     error = ""
     size, pin = 0, ""
     try:
-        with fetch("GET", item.source_url, max_bytes=cap, read_timeout=COPY_READ_TIMEOUT_SECONDS,
+        with fetch("GET", item.source_url, tenant=item.organization_id, max_bytes=cap,
+                   read_timeout=COPY_READ_TIMEOUT_SECONDS,
                    deadline=COPY_DEADLINE_SECONDS) as response:
             if not 200 <= response.status < 300:
                 raise _CopyFailed(f"The source answered HTTP {response.status}.")

@@ -5,6 +5,7 @@ beside the outbox that delivers to them (jobs.services.webhooks)."""
 from __future__ import annotations
 
 import math
+import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -39,10 +40,10 @@ def _webhook_owner_require(*, organization: Organization, actor: Actor) -> None:
                    message="Only an owner can change the webhook settings.")
 
 
-def webhook_url_validate(url: str) -> None:
+def webhook_url_validate(url: str, *, organization_id: uuid.UUID) -> None:
     """webhook_url_check as a ValidationError, for a form field or a command's option."""
     try:
-        webhook_url_check(url)
+        webhook_url_check(url, organization_id=organization_id)
     except FetchError as exc:
         raise ValidationError(f"The webhook endpoint cannot be used: {exc}.",
                               code="webhook_url") from None
@@ -57,7 +58,7 @@ def organization_webhook_set(*, organization: Organization, actor: Actor,
     _webhook_owner_require(organization=organization, actor=actor)
     url = url.strip()
     if url:
-        webhook_url_validate(url)
+        webhook_url_validate(url, organization_id=organization.pk)
     locked = Organization.objects.select_for_update().get(pk=organization.pk)
     fields: dict[str, Any] = {}
     if url != locked.webhook_url:

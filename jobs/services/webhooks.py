@@ -70,14 +70,14 @@ def webhook_secret_new() -> str:
     return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(24)).decode()
 
 
-def webhook_url_check(url: str) -> None:
+def webhook_url_check(url: str, *, organization_id: uuid.UUID) -> None:
     """Refuse an endpoint that is not https or not on the public internet; raises UnsafeURL
     (or another FetchError when the host does not resolve). Checked when an endpoint is
-    set and again at each delivery."""
+    set and again at each delivery, the lookup the organization's (anex.net)."""
     # Checked here, not only by the fetcher: tests let the fetcher use http on loopback.
     if urlsplit(url).scheme != "https":
         raise UnsafeURL("only https URLs are allowed")
-    url_check(url)
+    url_check(url, tenant=organization_id)
 
 
 def webhook_signature(*, secrets_: list[str], msg_id: str, when: datetime,
@@ -240,7 +240,7 @@ def delivery_attempt(*, delivery_id: uuid.UUID | str) -> DeliveryStatus | None:
     status_code: int | None = None
     error = ""
     try:
-        webhook_url_check(url)
+        webhook_url_check(url, organization_id=delivery.organization_id)
         body = json.dumps(_payload_for_attempt(delivery), separators=(",", ":")).encode()
         msg_id = delivery.payload["id"]
         when = timezone.now()
@@ -253,7 +253,8 @@ def delivery_attempt(*, delivery_id: uuid.UUID | str) -> DeliveryStatus | None:
                                                    msg_id=msg_id, when=when, body=body),
         }
         # Redirects are never followed (max_redirects=0): a 3xx is a failed attempt.
-        with fetch("POST", url, headers=headers, body=body, max_bytes=64 * 1024,
+        with fetch("POST", url, tenant=delivery.organization_id, headers=headers, body=body,
+                   max_bytes=64 * 1024,
                    connect_timeout=CONNECT_TIMEOUT_SECONDS,
                    read_timeout=READ_TIMEOUT_SECONDS) as response:
             status_code = response.status

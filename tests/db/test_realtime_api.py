@@ -35,10 +35,11 @@ from rest_framework.test import APIClient
 from billing.constants import EntryKind
 from billing.models import LedgerEntry
 from billing.services import credits_grant, credits_summary, key_spend_cents
+from billing.unsettled import slots_key
 from console.models import ApiKey, Organization
 from inference.catalog import model_get
 from inference.checkpoints import STAMP
-from realtime.concurrency import _slots_key, concurrency_slot, slots_in_flight
+from realtime.concurrency import concurrency_slot, slots_in_flight
 from realtime.constants import Endpoint
 from realtime.models import RealtimeSettlement, RealtimeSwitch, RealtimeUsage
 from realtime.selectors import realtime_frozen_forget
@@ -371,9 +372,9 @@ def test_a_slot_left_by_a_crashed_request_lapses(settings: Settings, api: APICli
 
     settings.ANEX_REALTIME_CONCURRENCY = 1
     # What a process killed mid-request leaves behind, once its slot's lifetime has passed.
-    redis_client().zadd(_slots_key(organization.pk), {"crashed": time.time() - 1})
+    redis_client().zadd(slots_key(organization.pk), {"crashed": time.time() - 1})
     assert api.post(EMBED, {"model": MINILM, "input": "x"}, format="json").status_code == 200
-    assert redis_client().zscore(_slots_key(organization.pk), "crashed") is None
+    assert redis_client().zscore(slots_key(organization.pk), "crashed") is None
 
 
 @pytest.mark.django_db(transaction=True)
@@ -464,7 +465,10 @@ def test_a_decision_the_engine_failed_on_is_502_not_the_callers_422(
     response = api.post(DECIDE, {"model": "laya", "state": "x", "questions": QUESTIONS},
                         format="json")
     assert response.status_code == 502
-    assert "decision service failed to answer" in response.json()["detail"]
+    assert response.json()["detail"].startswith(
+        "The decision service failed on a question of this request (the model failed on it, "
+        "and again when it was run alone), so no question was answered and nothing was "
+        "billed.")
     assert not RealtimeUsage.objects.exists()
 
 
@@ -794,7 +798,8 @@ def test_64_concurrent_maximal_requests_on_one_credit_never_overdraw(
         connections_many: None) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    from realtime.concurrency import NANO_PER_CREDIT, reservations_in_flight, unsettled_nano
+    from billing.unsettled import NANO_PER_CREDIT
+    from realtime.concurrency import reservations_in_flight, unsettled_nano
 
     # given one credit to spend: the organization's only credit, or a key's budget of one
     settings.ANEX_FREE_GRANT_CENTS = 1 if holder == "organization" else 100
@@ -871,11 +876,12 @@ def test_past_the_unsettled_cap_realtime_is_503_until_the_settlement_catches_up(
         settings: Settings, api: APIClient, engine: LocalServer,
         organization: Organization, api_key: ApiKey) -> None:
     from anex.redis import redis_client
-    from realtime.concurrency import NANO_PER_CREDIT, _metered_keys, realtime_settled_add
+    from billing.unsettled import NANO_PER_CREDIT, metered_keys
+    from realtime.concurrency import realtime_settled_add
 
     # given a balance of 100 credits, a cap of 1, and a credit's worth of usage unsettled
     settings.ANEX_REALTIME_UNSETTLED_CAP_CREDITS = 1
-    for counter in _metered_keys(organization.pk, api_key.pk):
+    for counter in metered_keys(organization.pk, api_key.pk):
         redis_client().incrby(counter, NANO_PER_CREDIT)
     response = api.post(EMBED, {"model": MINILM, "input": "x"}, format="json")
     body = refused(response, 503, engine)

@@ -199,3 +199,4 @@ def test_a_step_failing_on_one_row_fails_that_row_and_answers_the_others(
     assert failed.answers is None and failed.input_tokens == 0
     assert failed.error is not None
     assert (failed.error.type, failed.error.status_code) == ("server_error", 500)
+    assert failed.error.param == "questions.urgent"  # the question it failed on

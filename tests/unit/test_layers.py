@@ -33,7 +33,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                            "console.audit", "console.accounts", "console.selectors",
                            "console.services", "billing", "billing.apps", "billing.models",
                            "billing.constants", "billing.allocation", "billing.selectors",
-                           "billing.services", "billing.stripe_gateway")),
+                           "billing.services", "billing.stripe_gateway", "billing.unsettled")),
     ("work", ("jobs", "jobs.apps", "jobs.models", "jobs.constants", "jobs.storage",
               "jobs.jsonl", "jobs.results", "jobs.dispatch", "jobs.failures",
               "jobs.idempotency", "jobs.selectors", "jobs.services", "jobs.services.*",

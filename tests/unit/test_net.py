@@ -25,14 +25,21 @@ from anex.net import (
     DeadlineExceeded,
     FetchConnectionError,
     FetchError,
+    FetchResponse,
     FetchTimeout,
     TooLarge,
     TooManyRedirects,
     UnsafeURL,
-    fetch,
     no_reply,
 )
 from tests.servers import LocalServer, _Handler, redirect, reply, tls_context, trickle
+
+TENANT = "organization-a"
+
+
+def fetch(*args: Any, **kwargs: Any) -> FetchResponse:
+    """anex.net.fetch for one organization (TENANT, unless a test names another)."""
+    return net.fetch(*args, **{"tenant": TENANT, **kwargs})
 
 # --- guards -------------------------------------------------------------------------------
 
@@ -853,3 +860,93 @@ def test_a_name_lookup_that_hangs_ends_at_the_deadline(
     finally:
         released.set()
     assert connects == []
+
+
+def test_one_organizations_hanging_lookups_leave_the_others_theirs(
+    monkeypatch: pytest.MonkeyPatch, dns: FakeDNS, server: LocalServer, loopback: None
+) -> None:
+    """Issue 40 L5: organization A's zone never answers; A fetches from it more often than
+    there are resolver threads, and organization B's fetch is still looked up and served."""
+    released = threading.Event()
+
+    def resolver(host: str, *args: Any, **kwargs: Any) -> list[AddrInfo]:
+        if host.endswith(".slow-zone.test"):
+            released.wait(30)  # A's name servers drop every query
+            return []
+        return dns(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolver)
+    dns.add("files.b.test", ["127.0.0.1"])
+    server.routes["/b"] = lambda h: reply(h, body=b"B's file")
+    stuck: list[BaseException] = []
+
+    def a_fetch(n: int) -> None:
+        try:
+            fetch("GET", f"https://{n}.slow-zone.test/", tenant="organization-a", deadline=2)
+        except FetchError as exc:
+            stuck.append(exc)
+
+    threads = [threading.Thread(target=a_fetch, args=(n,), daemon=True)
+               for n in range(2 * net.RESOLVER_THREADS)]
+    try:
+        for thread in threads:
+            thread.start()
+        time.sleep(0.2)  # A's lookups are on the resolver threads, hanging
+        # when organization B fetches meanwhile, then its lookup is answered and its file read
+        started = time.monotonic()
+        with fetch("GET", server.url("/b", host="files.b.test"), tenant="organization-b",
+                   deadline=10) as response:
+            assert response.read() == b"B's file"
+        assert time.monotonic() - started < 5
+    finally:
+        released.set()
+        for thread in threads:
+            thread.join(30)
+    # and each of A's fetches failed alone (at its deadline, or once released on a name
+    # that resolved to nothing)
+    assert len(stuck) == len(threads)
+
+
+def test_a_tenants_lookups_past_its_share_wait_for_its_own(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Never more than TENANT_LOOKUPS of one tenant on the resolver threads, abandoned ones
+    included; each given back when its lookup ends."""
+    running: list[str] = []
+    most = [0]
+    lock = threading.Lock()
+    released = threading.Event()
+
+    def resolver(host: str, port: int, *args: Any, **kwargs: Any) -> list[AddrInfo]:
+        with lock:
+            running.append(host)
+            most[0] = max(most[0], len(running))
+        released.wait(30)
+        with lock:
+            running.remove(host)
+        return [_addrinfo("93.184.215.14", port)]
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolver)
+    ended: list[type[BaseException]] = []
+
+    def a_fetch(n: int) -> None:
+        try:
+            fetch("GET", f"https://{n}.slow-zone.test/", deadline=0.5)
+        except FetchError as exc:
+            ended.append(type(exc))
+
+    threads = [threading.Thread(target=a_fetch, args=(n,), daemon=True)
+               for n in range(3 * net.TENANT_LOOKUPS)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+    finally:
+        released.set()
+    assert most[0] == net.TENANT_LOOKUPS  # the rest gave up waiting for A's own share
+    assert ended == [DeadlineExceeded] * len(threads)
+    deadline = time.monotonic() + 10
+    while net._LOOKUPS._held and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert net._LOOKUPS._held == {}  # every share given back once its lookup ended

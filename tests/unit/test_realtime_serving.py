@@ -5,8 +5,11 @@ test_realtime_engines.py."""
 
 from __future__ import annotations
 
+import hashlib
+import http.client
 import json
 import os
+import socket
 import threading
 import time
 import urllib.error
@@ -199,19 +202,52 @@ def test_a_request_past_its_deadline_is_503_with_retry_after_and_not_computed(
         assert json.loads(response.read())["models"]["m"]["engine_calls"] == 0
 
 
-@pytest.fixture
-def signed(settings: Any) -> Iterator[str]:
+SECRET = "the-shared-secret"
+BODY = json.dumps({"model": "m", "input": ["abc"]}).encode()
+
+
+class Counted:
+    """The stand-in embedding model of a signed server, counting the rows it embedded."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+
+    def run(self, rows: list[Any]) -> list[Any]:
+        self.rows += len(rows)
+        return [{"embedding": [1.0], "prompt_tokens": len(row.text)} for row in rows]
+
+
+@contextmanager
+def signed_server(**options: Any) -> Iterator[tuple[EngineServer, Counted]]:
     """An engine server that answers only what the web tier signs with their secret."""
-    settings.ANEX_REALTIME_ENGINE_SECRET = "the-shared-secret"
-    served = {"m": Served(model_id="m", kind=EmbedKind(), batcher=Batcher("m", lambda rows: [
-        {"embedding": [1.0], "prompt_tokens": len(row.text)} for row in rows], 10),
-        load_seconds=1.0)}
-    httpd = EngineServer(("127.0.0.1", 0), served, secret="the-shared-secret")
+    model = Counted()
+    served = {"m": Served(model_id="m", kind=EmbedKind(),
+                          batcher=Batcher("m", model.run, 10), load_seconds=1.0)}
+    httpd = EngineServer(("127.0.0.1", 0), served, secret=SECRET, **options)
     thread = threading.Thread(target=httpd.serve_forever, kwargs=POLL, daemon=True)
     thread.start()
-    yield httpd.url
-    httpd.shutdown()
-    httpd.server_close()
+    try:
+        yield httpd, model
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.fixture
+def signed(settings: Any) -> Iterator[str]:
+    settings.ANEX_REALTIME_ENGINE_SECRET = SECRET
+    with signed_server() as (httpd, _):
+        yield httpd.url
+
+
+def signing(url: str, body: bytes = BODY, *, timeout_ms: str = "25000",
+            host: str | None = None) -> dict[str, str]:
+    """The headers the web tier signs a POST /v1/embeddings to `url` with."""
+    from realtime.engine_client import engine_signed_headers
+
+    return {"X-Anex-Timeout-Ms": timeout_ms, **engine_signed_headers(
+        SECRET, host=host or url.removeprefix("http://"), path="/v1/embeddings",
+        timeout_ms=timeout_ms, body_digest=hashlib.sha256(body).hexdigest())}
 
 
 def attempt(url: str, headers: dict[str, str], body: bytes) -> tuple[int, str]:
@@ -225,41 +261,156 @@ def attempt(url: str, headers: dict[str, str], body: bytes) -> tuple[int, str]:
 
 
 UNSIGNED = (403, "a request to this engine server must be signed by the web tier")
+REPLAYED = (403, "this signed request was answered before: a replay is refused")
 
 
 def test_an_engine_server_answers_only_the_web_tiers_signed_requests(signed: str) -> None:
-    from realtime.engine_client import engine_call, engine_signature
+    from realtime.engine_client import engine_call
 
-    body = json.dumps({"model": "m", "input": ["abc"]}).encode()
-    now = str(int(time.time()))
-    good = engine_signature("the-shared-secret", timestamp=now, path="/v1/embeddings",
-                            body=body)
     # Another local process, without the secret: unsigned, guessed, replayed from long ago,
-    # or a signature moved onto another body.
-    assert attempt(signed, {}, body) == UNSIGNED
-    assert attempt(signed, {"X-Anex-Timestamp": now, "X-Anex-Signature": "0" * 64},
-                   body) == UNSIGNED
-    old = str(int(time.time()) - 3600)
-    assert attempt(signed, {"X-Anex-Timestamp": old, "X-Anex-Signature": engine_signature(
-        "the-shared-secret", timestamp=old, path="/v1/embeddings", body=body)}, body) \
-        == UNSIGNED
-    assert attempt(signed, {"X-Anex-Timestamp": now, "X-Anex-Signature": good},
-                   body.replace(b"abc", b"xyz")) == UNSIGNED
+    # or a signature moved onto another body (with or without that body's digest).
+    assert attempt(signed, {}, BODY) == UNSIGNED
+    assert attempt(signed, {**signing(signed), "X-Anex-Signature": "0" * 64}, BODY) == UNSIGNED
+    with mock_time(time.time() - 3600):
+        old = signing(signed)
+    assert attempt(signed, old, BODY) == UNSIGNED
+    other = BODY.replace(b"abc", b"xyz")
+    assert attempt(signed, signing(signed), other) == UNSIGNED
+    assert attempt(signed, {**signing(signed), "X-Anex-Body-SHA256":
+                            hashlib.sha256(other).hexdigest()}, other) == UNSIGNED
     # A page in a browser reaching it by a rebound name sends another Host.
-    assert attempt(signed, {"X-Anex-Timestamp": now, "X-Anex-Signature": good,
-                            "Host": "evil.example:80"}, body) == (
+    assert attempt(signed, {**signing(signed), "Host": "evil.example:80"}, BODY) == (
         403, "this engine server answers only requests for its own address")
-    assert attempt(signed, {"X-Anex-Timestamp": now, "X-Anex-Signature": good}, body) \
-        == (200, "")
+    assert attempt(signed, signing(signed), BODY) == (200, "")
     # and the web tier's own client signs every request it sends
     assert engine_call(urls=(signed,), path="/v1/embeddings",
                        body={"model": "m", "input": ["abcd"]}) == {
         "data": [{"embedding": [1.0], "prompt_tokens": 4}]}
 
 
-def test_a_handed_listening_socket_is_served_as_it_is() -> None:
-    import socket
+@contextmanager
+def mock_time(now: float) -> Iterator[None]:
+    from unittest import mock
 
+    with mock.patch("realtime.engine_client.time.time", return_value=now):
+        yield
+
+
+def raw(url: str, data: bytes, *, timeout: float = 10) -> tuple[int, dict[str, Any], bool]:
+    """Send `data` as it is on a new connection to `url`: the answer's status and body, and
+    whether the server closed the connection after it."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        sock.sendall(data)
+        response = http.client.HTTPResponse(sock)
+        response.begin()
+        body = json.loads(response.read())
+        return response.status, body, response.will_close
+
+
+def head(url: str, headers: dict[str, str], length: int) -> bytes:
+    lines = ["POST /v1/embeddings HTTP/1.1", f"Host: {url.removeprefix('http://')}",
+             *(f"{name}: {value}" for name, value in headers.items()),
+             f"Content-Length: {length}", "", ""]
+    return "\r\n".join(lines).encode("latin-1")
+
+
+def test_a_request_not_signed_is_refused_before_its_body_is_read(settings: Any) -> None:
+    # given an engine server that waits a minute for a request's body
+    with signed_server(read_seconds=60.0) as (httpd, model):
+        url = httpd.url
+        # when requests announce a 26 MiB body and send only their head: unsigned, signed
+        # with a guess, or signed by the web tier for another body whose digest they bear
+        for headers in ({}, {**signing(url), "X-Anex-Signature": "0" * 64},
+                        {**signing(url), "X-Anex-Body-SHA256": "0" * 64}):
+            started = time.monotonic()
+            status, body, closed = raw(url, head(url, headers, 26 * 1024 * 1024))
+            # then each is refused at once, on its head (had the server read the body, it
+            # would be waiting for it), and its connection closed
+            assert (status, body["detail"], closed) == (*UNSIGNED, True)
+            assert time.monotonic() - started < 30
+        assert model.rows == 0
+
+
+def test_a_replayed_request_is_refused(settings: Any) -> None:
+    with signed_server() as (httpd, model):
+        # given a request the web tier signed, answered
+        request = head(httpd.url, signing(httpd.url), len(BODY)) + BODY
+        assert raw(httpd.url, request)[0] == 200
+        # when the same bytes are sent again, within the signature's window
+        status, body, _ = raw(httpd.url, request)
+        # then they are refused, and the model embedded the text once
+        assert (status, body["detail"]) == REPLAYED
+        assert model.rows == 1
+
+
+def test_an_altered_timeout_or_host_is_refused(settings: Any) -> None:
+    with signed_server() as (httpd, model):
+        url = httpd.url
+        # A signed request whose deadline header was raised (the engine would take work the
+        # web tier has stopped waiting for), or sent for another of the server's own names
+        # than the one signed ("localhost" is one for a loopback server).
+        raised = {**signing(url), "X-Anex-Timeout-Ms": "3600000"}
+        assert attempt(url, raised, BODY) == UNSIGNED
+        port = url.rsplit(":", 1)[1]
+        moved = {**signing(url), "Host": f"localhost:{port}"}
+        assert attempt(url, moved, BODY) == UNSIGNED
+        # signed for that name, it is answered
+        assert attempt(url, {**signing(url, host=f"localhost:{port}"),
+                             "Host": f"localhost:{port}"}, BODY) == (200, "")
+        assert model.rows == 1
+
+
+def test_a_non_ascii_signature_header_is_a_clean_403(settings: Any) -> None:
+    with signed_server() as (httpd, model):
+        url = httpd.url
+        for name, value in (("X-Anex-Signature", "é" * 64), ("X-Anex-Timestamp", "²³"),
+                            ("X-Anex-Body-SHA256", "ü" * 64)):
+            request = head(url, {**signing(url), name: value}, len(BODY)) + BODY
+            status, body, _ = raw(url, request)
+            assert (status, body["detail"]) == UNSIGNED, name
+        # and the server is unharmed: the next request is answered
+        assert attempt(url, signing(url), BODY) == (200, "")
+        assert model.rows == 1
+
+
+def test_a_slow_client_is_cut_off(settings: Any) -> None:
+    # given a server whose connections wait a second for a request, and take two for one
+    with signed_server(idle_seconds=1.0, read_seconds=2.0) as (httpd, _):
+        host, port = httpd.url.removeprefix("http://").rsplit(":", 1)
+        # a client that connects and sends nothing is closed on
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            started = time.monotonic()
+            assert sock.recv(1) == b""
+            assert time.monotonic() - started < 20
+        # and so is one that sends its head a byte every tenth of a second: each read is
+        # quick, the request as a whole is not
+        request = head(httpd.url, signing(httpd.url), len(BODY)) + BODY
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            started = time.monotonic()
+            sent = 0
+            try:
+                for byte in request:
+                    sock.sendall(bytes([byte]))
+                    sent += 1
+                    time.sleep(0.1)
+                    if _closed(sock):
+                        break
+            except OSError:
+                pass  # reset: the server closed on it
+            assert sent < len(request)
+            assert time.monotonic() - started < 20
+
+
+def _closed(sock: socket.socket) -> bool:
+    """Whether the peer has closed the connection (a read would find its end)."""
+    try:
+        return sock.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+
+
+def test_a_handed_listening_socket_is_served_as_it_is() -> None:
     with socket.socket() as listening:
         listening.bind(("127.0.0.1", 0))
         listening.listen(8)
@@ -316,8 +467,6 @@ def test_several_engines_of_a_model_take_requests_in_turn_and_cover_one_down(
 
 @contextmanager
 def socket_closed_port() -> Iterator[str]:
-    import socket
-
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
