@@ -150,6 +150,10 @@ ACCOUNT_ADAPTER = "console.accounts.ConsoleAccountAdapter"
 ACCOUNT_FORMS = {"signup": "console.accounts.ConsoleSignupForm"}
 ACCOUNT_EMAIL_SUBJECT_PREFIX = "[anex] "
 ACCOUNT_LOGOUT_REDIRECT_URL = "/"
+# What a recent re-authentication may be (within allauth's ACCOUNT_REAUTHENTICATION_TIMEOUT,
+# 300 s): allauth's three methods, and a sign-in that just completed, which
+# console.accounts records as "sign-in" (issue 40; docs/decisions.md).
+ACCOUNT_REAUTHENTICATION_METHODS = ("password", "code", "mfa", "sign-in")
 MFA_SUPPORTED_TYPES = ["totp", "recovery_codes"]
 MFA_TOTP_ISSUER = "anex"
 EMAIL_BACKEND = env.string("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")

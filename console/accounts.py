@@ -1,6 +1,7 @@
 """allauth's hook into the console: a sign-up gets its own organization (its free grant
-once the address is verified), and a sign-up with an address that already has an account
-costs the same work as one without."""
+once the address is verified), a sign-up with an address that already has an account
+costs the same work as one without, and a sign-in that just completed counts as a recent
+authentication."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from typing import Any
 
 from allauth.account.adapter import DefaultAccountAdapter
 from allauth.account.forms import SignupForm
+from allauth.account.internal.flows.login import record_authentication
 from allauth.account.models import EmailAddress
+from django.contrib.auth.base_user import AbstractBaseUser
 from django.contrib.auth.hashers import make_password
 from django.contrib.auth.models import User
 from django.db import transaction
@@ -17,8 +20,25 @@ from django.utils.crypto import get_random_string
 
 from console.services import organization_signup, signup_grant
 
+# The authentication method a completed sign-in is recorded as (settings.py names it among
+# ACCOUNT_REAUTHENTICATION_METHODS, so that a recent one counts).
+SIGN_IN = "sign-in"
+
 
 class ConsoleAccountAdapter(DefaultAccountAdapter):
+    def login(self, request: HttpRequest, user: AbstractBaseUser) -> None:
+        """Every allauth sign-in ends here once all of its steps passed (the password, the
+        second factor when one is on, a mailed code, the confirmation link that signs in
+        the session that signed up). Re-authentication asks for a secret again when the
+        last proof is not recent; allauth counts only its re-authentication page as one,
+        so a person who had just signed up, confirmed and signed in was asked for the
+        password again on creating their first key (issue 40). The sign-in is recorded as
+        a proof made now, in allauth's own log of this session, so every
+        re-authentication check (the console's and allauth's own pages alike) counts it
+        for ACCOUNT_REAUTHENTICATION_TIMEOUT, and no longer."""
+        super().login(request, user)
+        record_authentication(request, user, method=SIGN_IN, reauthenticated=True)
+
     def save_user(self, request: HttpRequest, user: User, form: Any,
                   commit: bool = True) -> User:
         # The user and their organization land together or not at all; signing in still
