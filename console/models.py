@@ -53,6 +53,10 @@ class Membership(models.Model):
     )
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
     created_at = models.DateTimeField(auto_now_add=True)
+    # What a member may commit in all (console.services.member_spend_require): the budgets
+    # of their active keys, what their other keys spent and what their console approvals
+    # held and charged. Set by an owner; None is no limit. Owners are never held to it.
+    spend_limit_cents = models.PositiveBigIntegerField(null=True, blank=True)
 
     objects = OrgScopedQuerySet.as_manager()
 
