@@ -46,7 +46,8 @@ def admin_host_require(request: HttpRequest) -> None:
 
 
 STAFF_MFA_REQUIRED = ("Staff need two-factor authentication to use the admin: set up an "
-                      "authenticator app here, then open the admin again.")
+                      "authenticator app here with the one-time enrolment code a superuser "
+                      "gives you in person (manage.py staffenrol), then open the admin again.")
 
 
 def staff_mfa_missing(request: HttpRequest) -> bool:

@@ -170,6 +170,9 @@ ACCOUNT_LOGOUT_REDIRECT_URL = "/"
 # console.accounts records as "sign-in" (issue 40; docs/decisions.md).
 ACCOUNT_REAUTHENTICATION_METHODS = ("password", "code", "mfa", "sign-in")
 MFA_SUPPORTED_TYPES = ["totp", "recovery_codes"]
+# A staff account's authenticator app needs a one-time code issued from a shell besides the
+# password (console.accounts, `manage.py staffenrol`; issue 40 L10).
+MFA_FORMS = {"activate_totp": "console.accounts.StaffActivateTOTPForm"}
 MFA_TOTP_ISSUER = "anex"
 EMAIL_BACKEND = env.string("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
 DEFAULT_FROM_EMAIL = env.string("DEFAULT_FROM_EMAIL", "anex <no-reply@anex.sh>")

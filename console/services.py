@@ -22,7 +22,7 @@ from console.actors import Actor
 from console.audit import audit_record
 from console.constants import AuditAction, Role
 from console.keys import key_generate, secret_hash
-from console.models import ApiKey, Invitation, Membership, Organization
+from console.models import ApiKey, Invitation, Membership, Organization, StaffEnrolment
 from console.selectors import member_spend_committed
 
 INVITATION_VALIDITY = timedelta(days=7)
@@ -485,3 +485,38 @@ def api_key_revoke(*, key: ApiKey, actor: Actor) -> ApiKey:
             target=key, data={"prefix": key.prefix},
         )
     return key
+
+
+# How long a staff enrolment code works (docs/decisions.md, "Staff authenticators enrolled
+# with a one-time code (L10)").
+STAFF_ENROLMENT_VALIDITY = timedelta(hours=24)
+
+
+def _code_hash(code: str) -> str:
+    return hashlib.sha256(code.encode()).hexdigest()
+
+
+@transaction.atomic
+def staff_enrolment_issue(*, user: User, issued_by: str) -> str:
+    """A one-time code for this staff account to set up its authenticator app with; any
+    code issued to it before stops working. Returns the code, which is stored only as its
+    digest: the caller hands it over in person, never by the account's own mail."""
+    if not user.is_staff or not user.is_active:
+        raise ValidationError(f"{user.get_username()} is not an active staff account.",
+                              code="staff")
+    now = timezone.now()
+    StaffEnrolment.objects.filter(user=user, used_at__isnull=True,
+                                  expires_at__gt=now).update(expires_at=now)
+    code = secrets.token_urlsafe(24)
+    StaffEnrolment.objects.create(user=user, code_hash=_code_hash(code), issued_by=issued_by,
+                                  expires_at=now + STAFF_ENROLMENT_VALIDITY)
+    return code
+
+
+def staff_enrolment_redeem(*, user: User, code: str) -> bool:
+    """Use up this account's open enrolment code: True once, for the code issued to this
+    very account, unused and unexpired (a conditional UPDATE, so two tries at once cannot
+    both pass)."""
+    return StaffEnrolment.objects.filter(
+        user=user, code_hash=_code_hash(code.strip()), used_at__isnull=True,
+        expires_at__gt=timezone.now()).update(used_at=timezone.now()) == 1
