@@ -13,12 +13,25 @@ from allauth.mfa.utils import is_mfa_enabled
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.admin import AdminSite
+from django.core import checks
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase
 from django.http.request import split_domain_port
 from django.shortcuts import redirect
 from django.urls import URLPattern, URLResolver, path
 
 _View = TypeVar("_View", bound=Callable[..., HttpResponseBase])
+
+
+@checks.register(checks.Tags.security, deploy=True)
+def admin_host_check(app_configs: Any, **kwargs: Any) -> list[checks.CheckMessage]:
+    """`check --deploy`: the admin served on every host (ANEX_ADMIN_HOST=*) is for one
+    machine (`make run`), not a deployment (issue 40 L10)."""
+    if settings.ANEX_ADMIN_HOST is not None:
+        return []
+    return [checks.Warning(
+        "The admin is served on every allowed host, the API hosts included.",
+        hint="Set ANEX_ADMIN_HOST to a host of its own, such as admin.example.com.",
+        id="anex.W001")]
 
 
 def admin_host_require(request: HttpRequest) -> None:
@@ -33,7 +46,8 @@ def admin_host_require(request: HttpRequest) -> None:
 
 
 STAFF_MFA_REQUIRED = ("Staff need two-factor authentication to use the admin: set up an "
-                      "authenticator app here, then open the admin again.")
+                      "authenticator app here with the one-time enrolment code a superuser "
+                      "gives you in person (manage.py staffenrol), then open the admin again.")
 
 
 def staff_mfa_missing(request: HttpRequest) -> bool:

@@ -60,6 +60,9 @@ class Services:
         env["ANEX_RUN_DIR"] = str(self.root)
         env.setdefault("ANEX_STORAGE_ROOT", str(self.root / "storage"))
         env.setdefault("STATIC_ROOT", str(self.root / "static"))
+        # One machine, one host for everything: the admin on every allowed host, said out
+        # loud (a deployment must name the admin's own host; anex/settings.py).
+        env.setdefault("ANEX_ADMIN_HOST", "*")
         if not env.get("SECRET_KEY"):
             env["SECRET_KEY"] = self._secret_key()
         if not env.get("DATABASE_URL"):

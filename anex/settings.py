@@ -34,9 +34,24 @@ if urlsplit(ANEX_API_ORIGIN).hostname == urlsplit(ANEX_EU_API_ORIGIN).hostname:
         "a request's region is told apart."
     )
 
-# Serve the Django admin on this host only (every other host answers 404 under /admin/);
-# unset serves it on every allowed host.
-ANEX_ADMIN_HOST = env.optional_host("ANEX_ADMIN_HOST")
+# Serve the Django admin on this host only (every other host answers 404 under /admin/).
+# Required with DEBUG off (issue 40 L10): a deployment that forgot it served the admin on
+# its public API hosts. "*" serves it on every allowed host, a choice that must be made out
+# loud: `make run` and the tests make it (anex.devstack), and `check --deploy` warns of it
+# (anex.admin_site). None below means every host.
+ANEX_ADMIN_HOST: str | None = None
+if env.optional_str("ANEX_ADMIN_HOST") != "*":
+    ANEX_ADMIN_HOST = env.optional_host("ANEX_ADMIN_HOST")
+    if ANEX_ADMIN_HOST is None and not DEBUG:
+        raise ImproperlyConfigured(
+            "ANEX_ADMIN_HOST is required with DEBUG off: the host the admin is served on, "
+            "such as admin.example.com, apart from the API hosts (or * to serve it on every "
+            "allowed host, which `check --deploy` warns of).")
+    if ANEX_ADMIN_HOST is not None and ANEX_ADMIN_HOST in {
+            urlsplit(ANEX_API_ORIGIN).hostname, urlsplit(ANEX_EU_API_ORIGIN).hostname}:
+        raise ImproperlyConfigured(
+            f"ANEX_ADMIN_HOST={ANEX_ADMIN_HOST!r} is an API host: the admin needs a host of "
+            "its own, where the API's callers never look.")
 
 ALLOWED_HOSTS = sorted(
     {
@@ -150,7 +165,14 @@ ACCOUNT_ADAPTER = "console.accounts.ConsoleAccountAdapter"
 ACCOUNT_FORMS = {"signup": "console.accounts.ConsoleSignupForm"}
 ACCOUNT_EMAIL_SUBJECT_PREFIX = "[anex] "
 ACCOUNT_LOGOUT_REDIRECT_URL = "/"
+# What a recent re-authentication may be (within allauth's ACCOUNT_REAUTHENTICATION_TIMEOUT,
+# 300 s): allauth's three methods, and a sign-in that just completed, which
+# console.accounts records as "sign-in" (issue 40; docs/decisions.md).
+ACCOUNT_REAUTHENTICATION_METHODS = ("password", "code", "mfa", "sign-in")
 MFA_SUPPORTED_TYPES = ["totp", "recovery_codes"]
+# A staff account's authenticator app needs a one-time code issued from a shell besides the
+# password (console.accounts, `manage.py staffenrol`; issue 40 L10).
+MFA_FORMS = {"activate_totp": "console.accounts.StaffActivateTOTPForm"}
 MFA_TOTP_ISSUER = "anex"
 EMAIL_BACKEND = env.string("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
 DEFAULT_FROM_EMAIL = env.string("DEFAULT_FROM_EMAIL", "anex <no-reply@anex.sh>")

@@ -16,6 +16,7 @@ class AuditAction(models.TextChoices):
     MEMBER_INVITED = "member.invited"
     MEMBER_REMOVED = "member.removed"
     MEMBER_ROLE_CHANGED = "member.role_changed"
+    MEMBER_SPEND_LIMIT_SET = "member.spend_limit_set"
     INVITATION_REVOKED = "member.invitation_revoked"
     API_KEY_CREATED = "api_key.created"
     API_KEY_REVOKED = "api_key.revoked"

@@ -128,5 +128,19 @@ class InviteForm(forms.Form):
     role = forms.ChoiceField(choices=Role.choices, initial=Role.MEMBER)
 
 
+class SpendLimitForm(forms.Form):
+    """An owner's spending limit for a member (the Members page); empty is no limit."""
+
+    member = forms.IntegerField(widget=forms.HiddenInput)
+    spend_limit = forms.DecimalField(
+        required=False, min_value=Decimal("0.00"), max_digits=12, decimal_places=2,
+        label="Spending limit (USD)")
+
+    @property
+    def spend_limit_cents(self) -> int | None:
+        limit = self.cleaned_data.get("spend_limit")
+        return None if limit is None else int(limit * 100)
+
+
 class OrganizationNameForm(forms.Form):
     name = forms.CharField(max_length=200, label="Organization name")

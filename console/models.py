@@ -62,6 +62,10 @@ class Membership(models.Model):
     )
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
     created_at = models.DateTimeField(auto_now_add=True)
+    # What a member may commit in all (console.services.member_spend_require): the budgets
+    # of their active keys, what their other keys spent and what their console approvals
+    # held and charged. Set by an owner; None is no limit. Owners are never held to it.
+    spend_limit_cents = models.PositiveBigIntegerField(null=True, blank=True)
 
     objects = OrgScopedQuerySet.as_manager()
 
@@ -194,3 +198,25 @@ class Invitation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.email} to {self.organization} ({self.role})"
+
+
+class StaffEnrolment(models.Model):
+    """A one-time code that lets one staff account set up its authenticator app (issue 40
+    L10): issued from a shell (`manage.py staffenrol`) and handed over apart from the
+    account's password and mailbox, so whoever first holds a staff password cannot make
+    the second factor their own. Only the code's digest is stored."""
+
+    id = models.BigAutoField(primary_key=True)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                             related_name="+")
+    code_hash = models.CharField(max_length=64, unique=True)
+    issued_by = models.CharField(max_length=255)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"enrolment of {self.user} ({self.created_at:%Y-%m-%d %H:%M})"

@@ -7,7 +7,7 @@ from datetime import date, timedelta
 
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db.models import QuerySet, Sum
+from django.db.models import F, QuerySet, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
@@ -15,6 +15,7 @@ from anex.crypto import secret_decrypt
 from anex.errors import NotFound
 from billing.constants import EntryKind
 from billing.models import LedgerEntry
+from billing.services import key_spend_cents
 from console.models import ApiKey, AuditEvent, Invitation, Membership, Organization
 from console.tenancy import scoped_get
 from inference.catalog import CatalogModel, catalog, local_models
@@ -73,6 +74,31 @@ def membership_get(*, organization: Organization, id: int | str) -> Membership:
     if membership is None:
         raise NotFound.of("Member")
     return membership
+
+
+def member_spend_committed(*, organization: Organization, user: User) -> int | None:
+    """What a member's spending in the organization already takes of their limit
+    (Membership.spend_limit_cents): the whole budget of each active key they created (it
+    may all be spent, by jobs or realtime, without them asking anyone), what each of their
+    revoked or expired keys did spend, and what their console approvals held and charged.
+    None when one of their active keys has no budget (made while they were an owner): no
+    limit covers it."""
+    committed = 0
+    for key in ApiKey.objects.for_org(organization).filter(created_by=user):
+        if key.is_active:
+            if key.spend_budget_cents is None:
+                return None
+            committed += key.spend_budget_cents
+        else:
+            committed += key_spend_cents(api_key=key)
+    # A person's console approval spends for no key (billing.services.hold_place): its
+    # entries carry the job, and the job who approved it. Holds in, releases out, charges
+    # in, as key_spend_cents counts a key's.
+    approved = (LedgerEntry.objects.for_org(organization)
+                .filter(kind__in=[EntryKind.HOLD, EntryKind.RELEASE, EntryKind.CHARGE],
+                        api_key__isnull=True, job__approved_by_user=user)
+                .aggregate(spent=Sum(F("held_delta") - F("balance_delta")))["spent"])
+    return committed + int(approved or 0)
 
 
 def invitation_get(*, organization: Organization, id: uuid.UUID | str) -> Invitation:

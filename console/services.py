@@ -16,12 +16,14 @@ from django.core.mail import send_mail
 from django.db import transaction
 from django.utils import timezone
 
-from billing.services import credits_grant
+from anex.errors import PaymentRequired
+from billing.services import credits_grant, organization_lock
 from console.actors import Actor
 from console.audit import audit_record
 from console.constants import AuditAction, Role
 from console.keys import key_generate, secret_hash
-from console.models import ApiKey, Invitation, Membership, Organization
+from console.models import ApiKey, Invitation, Membership, Organization, StaffEnrolment
+from console.selectors import member_spend_committed
 
 INVITATION_VALIDITY = timedelta(days=7)
 # Invitations an organization may send in 24 hours (each is a mail to any address).
@@ -33,6 +35,13 @@ KEYS_MAX = ("{organization} has {count} active API keys, the most an organizatio
 MEMBER_KEY_BUDGET = ("A member's key needs a spend budget: only an owner can create a key "
                      "without one.")
 NOT_YOUR_KEY = "Only an owner can revoke a key that someone else created."
+MEMBER_LIMIT = ("Your spending limit in {organization} is {limit}, and {committed} of it is "
+                "taken (the budgets of your active keys, what your other keys spent, your "
+                "approvals): {what} {cents}, and {left} is left. An owner can raise the limit on "
+                "the Members page.")
+MEMBER_LIMIT_UNBUDGETED = ("Your spending limit in {organization} is {limit}, and one of "
+                           "your active keys has no spend budget, which no limit covers: "
+                           "revoke it (or ask an owner to) first.")
 
 
 @transaction.atomic
@@ -114,6 +123,38 @@ def owner_require(*, organization: Organization, actor: Actor, message: str) -> 
         raise PermissionDenied(message)
 
 
+def actor_named(actor: Actor) -> str:
+    """Who did it, as a mail to people names them."""
+    return actor.user.email if actor.user is not None and actor.user.email else "anex"
+
+
+def owners_mail(*, organization: Organization, subject: str, message: str,
+                but: User | None = None) -> None:
+    """Tell the organization's owners (less `but`) what just changed, once the change
+    commits (as an invitation is mailed): the changes that move its data or its money
+    elsewhere, so an owner who did not make one hears of it (issue 40 L1)."""
+    owners = Membership.objects.for_org(organization).filter(role=Role.OWNER)
+    if but is not None:
+        owners = owners.exclude(user=but)
+    recipients = sorted({email for email in owners.values_list("user__email", flat=True)
+                         if email})
+    if not recipients:
+        return
+    transaction.on_commit(lambda: send_mail(
+        subject=f"{settings.ACCOUNT_EMAIL_SUBJECT_PREFIX}{subject}",
+        message=(f"{message}\n\nIf no owner of {organization.name} meant this, sign in to "
+                 "the console, undo it, and change your password."),
+        from_email=None, recipient_list=recipients))
+
+
+def _owner_added_mail(*, organization: Organization, user: User, how: str) -> None:
+    owners_mail(organization=organization, but=user,
+                subject=f"{user.email} is now an owner of {organization.name}",
+                message=(f"{user.email} is now an owner of {organization.name} on anex "
+                         f"({how}): owners manage its members, keys, webhook endpoint and "
+                         "billing."))
+
+
 @transaction.atomic
 def membership_add(*, organization: Organization, user: User, role: Role,
                    actor: Actor) -> Membership:
@@ -125,6 +166,10 @@ def membership_add(*, organization: Organization, user: User, role: Role,
             organization=organization, actor=actor, action=AuditAction.MEMBER_ADDED,
             target=membership, data={"user": user.get_username(), "role": str(role)},
         )
+        if role == Role.OWNER:
+            _owner_added_mail(organization=organization, user=user,
+                              how="by an invitation" if actor.user == user
+                              else f"added by {actor_named(actor)}")
     return membership
 
 
@@ -185,7 +230,58 @@ def membership_role_set(*, membership: Membership, actor: Actor, role: Role) -> 
                      data={"user": locked.user.get_username(),
                            "from": locked.role, "to": str(role)})
         locked.role = role
+        if role == Role.OWNER:
+            _owner_added_mail(organization=organization, user=locked.user,
+                              how=f"{actor_named(actor)} changed their role")
     return locked
+
+
+def _usd(cents: int) -> str:
+    return f"${cents / 100:,.2f}"
+
+
+@transaction.atomic
+def membership_spend_limit_set(*, membership: Membership, actor: Actor,
+                               cents: int | None) -> Membership:
+    """Set what a member may commit in all (None: no limit); owners only, audited. An owner
+    is never held to it; it applies again if they are made a member. Lowering it below what
+    is already committed takes nothing back: it refuses the next key or approval."""
+    organization = membership.organization
+    owner_require(organization=organization, actor=actor,
+                  message="Only an owner can set a member's spending limit.")
+    organization_lock(organization.pk)
+    locked = Membership.objects.select_related("user").get(pk=membership.pk)
+    if locked.spend_limit_cents != cents:
+        Membership.objects.filter(pk=locked.pk).update(spend_limit_cents=cents)
+        audit_record(organization=organization, actor=actor,
+                     action=AuditAction.MEMBER_SPEND_LIMIT_SET, target=locked,
+                     data={"user": locked.user.get_username(),
+                           "from": locked.spend_limit_cents, "to": cents})
+        locked.spend_limit_cents = cents
+    return locked
+
+
+def member_spend_require(*, organization: Organization, user: User, cents: int,
+                         what: str) -> None:
+    """Refuse a member whose spending limit does not cover `cents` more (a key's budget, a
+    console approval's hold) with 402, as a key's own budget is refused (billing's
+    hold_place). Owners, and members without a limit, pass. Call it inside the transaction
+    that commits the spend: it takes the organization's row lock, so two at once cannot
+    both fit under one limit (issue 40 L7)."""
+    organization_lock(organization.pk)
+    limit = Membership.objects.filter(organization=organization, user=user,
+                                      role=Role.MEMBER).values_list(
+        "spend_limit_cents", flat=True).first()
+    if limit is None:
+        return
+    committed = member_spend_committed(organization=organization, user=user)
+    if committed is None:
+        raise PaymentRequired(MEMBER_LIMIT_UNBUDGETED.format(organization=organization.name,
+                                                             limit=_usd(limit)))
+    if committed + cents > limit:
+        raise PaymentRequired(MEMBER_LIMIT.format(
+            organization=organization.name, limit=_usd(limit), committed=_usd(committed),
+            what=what, cents=_usd(cents), left=_usd(max(limit - committed, 0))))
 
 
 @transaction.atomic
@@ -294,6 +390,13 @@ def invitation_create(*, organization: Organization, actor: Actor, email: str,
                      f"then open this link to accept:\n\n{link}\n\nThe link works for "
                      f"{INVITATION_VALIDITY.days} days."),
             from_email=None, recipient_list=[email]))
+        if role == Role.OWNER:
+            owners_mail(organization=organization,
+                        subject=f"{email} is invited to become an owner of {organization.name}",
+                        message=(f"{actor_named(actor)} invited {email} to join "
+                                 f"{organization.name} on anex as an owner. The invitation "
+                                 f"works for {INVITATION_VALIDITY.days} days; an owner can "
+                                 "revoke it on the console's Members page."))
     return invitation
 
 
@@ -331,11 +434,16 @@ def api_key_create(*, organization: Organization, actor: Actor, name: str = "",
     organization has at most ANEX_API_KEYS_MAX active keys (each has its own request
     rate); a member's key carries a spend budget (docs/decisions.md, "Roles and
     offboarding")."""
-    if spend_budget_cents is None and not _staff_or_system(actor) and not _is_owner(
-            organization=organization, actor=actor):
+    member = not _staff_or_system(actor) and not _is_owner(organization=organization,
+                                                            actor=actor)
+    if spend_budget_cents is None and member:
         raise ValidationError(MEMBER_KEY_BUDGET, code="budget")
     # Counted under the organization's row lock, so concurrent creations cannot overshoot.
     Organization.objects.select_for_update().filter(pk=organization.pk).first()
+    if member and actor.user is not None and spend_budget_cents is not None:
+        member_spend_require(organization=organization, user=actor.user,
+                             cents=spend_budget_cents,
+                             what="this key's budget is")
     active = ApiKey.objects.for_org(organization).filter(revoked_at__isnull=True).count()
     if active >= settings.ANEX_API_KEYS_MAX:
         raise ValidationError(KEYS_MAX.format(organization=organization.name, count=active),
@@ -384,3 +492,38 @@ def api_key_revoke(*, key: ApiKey, actor: Actor) -> ApiKey:
             target=key, data={"prefix": key.prefix},
         )
     return key
+
+
+# How long a staff enrolment code works (docs/decisions.md, "Staff authenticators enrolled
+# with a one-time code (L10)").
+STAFF_ENROLMENT_VALIDITY = timedelta(hours=24)
+
+
+def _code_hash(code: str) -> str:
+    return hashlib.sha256(code.encode()).hexdigest()
+
+
+@transaction.atomic
+def staff_enrolment_issue(*, user: User, issued_by: str) -> str:
+    """A one-time code for this staff account to set up its authenticator app with; any
+    code issued to it before stops working. Returns the code, which is stored only as its
+    digest: the caller hands it over in person, never by the account's own mail."""
+    if not user.is_staff or not user.is_active:
+        raise ValidationError(f"{user.get_username()} is not an active staff account.",
+                              code="staff")
+    now = timezone.now()
+    StaffEnrolment.objects.filter(user=user, used_at__isnull=True,
+                                  expires_at__gt=now).update(expires_at=now)
+    code = secrets.token_urlsafe(24)
+    StaffEnrolment.objects.create(user=user, code_hash=_code_hash(code), issued_by=issued_by,
+                                  expires_at=now + STAFF_ENROLMENT_VALIDITY)
+    return code
+
+
+def staff_enrolment_redeem(*, user: User, code: str) -> bool:
+    """Use up this account's open enrolment code: True once, for the code issued to this
+    very account, unused and unexpired (a conditional UPDATE, so two tries at once cannot
+    both pass)."""
+    return StaffEnrolment.objects.filter(
+        user=user, code_hash=_code_hash(code.strip()), used_at__isnull=True,
+        expires_at__gt=timezone.now()).update(used_at=timezone.now()) == 1

@@ -326,6 +326,7 @@ class Cluster:
             "REDIS_URL": f"redis://127.0.0.1:{self.ports['redis']}/0",
             "ANEX_API_ORIGIN": f"http://localhost:{self.ports['web']}",
             "ANEX_EU_API_ORIGIN": f"http://eu.localhost:{self.ports['web']}",
+            "ANEX_ADMIN_HOST": "admin.localhost",
             "ANEX_STORAGE_BACKEND": "s3",
             "ANEX_S3_BUCKET": BUCKETS["world"], "ANEX_S3_EU_BUCKET": BUCKETS["eu"],
             "ANEX_S3_REGION": "us-east-1", "ANEX_S3_EU_REGION": "us-east-1",

@@ -13,6 +13,7 @@ from django.shortcuts import redirect
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
+from anex.errors import PaymentRequired
 from console.forms import ApiKeyForm
 from console.selectors import api_key_get, api_key_list
 from console.services import api_key_create, api_key_revoke
@@ -37,6 +38,8 @@ def keys_page(request: HttpRequest, console: Console) -> HttpResponse:
                 expires_at=datetime.combine(day, time.min, tzinfo=UTC) if day else None)
         except ValidationError as error:  # a member's key without a budget, or too many keys
             form.add_error("spend_budget" if error.code == "budget" else None, error)
+        except PaymentRequired as error:  # past the member's spending limit
+            form.add_error("spend_budget", error.detail)
         else:
             # Shown in this one response and kept nowhere (not even the session): only the
             # key's digest is stored.

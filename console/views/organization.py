@@ -3,6 +3,7 @@ between the user's organizations."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import cast
 
 from allauth.account.decorators import reauthentication_required
@@ -19,11 +20,13 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from anex.errors import NotFound
 from console.constants import Role
-from console.forms import InviteForm, OrganizationNameForm, WebhookForm
+from console.forms import InviteForm, OrganizationNameForm, SpendLimitForm, WebhookForm
+from console.models import Membership
 from console.selectors import (
     audit_event_list,
     invitation_get,
     invitation_open_list,
+    member_spend_committed,
     membership_current,
     membership_get,
     organization_has_webhook_secret,
@@ -37,6 +40,7 @@ from console.services import (
     invitation_revoke,
     membership_remove,
     membership_role_set,
+    membership_spend_limit_set,
     organization_update,
 )
 from console.views.base import SESSION_ORGANIZATION, Console, console_page, fragment, page
@@ -49,18 +53,37 @@ from jobs.services.webhook_endpoint import (
 )
 
 DELIVERIES_SHOWN = 20
-# The Settings actions that show or replace the signing secret: each asks for a recent
-# re-authentication (allauth's; docs/decisions.md, "The console hardened (L5)").
-SECRET_ACTIONS = frozenset({"reveal", "rotate", "rotate_now"})
+# The Settings actions that ask for a recent re-authentication (allauth's; docs/decisions.md,
+# "The console hardened (L5)" and "Owners' actions re-authenticated and mailed (L1)"): those
+# that show or replace the signing secret, and the one that moves where job events go.
+# Turning auto-approve on asks too (every estimate then spends unattended); turning it off
+# spends nothing and does not.
+SENSITIVE_SETTINGS = frozenset({"reveal", "rotate", "rotate_now", "webhook"})
 
 
-def _secret_action(request: HttpRequest) -> bool:
-    return request.method == "POST" and request.POST.get("action") in SECRET_ACTIONS
+def _sensitive_setting(request: HttpRequest) -> bool:
+    action = request.POST.get("action")
+    return request.method == "POST" and (
+        action in SENSITIVE_SETTINGS
+        or (action == "auto_approve" and request.POST.get("auto_approve") == "on"))
+
+
+# The Members page's actions that ask for one: those that make an owner, change a role,
+# remove someone, or set what a member may spend. An invitation as a member, and revoking
+# an invitation, give no one more than they had and do not.
+SENSITIVE_MEMBER_ACTIONS = frozenset({"remove", "role", "spend_limit"})
+
+
+def _sensitive_member_action(request: HttpRequest) -> bool:
+    action = request.POST.get("action", "invite")
+    return request.method == "POST" and (
+        action in SENSITIVE_MEMBER_ACTIONS
+        or (action == "invite" and request.POST.get("role") == Role.OWNER))
 
 
 @require_http_methods(["GET", "POST"])
 @console_page(owner=True)
-@reauthentication_required(enabled=_secret_action)
+@reauthentication_required(enabled=_sensitive_setting)
 def settings_page(request: HttpRequest, console: Console) -> HttpResponse:
     organization = console.organization
     secret = None
@@ -151,31 +174,69 @@ def members_page(request: HttpRequest, console: Console) -> HttpResponse:
     # select with no choice made (the browser's first, owner) and "required" errors.
     form = InviteForm(request.POST if request.method == "POST" and action == "invite"
                       else None)
-    if request.method == "POST" and action != "invite":
-        return _member_action(request, console, action)
     if request.method == "POST":
+        # Refused before re-authentication: a member is not asked for their password for
+        # what they may not do anyway (the services refuse them too).
         if not console.is_owner:
-            raise PermissionDenied("Only an owner can invite members.")
-        if form.is_valid():
-            try:
-                invitation_create(
-                    organization=console.organization, actor=console.actor,
-                    email=form.cleaned_data["email"], role=Role(form.cleaned_data["role"]),
-                    accept_url=lambda token: request.build_absolute_uri(
-                        reverse("console-invitation", args=[token])))
-            except ValidationError as error:
-                form.add_error("email", error)
-            else:
-                messages.success(request, f"Invitation sent to {form.cleaned_data['email']}.")
-                return redirect("console-members")
+            raise PermissionDenied(f"Only an owner of {console.organization.name} can invite "
+                                   "and manage members.")
+        done = _owner_action(request, console, action, form)
+        if done is not None:
+            return done
     return page(request, console, "console/members.html", "members", form=form,
-                members=organization_member_list(organization=console.organization),
+                members=[_member_row(console, m) for m in organization_member_list(
+                    organization=console.organization)],
                 invitations=invitation_open_list(organization=console.organization))
+
+
+@reauthentication_required(enabled=_sensitive_member_action)
+def _owner_action(request: HttpRequest, console: Console, action: str,
+                  form: InviteForm) -> HttpResponse | None:
+    """An owner's POST of the Members page; None to show the page again with the
+    invitation form's errors."""
+    if action != "invite":
+        return _member_action(request, console, action)
+    if form.is_valid():
+        try:
+            invitation_create(
+                organization=console.organization, actor=console.actor,
+                email=form.cleaned_data["email"], role=Role(form.cleaned_data["role"]),
+                accept_url=lambda token: request.build_absolute_uri(
+                    reverse("console-invitation", args=[token])))
+        except ValidationError as error:
+            form.add_error("email", error)
+        else:
+            messages.success(request, f"Invitation sent to {form.cleaned_data['email']}.")
+            return redirect("console-members")
+    return None
+
+
+@dataclass(frozen=True)
+class MemberRow:
+    """A row of the Members page: the membership, and for an owner's view of a member what
+    their spending already takes of their limit (None: a key without a budget)."""
+
+    membership: Membership
+    committed: int | None = None
+
+    @property
+    def limit_dollars(self) -> str:
+        """The limit as the form's number field shows it; empty for none."""
+        cents = self.membership.spend_limit_cents
+        return "" if cents is None else f"{cents / 100:.2f}"
+
+
+def _member_row(console: Console, membership: Membership) -> MemberRow:
+    if not console.is_owner or membership.role != Role.MEMBER:
+        return MemberRow(membership)
+    return MemberRow(membership, member_spend_committed(organization=console.organization,
+                                                        user=membership.user))
 
 
 def _member_action(request: HttpRequest, console: Console, action: str) -> HttpResponse:
     """The Members page's owner actions: remove a member (optionally revoking the keys they
-    created), change a role, revoke an invitation. The services refuse a member."""
+    created), change a role, set a member's spending limit, revoke an invitation. The
+    services refuse a member."""
     organization, actor = console.organization, console.actor
     if action == "remove":
         membership = membership_get(organization=organization, id=request.POST.get("member", ""))
@@ -190,6 +251,18 @@ def _member_action(request: HttpRequest, console: Console, action: str) -> HttpR
             raise ValidationError("Pick owner or member.")
         membership_role_set(membership=membership, actor=actor, role=Role(role))
         messages.success(request, f"{membership.user.email} is now {Role(role).label.lower()}.")
+    elif action == "spend_limit":
+        limit = SpendLimitForm(request.POST)
+        if not limit.is_valid():
+            raise ValidationError("Enter a spending limit in dollars, such as 50 or 12.50, or "
+                                  "leave it empty for no limit.")
+        membership = membership_get(organization=organization,
+                                    id=limit.cleaned_data["member"])
+        cents = limit.spend_limit_cents
+        membership_spend_limit_set(membership=membership, actor=actor, cents=cents)
+        messages.success(request, f"{membership.user.email} now has "
+                         + (f"a spending limit of ${cents / 100:,.2f}." if cents is not None
+                            else "no spending limit."))
     elif action == "revoke_invitation":
         invitation = invitation_get(organization=organization,
                                     id=request.POST.get("invitation", ""))

@@ -28,6 +28,7 @@ from console.actors import Actor
 from console.audit import audit_record
 from console.constants import AuditAction
 from console.models import ApiKey
+from console.services import member_spend_require
 from inference.pricing import usage_json
 from jobs import dispatch
 from jobs.constants import (
@@ -238,6 +239,13 @@ def job_approve(*, job: Job, actor: Actor, spend_key: ApiKey | None = None) -> J
     key = actor.key or spend_key
     if key is not None:
         _approving_key_check(job, key)
+    elif actor.user is not None and job.est_cost_cents is not None:
+        # A person's approval in the console spends for no key, so no key budget holds it:
+        # a member's spending limit does (402 past it; issue 40 L7). Under the organization
+        # lock it takes, which job_transition takes again, first, as every spend does.
+        member_spend_require(organization=job.organization, user=actor.user,
+                             cents=job.est_cost_cents,
+                             what="approving this job holds")
     if actor is not AUTO_APPROVE:
         # 503 before anything is held. Auto-approval runs on a worker that was just handed
         # its message: a broker lost since is left to the start's recovery lease.

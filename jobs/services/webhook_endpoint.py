@@ -22,7 +22,7 @@ from console.actors import Actor
 from console.audit import audit_record
 from console.constants import AuditAction
 from console.models import Organization
-from console.services import owner_require
+from console.services import actor_named, owner_require, owners_mail
 from jobs.models import WebhookDelivery
 from jobs.services.webhooks import (
     SECRET_GRACE,
@@ -71,6 +71,13 @@ def organization_webhook_set(*, organization: Organization, actor: Actor,
         audit_record(organization=locked, actor=actor, action=AuditAction.WEBHOOK_ENDPOINT_SET,
                      target=locked,
                      data={"from": url_mask(locked.webhook_url), "to": url_mask(url)})
+        # Every job event (with its result's links) goes to the endpoint: the owners hear
+        # of a new one, masked as the audit log keeps it (issue 40 L1).
+        owners_mail(organization=locked,
+                    subject=f"The webhook endpoint of {locked.name} changed",
+                    message=(f"{actor_named(actor)} changed where {locked.name}'s job events "
+                             f"are sent, from {url_mask(locked.webhook_url) or '(none)'} to "
+                             f"{url_mask(url) or '(none: events are no longer sent)'}."))
     organization.refresh_from_db()
     return organization
 

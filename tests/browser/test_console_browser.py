@@ -131,9 +131,10 @@ def sign_up(page: Page, base: str, email: str) -> None:
 
 
 def confirm_password_if_asked(page: Page) -> None:
-    """allauth's re-authentication, which creating a key and the signing secret ask for
-    when the password was not confirmed in the last five minutes (issue 22, L5): the
-    form's POST is replayed once it is."""
+    """allauth's re-authentication, which creating a key, the signing secret, the webhook
+    endpoint, auto-approve and the Members page's owner actions ask for when the person
+    neither signed in nor confirmed the password in the last five minutes (issue 22, L5;
+    issue 40 L1): the form's POST is replayed once it is."""
     page.wait_for_load_state()
     if "/accounts/reauthenticate/" in page.url:
         page.fill("#id_password", PASSWORD)
@@ -277,6 +278,7 @@ def test_the_console_walk(browser: Browser, served: tuple[str, LocalServer],
     page.get_by_role("link", name="Settings").click()
     page.get_by_label("Endpoint URL").fill(receiver.url("/hooks/anex"))
     page.get_by_role("button", name="Save endpoint").click()
+    confirm_password_if_asked(page)
     expect(page.get_by_text("Webhook endpoint saved.")).to_be_visible()
     assert page.locator("#signing-secret").count() == 0  # only on Reveal
     page.get_by_role("button", name="Reveal the signing secret").click()
@@ -301,6 +303,7 @@ def test_the_console_walk(browser: Browser, served: tuple[str, LocalServer],
     auto_approve = page.get_by_label("Approve every estimate as soon as it is ready")
     auto_approve.check()
     page.locator("form", has=auto_approve).get_by_role("button", name="Save").click()
+    confirm_password_if_asked(page)
     expect(page.get_by_text("Auto-approve is on")).to_be_visible()
     organization.refresh_from_db()
     assert organization.auto_approve
@@ -334,6 +337,13 @@ def test_the_console_walk(browser: Browser, served: tuple[str, LocalServer],
     bob.get_by_role("button", name="Switch").click()
     expect(bob.get_by_role("link", name="Settings")).to_be_visible()
     member.close()
+
+    # The owner sets Bob's spending limit (issue 40 L7).
+    page.goto(f"{base}/console/members")
+    page.get_by_label(f"Spending limit of {bob_email} (USD)").fill("25")
+    page.get_by_role("button", name=f"Set the limit of {bob_email}").click()
+    confirm_password_if_asked(page)
+    expect(page.get_by_text(f"{bob_email} now has a spending limit of $25.00.")).to_be_visible()
 
     assert refused == [], refused  # the walk's pages ran under the policy untouched
     screenshots_of_every_page(browser, owner, base, job.pk)

@@ -373,6 +373,9 @@ def test_the_model_dropdown_offers_the_catalog_with_what_each_model_takes(
 
 def test_owner_settings_auto_approve_webhook_and_secret_rotation(
         owner: Client, organization: Organization) -> None:
+    # Turning auto-approve on and setting the endpoint ask for it too (issue 40 L1:
+    # tests/db/test_owner_actions.py).
+    reauthenticate(owner)
     owner.post("/console/settings", form(organization, {"action": "auto_approve",
                                                         "auto_approve": "on"}))
     organization.refresh_from_db()
@@ -392,7 +395,6 @@ def test_owner_settings_auto_approve_webhook_and_secret_rotation(
     # (tests/db/test_console_hardening.py).
     assert before is not None and before not in page and "Reveal the signing secret" in page
     assert shown["Cache-Control"] == "no-store"
-    reauthenticate(owner)
     owner.post("/console/settings", form(organization, {"action": "rotate"}))
     after = organization_webhook_secret(organization=organization)
     assert after != before

@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def deployment_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANEX_", "DEBUG"))}
     env.update(DEBUG="false", ANEX_SSL_REDIRECT="true", SECRET_KEY=secrets.token_urlsafe(50),
-               DJANGO_SETTINGS_MODULE="anex.settings", **extra)
+               ANEX_ADMIN_HOST="admin.example.com", DJANGO_SETTINGS_MODULE="anex.settings")
+    env.update(extra)
     return env
 
 
@@ -40,6 +41,38 @@ def test_check_deploy_is_clean_with_debug_off() -> None:
         env=deployment_env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "no issues" in result.stdout
+
+
+def settings_start(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    code = "from django.conf import settings; print(repr(settings.ANEX_ADMIN_HOST))"
+    return subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_the_admin_host_is_required_with_debug_off() -> None:
+    # Issue 40 L10: a deployment that forgot ANEX_ADMIN_HOST served the admin on its public
+    # API hosts. Now it does not start.
+    unset = deployment_env()
+    del unset["ANEX_ADMIN_HOST"]
+    refused = settings_start(unset)
+    assert refused.returncode != 0
+    assert "ANEX_ADMIN_HOST is required with DEBUG off" in refused.stderr
+    # nor with an API host for it
+    on_api = settings_start(deployment_env(ANEX_ADMIN_HOST="api.anex.sh"))
+    assert on_api.returncode != 0 and "is an API host" in on_api.stderr
+    # a host of its own starts; with DEBUG on (a developer's machine) none is needed
+    assert settings_start(deployment_env()).stdout.strip() == "'admin.example.com'"
+    assert settings_start({**unset, "DEBUG": "true"}).stdout.strip() == "None"
+
+
+def test_the_admin_on_every_host_is_said_out_loud_and_check_deploy_warns() -> None:
+    everywhere = deployment_env(ANEX_ADMIN_HOST="*")
+    assert settings_start(everywhere).stdout.strip() == "None"
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        env=everywhere, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    assert "anex.W001" in result.stdout + result.stderr
 
 
 def test_forwarded_headers_are_trusted_only_behind_a_configured_proxy() -> None:

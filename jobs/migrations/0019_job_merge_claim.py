@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0018_h40g_job_usage_result_parts'),
+        ('jobs', '0018_job_usage_result_parts'),
     ]
 
     operations = [
