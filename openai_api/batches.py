@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -25,21 +26,24 @@ from anex.errors import DomainError, Invalid, Malformed, NotFound, PaymentRequir
 from anex.regions import Region
 from console.actors import Actor
 from console.models import Organization
-from inference.catalog import model_get
+from inference.catalog import CatalogModel, catalog_limits, model_get
 from inference.kinds import kind_for
-from inference.rows.core import JobOptions
+from inference.rows.core import JobOptions, line_max_bytes
 from jobs.constants import FailureCode, InputStatus, JobStatus
+from jobs.jsonl_scan import lines_body_model
 from jobs.models import Job, JobEvent
 from jobs.services.lifecycle import job_cancel
 from jobs.services.submission import JobRequest, job_submit
 from jobs.storage import StorageChanged, storage_for
+from jobs.validation.lines import line_too_long
 from openai_api.models import FilePart, FilePurpose, OpenAIBatch, OpenAIFile
 
 COMPLETION_WINDOW = "24h"
 WINDOW = timedelta(hours=24)
 ENDPOINTS = ("/v1/chat/completions", "/v1/embeddings", "/v1/systemone")
 METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
-# How far into the file its model is looked for: the first line that names one.
+# How far into the file its model is looked for: the first line that names one, among the
+# lines read whole within the first 64 MiB.
 MODEL_SCAN_LINES = 100
 MODEL_SCAN_BYTES = 64 * 1024 * 1024
 NOT_FOUND = "No batch found with id '{id}'."
@@ -197,31 +201,44 @@ def metadata_problem(metadata: object) -> str | None:
     return None
 
 
-def _first_model(file: OpenAIFile) -> tuple[str, int] | list[dict[str, Any]]:
-    """The model the file's first row that names one names, with its line; or the
-    errors that fail the batch (an empty file, no model named)."""
+@dataclass(frozen=True)
+class _Named:
+    """The model the file's first row that names one names, with its line, and the
+    sizes of the lines up to it (each is checked against that model's line cap)."""
+
+    model: str
+    line: int
+    sizes: tuple[int, ...]
+
+
+def _first_model(file: OpenAIFile) -> _Named | list[dict[str, Any]]:
+    """The model the file's first row that names one names; or the errors that fail the
+    batch (an empty file, no model named). Read as the rows are read, never decoded
+    whole in this request (jobs.jsonl_scan: a long line is scanned for its body.model)."""
     item = file.input
     assert item is not None
     if not item.size_bytes:
         return [_error("empty_file", "The input file is empty: a batch needs at least "
                                      "one request.")]
+    sizes: list[int] = []
     with storage_for(item.data_residency).open(item.object_key, pin=item.content_pin) as stream:
-        read = 0
-        for number in range(1, MODEL_SCAN_LINES + 1):
-            line = stream.readline(MODEL_SCAN_BYTES - read)
-            read += len(line)
-            if not line or read >= MODEL_SCAN_BYTES:
-                break
-            try:
-                request = json.loads(line)
-            except (ValueError, RecursionError):
-                continue  # the estimate names this line
-            body = request.get("body") if isinstance(request, dict) else None
-            model = body.get("model") if isinstance(body, dict) else None
-            if isinstance(model, str) and model:
-                return model, number
+        for line in lines_body_model(stream, lines=MODEL_SCAN_LINES, max_bytes=MODEL_SCAN_BYTES):
+            sizes.append(line.size)
+            if line.model is not None:
+                return _Named(line.model, line.number, tuple(sizes))
     return [_error("missing_model", "No row names its model in body.model: each row of a "
                                     "batch names the model that runs it.", line=1)]
+
+
+def _too_long(named: _Named, model: CatalogModel) -> list[dict[str, Any]] | None:
+    """The first line read over the model's line cap, refused now as the job's checks
+    would refuse it (jobs.validation.lines), before a job is made for it."""
+    cap = line_max_bytes(model, catalog_limits())
+    for number, size in enumerate(named.sizes, start=1):
+        if size > cap + 1:  # a \r before the newline is not counted (chunks_bounded)
+            return [_error("invalid_request", line_too_long(number, cap).message,
+                           line=number)]
+    return None
 
 
 def _error(code: str, message: str, *, line: int | None = None,
@@ -256,14 +273,16 @@ def batch_create(*, organization: Organization, actor: Actor, host_region: Regio
     errors: list[dict[str, Any]] | None = found if isinstance(found, list) else None
     job: Job | None = None
     if errors is None:
-        assert isinstance(found, tuple)
-        model_id, line = found
+        assert isinstance(found, _Named)
+        model_id, line = found.model, found.line
         model = model_get(model_id)
         served = kind_for(model).endpoint if model is not None else None
         if model is not None and served != endpoint:
             errors = [_error("url_mismatch", f"Model '{model_id}' serves {served}, and this "
                              f"batch's endpoint is {endpoint}: a batch's rows target its "
                              "endpoint.", line=line, param="body.model")]
+        elif model is not None and (too_long := _too_long(found, model)):
+            errors = too_long
         else:
             try:
                 request = JobRequest(options=JobOptions(model=model_id, row_model=True),
