@@ -1,6 +1,7 @@
-"""Issue 40, the OpenAI surface (/openai/v1), through the official SDK against a running
-server (pytest-django's live_server), as tests/db/test_openai_batches.py drives it: a
-create that reads a 24 MiB line (H1)."""
+"""Issue 40, the OpenAI surface (/openai/v1), through the official SDK (or plain HTTP where
+the SDK cannot send the request) against a running server (pytest-django's live_server),
+as tests/db/test_openai_batches.py drives it: a create that reads a 24 MiB line (H1); an
+upload whose purpose follows its file."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 from pytest_django import Settings
 
 from console.models import Organization
-from openai_api.models import OpenAIBatch
+from openai_api.models import OpenAIBatch, OpenAIFile
 from tests.db.test_openai_batches import client_for, jsonl, line, uploaded
 from tests.dispatched import Sent, dispatch_catch
 from tests.factories import api_key_make, organization_make
@@ -140,3 +141,80 @@ def test_a_line_over_its_models_cap_fails_the_create_naming_it(
     assert error.message == ("Line 1: the line is longer than 4,096 bytes, the most one "
                              "request line may take; shorten or split this request")
     assert estimates == [] and OpenAIBatch.objects.get().job is None
+
+
+# -- POST /files: the fields in any order, the file never in memory --------------------------
+
+def form(*parts: tuple[str, bytes, str | None], boundary: str = "anexboundary") -> bytes:
+    """A multipart/form-data body with its parts in the order given (name, value,
+    filename), as `curl -F` writes it."""
+    body = b""
+    for name, value, filename in parts:
+        disposition = f'form-data; name="{name}"' + (
+            f'; filename="{filename}"' if filename else "")
+        kind = "Content-Type: application/octet-stream\r\n" if filename else ""
+        body += (f"--{boundary}\r\nContent-Disposition: {disposition}\r\n{kind}\r\n"
+                 .encode() + value + b"\r\n")
+    return body + f"--{boundary}--\r\n".encode()
+
+
+def posted(live_server: Any, plaintext: str, body: bytes) -> Any:
+    """POST the form, sent a MiB at a time (the client holds no second copy of it)."""
+    pieces = (body[at:at + MiB] for at in range(0, len(body), MiB))
+    return httpx.post(f"{live_server.url}/openai/v1/files", content=pieces, timeout=60,
+                      headers={"Authorization": f"Bearer {plaintext}",
+                               "Content-Length": str(len(body)),
+                               "Content-Type": "multipart/form-data; boundary=anexboundary"})
+
+
+@pytest.mark.parametrize("file_first", [False, True])
+def test_a_file_is_taken_with_its_purpose_before_or_after_it(
+        live_server: Any, tenant: tuple[Organization, str], client: OpenAI,
+        file_first: bool) -> None:
+    content = jsonl(line("r1"), line("r2"))
+    parts = [("purpose", b"batch", None), ("file", content, "mine.jsonl")]
+    answer = posted(live_server, tenant[1], form(*(parts[::-1] if file_first else parts)))
+    assert answer.status_code == 200, answer.text
+    made = answer.json()
+    assert (made["purpose"], made["bytes"], made["filename"]) == (
+        "batch", len(content), "mine.jsonl")
+    assert client.files.content(made["id"]).read() == content
+
+
+@pytest.mark.parametrize("purpose", [None, b"fine-tune"])
+def test_a_file_first_with_no_purpose_or_another_is_400_and_nothing_is_kept(
+        live_server: Any, tenant: tuple[Organization, str], settings: Settings,
+        purpose: bytes | None) -> None:
+    from anex.regions import Region
+    from jobs.models import Input
+    from jobs.storage import storage_for
+
+    parts: list[tuple[str, bytes, str | None]] = [("file", jsonl(line("r1")), "mine.jsonl")]
+    if purpose is not None:
+        parts.append(("purpose", purpose, None))
+    answer = posted(live_server, tenant[1], form(*parts))
+    assert answer.status_code == 400
+    assert answer.json()["error"]["param"] == "purpose"
+    # the file had gone to storage as it came: the refusal deleted it
+    assert not OpenAIFile.objects.exists() and not Input.objects.exists()
+    folder = storage_for(Region.WORLD).path(f"inputs/{tenant[0].pk}")  # type: ignore[attr-defined]
+    assert not folder.exists() or not any(path.is_file() for path in folder.rglob("*"))
+
+
+def test_a_file_sent_before_its_purpose_streams_to_storage_unheld(
+        live_server: Any, tenant: tuple[Organization, str]) -> None:
+    content = jsonl(*(line(f"r{i}", text="x" * 1000) for i in range(16 * 1024)))
+    assert len(content) > 16 * MiB
+    body = form(("file", content, "big.jsonl"), ("purpose", b"batch", None))
+    posted(live_server, tenant[1], form(("file", b"", "warm.jsonl"), ("purpose", b"", None)))
+    tracemalloc.start()
+    try:
+        answer = posted(live_server, tenant[1], body)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["bytes"] == len(content)
+    # the server read it a block at a time on its way to storage (the client's own copy
+    # of the body was made before tracing began)
+    assert peak < 8 * MiB, peak
