@@ -418,10 +418,20 @@ def file_chunks(file: OpenAIFile) -> Iterator[bytes]:
     return result_part_lines(job, FilePart(file.part))
 
 
+# What a file object (file_object) reads, and nothing more: a page of OpenAI's 10,000
+# files is one query over these columns, never a job's JSON (its errors, its sample) nor
+# a storage read per file.
+FILE_OBJECT_COLUMNS = ("id", "organization_id", "bytes", "created_at", "filename", "purpose",
+                       "input", "input__expires_at", "batch", "batch__job",
+                       "batch__job__data_expires_at")
+
+
 def files_page(*, organization: Organization, after: str | None, limit: int, order: str,
                purpose: str | None) -> tuple[list[OpenAIFile], bool]:
+    """A page of files (OpenAI's page: up to 10,000), in one query of the columns a file
+    object shows, after the cursor's."""
     files = OpenAIFile.objects.for_org(organization).filter(deleted_at__isnull=True) \
-        .select_related("input", "batch__job")
+        .select_related("input", "batch__job").only(*FILE_OBJECT_COLUMNS)
     if purpose:
         files = files.filter(purpose=purpose)
     newest = order == "desc"

@@ -218,3 +218,67 @@ def test_a_file_sent_before_its_purpose_streams_to_storage_unheld(
     # the server read it a block at a time on its way to storage (the client's own copy
     # of the body was made before tracing began)
     assert peak < 8 * MiB, peak
+
+
+# -- GET /files: OpenAI's page of 10,000, at a bounded cost -----------------------------------
+
+def files_made(organization: Organization, inputs: int, batches: int) -> None:
+    """Uploaded files, and batches' output and error files over jobs carrying a job's
+    heaviest columns (1,000 errors, a sample), made in bulk."""
+    from jobs.constants import JobStatus
+    from jobs.models import Input, Job
+
+    made = Input.objects.bulk_create(
+        Input(organization=organization, status="ready", format="jsonl",
+              data_residency="world", object_key=f"inputs/x/{n}.jsonl",
+              input_s3_uri=f"s3://x/{organization.pk}/{n}", size_bytes=10)
+        for n in range(inputs))
+    heavy = [{"line": n, "message": "m" * 200, "code": "invalid_request"} for n in range(1000)]
+    jobs = Job.objects.bulk_create(
+        Job(organization=organization, model="qwen3-embedding-8b", status=JobStatus.DONE,
+            openai=True, input_errors=heavy, sample_rows=[{"text": "s" * 1000}] * 50)
+        for _ in range(batches))
+    file = OpenAIFile.objects.bulk_create(
+        OpenAIFile(organization=organization, input=item, purpose="batch", filename="a.jsonl",
+                   bytes=10) for item in made)[0]
+    runs = OpenAIBatch.objects.bulk_create(
+        OpenAIBatch(organization=organization, job=job, input_file=file,
+                    endpoint="/v1/embeddings") for job in jobs)
+    OpenAIFile.objects.bulk_create(
+        OpenAIFile(organization=organization, batch=batch, part=part, bytes=10,
+                   purpose="batch_output", filename=f"{batch.id}_{part}.jsonl")
+        for batch in runs for part in ("output", "error"))
+
+
+def test_a_page_of_ten_thousand_files_is_one_query_of_the_columns_it_shows(
+        tenant: tuple[Organization, str], monkeypatch: pytest.MonkeyPatch,
+        django_assert_max_num_queries: Any) -> None:
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    organization, plaintext = tenant
+    files_made(organization, inputs=9_000, batches=600)
+    # a page reads no stored object
+    monkeypatch.setattr("openai_api.batches.storage_for", lambda *args: pytest.fail(
+        "a files page read storage"))
+    web = Client(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
+    with CaptureQueriesContext(connection) as queries:
+        started = time.monotonic()
+        page = web.get("/openai/v1/files")
+        took = time.monotonic() - started
+    count = len(queries.captured_queries)  # (the next request's start clears the log)
+    assert page.status_code == 200
+    listed = page.json()
+    # OpenAI's own page: 10,000 by default, at most 10,000
+    assert len(listed["data"]) == 10_000 and listed["has_more"] is True
+    sql = [query["sql"] for query in queries.captured_queries
+           if "openai_api_openaifile" in query["sql"]]
+    assert len(sql) == 1 and "input_errors" not in sql[0] and "sample_rows" not in sql[0]
+    assert count <= 4  # the key, the page (its cursor's row, on the next page)
+    with django_assert_max_num_queries(count + 1):
+        rest = web.get("/openai/v1/files", {"after": listed["last_id"]}).json()
+    assert len(rest["data"]) == 200 and rest["has_more"] is False
+    assert web.get("/openai/v1/files", {"limit": 10_001}).status_code == 400
+    print(f"a 10,000-file page: {took:.2f} s, {len(page.content):,} bytes, "
+          f"{count} queries")
