@@ -29,7 +29,7 @@ from console.models import Organization
 from inference.catalog import CatalogModel, catalog_limits, model_get
 from inference.kinds import kind_for
 from inference.rows.core import JobOptions, line_max_bytes
-from jobs.constants import FailureCode, InputStatus, JobStatus
+from jobs.constants import TERMINAL_STATUSES, FailureCode, InputStatus, JobStatus
 from jobs.jsonl_scan import lines_body_model
 from jobs.models import Job, JobEvent
 from jobs.services.lifecycle import job_cancel
@@ -84,6 +84,9 @@ def batch_status(batch: OpenAIBatch) -> str:
     job = batch.job
     if job is None:
         return "failed"
+    if batch.expired_at is not None and job.status not in (JobStatus.DONE, JobStatus.FAILED):
+        # Its job was cancelled past the window: the rows running finish first.
+        return "expired" if job.status == JobStatus.CANCELLED else "finalizing"
     status = STATUS[JobStatus(job.status)]
     if job.status == JobStatus.CANCELLED and job.failure_code in NOT_RUN:
         return "failed"
@@ -158,6 +161,8 @@ def batch_object(batch: OpenAIBatch) -> dict[str, Any]:
         return out
     completed = (job.success_rows or 0) + (job.truncated_rows or 0)
     failed = (job.error_rows or 0) + (job.format_error_rows or 0)
+    if status == "expired":  # OpenAI counts the requests that never ran as failed
+        failed = max((job.row_count or 0) - completed, failed)
     out["request_counts"] = {"total": job.row_count or 0, "completed": completed,
                              "failed": failed}
     out["in_progress_at"] = _epoch(job.approved_at)
@@ -170,6 +175,8 @@ def batch_object(batch: OpenAIBatch) -> dict[str, Any]:
         out["failed_at"] = _epoch(job.finished_at)
     elif status == "cancelled":
         out["cancelled_at"] = _epoch(job.finished_at)
+    elif status == "expired":
+        out["expired_at"] = _epoch(job.finished_at)
     if status == "cancelled" and out["cancelling_at"] is None:
         out["cancelling_at"] = _epoch(_event_at(job, JobStatus.CANCELLING) or job.finished_at)
     if job.approved_at is not None:
@@ -317,6 +324,37 @@ def batch_cancel(*, batch: OpenAIBatch, actor: Actor) -> OpenAIBatch:
     return batch_get(organization=batch.organization, id=batch.id)
 
 
+EXPIRY = Actor(system="openai-expiry")
+# A sweep's share: the rest wait for the next (anex/periodic.py).
+EXPIRE_BATCH = 500
+
+
+def batches_expire(*, now: datetime | None = None) -> int:
+    """Batches past their completion window expire as OpenAI's do: each one's job is
+    cancelled with the job's own cancel (jobs.services.lifecycle.job_cancel), so no new
+    row starts, the rows running finish, and the finished rows are delivered and billed,
+    nothing else; the batch reads `expired` once its job has stopped. One already
+    cancelled, or whose job is finalizing (too late to stop: it completes), is let be.
+    Safe to run twice: a batch is marked once, in the cancel's transaction."""
+    now = now or timezone.now()
+    due = OpenAIBatch.objects.filter(
+        created_at__lte=now - WINDOW, expired_at__isnull=True, cancelling_at__isnull=True,
+        job__isnull=False, job__cancel_requested=False,
+    ).exclude(job__status__in=[*TERMINAL_STATUSES, JobStatus.FINALIZING]) \
+        .select_related("job").order_by("created_at")[:EXPIRE_BATCH]
+    expired = 0
+    for batch in due:
+        assert batch.job is not None
+        try:
+            with transaction.atomic():
+                job_cancel(job=batch.job, actor=EXPIRY)
+                expired += OpenAIBatch.objects.filter(
+                    pk=batch.pk, expired_at__isnull=True).update(expired_at=now)
+        except DomainError:
+            continue  # it began finalizing meanwhile: it completes
+    return expired
+
+
 def batches_page(*, organization: Organization, after: str | None,
                  limit: int) -> tuple[list[OpenAIBatch], bool]:
     """Newest first; `after` is the last id of the previous page."""
@@ -380,10 +418,11 @@ def result_part_lines(job: Job, part: FilePart) -> Iterator[bytes]:
 
 def result_files(batch: OpenAIBatch) -> dict[str, str]:
     """The batch's output and error file ids (each made on first sight of the finished
-    job's result, with its size counted once); a part with no rows has none."""
-    existing = {file.part: file.id for file in batch.files.all()}
-    if existing or batch.job is None:
-        return existing
+    job's result, with its size counted once); a part with no rows has none, and one
+    deleted (DELETE /files/{id}) is no longer named."""
+    made = list(batch.files.all())
+    if made or batch.job is None:
+        return {file.part: file.id for file in made if file.deleted_at is None}
     sizes = {FilePart.OUTPUT: 0, FilePart.ERROR: 0}
     for line in _result_lines(batch.job):
         sizes[_part_of(line)] += len(line)
@@ -395,7 +434,7 @@ def result_files(batch: OpenAIBatch) -> dict[str, str]:
                     defaults={"organization_id": batch.organization_id, "bytes": size,
                               "purpose": FilePurpose.BATCH_OUTPUT,
                               "filename": f"{batch.id}_{part}.jsonl"})
-    return {file.part: file.id for file in batch.files.all()}
+    return {file.part: file.id for file in batch.files.all() if file.deleted_at is None}
 
 
 def file_chunks(file: OpenAIFile) -> Iterator[bytes]:
@@ -454,7 +493,8 @@ def file_delete(*, file: OpenAIFile) -> None:
     """DELETE /files/{id}: gone from this surface at once. An uploaded file's bytes go
     with it unless a batch still running reads them (then the 7-day expiry takes them);
     a batch's output or error file is a view of the job's result, which stays available
-    through the anex API until DELETE /batch/v1/jobs/{id}/data."""
+    through the anex API until DELETE /batch/v1/jobs/{id}/data (its batch no longer
+    names it, result_files)."""
     now = timezone.now()
     OpenAIFile.objects.filter(pk=file.pk).update(deleted_at=now)
     item = file.input

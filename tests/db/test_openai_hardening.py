@@ -282,3 +282,120 @@ def test_a_page_of_ten_thousand_files_is_one_query_of_the_columns_it_shows(
     assert web.get("/openai/v1/files", {"limit": 10_001}).status_code == 400
     print(f"a 10,000-file page: {took:.2f} s, {len(page.content):,} bytes, "
           f"{count} queries")
+
+
+# -- L11: a batch's files and its completion window -------------------------------------------
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch, settings: Settings) -> list[Sent]:
+    """Every message of a batch's run, caught: the test runs the work (two rows a chunk)."""
+    settings.ANEX_CHUNK_ROWS = 2
+    found: list[Sent] = []
+    dispatch_catch(monkeypatch, found.append, "job_estimate_task", "job_start_task",
+                   "chunk_run_task", "job_finalize_task")
+    return found
+
+
+def started(client: OpenAI, rows: int) -> Any:
+    """A batch of `rows` embedding rows, estimated, approved at once and started."""
+    from jobs.services.estimation import job_estimate
+    from jobs.services.running import job_start
+
+    content = jsonl(*(line(f"r{n}") for n in range(rows)))
+    batch = client.batches.create(input_file_id=uploaded(client, content),
+                                  endpoint="/v1/embeddings", completion_window="24h")
+    job_id = batch.model_dump()["anex_job_id"]
+    job_estimate(job_id=job_id)
+    job_start(job_id=job_id)
+    return batch
+
+
+def chunks_run(batch_id: str, *, count: int, failing: str = "") -> None:
+    """The batch's first `count` chunks run, as a worker runs them (tests/chunks.py); the
+    row named `failing` refused by the model."""
+    from inference.constants import RowOutcome
+    from inference.pricing import Usage
+    from jobs.models import Chunk
+    from tests.chunks import chunk_done, row_record
+
+    job = OpenAIBatch.objects.get(pk=batch_id).job
+    assert job is not None
+    for chunk in Chunk.objects.filter(job=job).order_by("index")[:count]:
+        idents = [f"r{n}" for n in range(chunk.first_row, chunk.first_row + chunk.row_count)]
+        chunk_done(chunk, [
+            row_record(chunk.first_row + at, ident,
+                       RowOutcome.ERROR if ident == failing else RowOutcome.SUCCESS,
+                       Usage(input_tokens=3), embedding=[0.5, 0.5])
+            for at, ident in enumerate(idents)])
+
+
+def test_a_deleted_output_file_is_no_longer_named_by_its_batch(
+        client: OpenAI, sent: list[Sent]) -> None:
+    from jobs.services.running import job_finalize
+
+    batch = started(client, rows=4)
+    chunks_run(batch.id, count=2, failing="r3")
+    job_finalize(job_id=batch.model_dump()["anex_job_id"])
+    done = client.batches.retrieve(batch.id)
+    assert done.status == "completed"
+    assert done.output_file_id is not None and done.error_file_id is not None
+    client.files.delete(done.output_file_id)
+    # the batch stops naming it, in its own read and in the list
+    after = client.batches.retrieve(batch.id)
+    assert after.output_file_id is None and after.error_file_id == done.error_file_id
+    assert [listed.output_file_id for listed in client.batches.list()] == [None]
+    # and it is not made again from the job's result
+    assert OpenAIFile.objects.filter(batch_id=batch.id).count() == 2
+    client.files.delete(done.error_file_id)
+    assert client.batches.retrieve(batch.id).error_file_id is None
+
+
+def test_a_batch_past_its_window_expires_as_openais_billing_only_finished_rows(
+        client: OpenAI, sent: list[Sent]) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from anex.periodic import SCHEDULE
+    from billing.models import LedgerEntry
+    from jobs.constants import ChunkStatus, JobStatus
+    from jobs.models import Chunk, Job
+    from jobs.services.running import chunk_run
+    from openai_api.batches import batches_expire
+
+    late = started(client, rows=6)
+    chunks_run(late.id, count=1)  # two of its six rows ran; four never will
+    job_id = late.model_dump()["anex_job_id"]
+    recent = started(client, rows=2)
+    owned = started(client, rows=2)
+    client.batches.cancel(owned.id)
+    day_ago = timezone.now() - timedelta(hours=24, seconds=1)
+    OpenAIBatch.objects.filter(pk__in=[late.id, owned.id]).update(created_at=day_ago)
+    OpenAIBatch.objects.filter(pk=recent.id).update(created_at=day_ago + timedelta(minutes=2))
+
+    assert batches_expire() == 1 and batches_expire() == 0
+    # the rows running finish: the job is cancelling, and its chunks that the workers take
+    # from here are skipped, never run
+    assert client.batches.retrieve(late.id).status == "finalizing"
+    for chunk in Chunk.objects.filter(job_id=job_id, status=ChunkStatus.PENDING):
+        assert chunk_run(chunk_id=chunk.pk) == ChunkStatus.SKIPPED
+    # (the last chunk to settle finalized the job)
+
+    expired = client.batches.retrieve(late.id)
+    job = Job.objects.get(pk=job_id)
+    assert job.status == JobStatus.CANCELLED and job.partial
+    assert job.finished_at is not None and job.cost_cents is not None
+    assert (expired.status, expired.expired_at) == ("expired", int(job.finished_at.timestamp()))
+    assert expired.cancelled_at is None and expired.cancelling_at is None
+    assert expired.request_counts is not None
+    assert expired.request_counts.model_dump() == {"total": 6, "completed": 2, "failed": 4}
+    assert expired.output_file_id is not None
+    assert len(client.files.content(expired.output_file_id).read().splitlines()) == 2
+    # billed on the two rows that ran, the rest of the hold released
+    charged = LedgerEntry.objects.filter(job_id=job_id, kind="charge")
+    assert sum(entry.balance_delta for entry in charged) == -job.cost_cents
+    assert sum(entry.held_delta for entry in LedgerEntry.objects.filter(job_id=job_id)) == 0
+    # one its owner cancelled stays cancelled, one within its window runs on
+    assert client.batches.retrieve(owned.id).status in ("cancelling", "cancelled")
+    assert client.batches.retrieve(recent.id).status == "in_progress"
+    assert "openai_api.tasks.batches_expire_task" in {task.actor for task in SCHEDULE}
