@@ -140,6 +140,18 @@ def test_on_generated_lines_the_scan_reads_what_line_loads_reads() -> None:
     assert checked > 400
 
 
+def test_a_line_that_is_not_json_never_breaks_the_scan() -> None:
+    # whatever the bytes (a create must answer, not fail), cut anywhere
+    pieces = [b'"body"', b'"model"', b'"b\\u006fdy"', b'\\"', b"\\\\", b"{", b"}", b"[",
+              b"]", b":", b",", b'"', b" ", b"\xc3\xa9", b"\xff", b"x", b"0"]
+    generator = random.Random(42)
+    for _ in range(500):
+        line = b"{" + b"".join(generator.choice(pieces)
+                               for _ in range(generator.randint(0, 120)))
+        for block in (1, 3, 17, 1000):
+            scanned(line, block)
+
+
 def body_model_lines(content: bytes) -> list[tuple[int, int, str | None]]:
     return [(line.number, line.size, line.model) for line in lines_body_model(
         io.BytesIO(content), lines=100, max_bytes=64 * MiB)]
