@@ -37,6 +37,8 @@ SCHEDULE = (
     Periodic("jobs.tasks.idempotency_records_purge_task", 600),
     # Preflight checks whose read was lost are failed, never left checking.
     Periodic("jobs.tasks.checks_settle_stale_task", 600),
+    # OpenAI batches past their 24-hour completion window expire (openai_api.batches).
+    Periodic("openai_api.tasks.batches_expire_task", 60),
 )
 
 

@@ -8,7 +8,9 @@ and the run (jobs.services.rows) both call line_loads, and the checks' fast lane
 line checks. All three take the last of duplicate keys, and refuse NaN and Infinity (not
 JSON; orjson and msgspec refuse them, Python's json takes them) and a lone surrogate escape
 such as "\\ud800" (not a character: no UTF-8 encodes it, and the tokenizer refuses it).
-tests/unit/test_json_readers.py holds them to it.
+tests/unit/test_json_readers.py holds them to it. An OpenAI batch's create finds its model
+by a scan of each long line's body.model that never decodes it (jobs.jsonl_scan); on every
+valid line it reads what line_loads reads (tests/unit/test_jsonl_scan.py).
 """
 
 from __future__ import annotations

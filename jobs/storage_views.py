@@ -56,15 +56,21 @@ class _Readable(Protocol):
 
 class _StreamedForm:
     """A multipart form read from the request a block at a time: the fields before the
-    file into memory (bounded), then the file part handed out as chunks, never spooled."""
+    file into memory (bounded), then the file part handed out as chunks, never spooled.
+    With `fields_after_file`, the fields after the file are read too (read_rest, bounded
+    alike); otherwise they are ignored, as S3's form POST ignores them."""
 
-    def __init__(self, stream: _Readable, boundary: bytes) -> None:
+    def __init__(self, stream: _Readable, boundary: bytes, *,
+                 fields_after_file: bool = False) -> None:
         self._stream = stream
         self.fields: dict[str, str] = {}
         self.file_started = self._in_file = self._file_ended = self._ended = False
         self.file_name: str | None = None  # the file part's filename, as the client gave it
+        self._fields_after_file = fields_after_file
+        self._field = False  # the part being read is a field that is kept
         self._pending: list[bytes] = []
         self._read = 0
+        self._read_at_file_end = 0
         self._header_field = self._header_value = self._disposition = b""
         self._value: list[bytes] = []
         self._name = ""
@@ -97,18 +103,22 @@ class _StreamedForm:
                                                    or b"filename" in options)
         if self._in_file and b"filename" in options:
             self.file_name = options[b"filename"].decode("utf-8", "replace")
+        # A second file is never kept, even as a field.
+        self._field = not self._in_file and (not self.file_started or (
+            self._fields_after_file and b"filename" not in options))
         self.file_started = self.file_started or self._in_file
 
     def _part_data(self, data: bytes, start: int, end: int) -> None:
         if self._in_file:
             self._pending.append(bytes(data[start:end]))
-        elif not self.file_started:
+        elif self._field:
             self._value.append(bytes(data[start:end]))
 
     def _part_end(self) -> None:
         if self._in_file:
             self._in_file, self._file_ended = False, True
-        elif self._name and not self.file_started:
+            self._read_at_file_end = self._read
+        elif self._name and self._field:
             self.fields[self._name] = b"".join(self._value).decode("utf-8", "replace")
 
     def _end(self) -> None:
@@ -131,6 +141,16 @@ class _StreamedForm:
             if self._read > FORM_OVERHEAD_BYTES:
                 raise _FormError("InvalidArgument: the form fields are too large; send the "
                                  "fields given, then the file, last.")
+            if not self._feed(line=True):
+                return
+
+    def read_rest(self) -> None:
+        """After the file: read the form to its end, the fields after the file kept
+        (fields_after_file), as bounded as the fields before it."""
+        while not self._ended:
+            if self._read - self._read_at_file_end > FORM_OVERHEAD_BYTES:
+                raise _FormError("InvalidArgument: the form fields after the file are too "
+                                 "large.")
             if not self._feed(line=True):
                 return
 

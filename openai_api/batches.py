@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -25,23 +26,26 @@ from anex.errors import DomainError, Invalid, Malformed, NotFound, PaymentRequir
 from anex.regions import Region
 from console.actors import Actor
 from console.models import Organization
-from inference.catalog import model_get
+from inference.catalog import CatalogModel, catalog_limits, model_get
 from inference.kinds import kind_for
-from inference.rows.core import JobOptions
-from jobs.constants import FailureCode, InputStatus, JobStatus
+from inference.rows.core import JobOptions, line_max_bytes
+from jobs.constants import TERMINAL_STATUSES, FailureCode, InputStatus, JobStatus
+from jobs.jsonl_scan import lines_body_model
 from jobs.models import Job, JobEvent
 from jobs.services.lifecycle import job_cancel
 from jobs.services.metering import job_usage_recorded
 from jobs.services.purge import input_data_purge
 from jobs.services.submission import JobRequest, job_submit
 from jobs.storage import StorageChanged, storage_for
+from jobs.validation.lines import line_too_long
 from openai_api.models import FilePart, FilePurpose, OpenAIBatch, OpenAIFile
 
 COMPLETION_WINDOW = "24h"
 WINDOW = timedelta(hours=24)
 ENDPOINTS = ("/v1/chat/completions", "/v1/embeddings", "/v1/systemone")
 METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
-# How far into the file its model is looked for: the first line that names one.
+# How far into the file its model is looked for: the first line that names one, among the
+# lines read whole within the first 64 MiB.
 MODEL_SCAN_LINES = 100
 MODEL_SCAN_BYTES = 64 * 1024 * 1024
 NOT_FOUND = "No batch found with id '{id}'."
@@ -82,6 +86,9 @@ def batch_status(batch: OpenAIBatch) -> str:
     job = batch.job
     if job is None:
         return "failed"
+    if batch.expired_at is not None and job.status not in (JobStatus.DONE, JobStatus.FAILED):
+        # Its job was cancelled past the window: the rows running finish first.
+        return "expired" if job.status == JobStatus.CANCELLED else "finalizing"
     status = STATUS[JobStatus(job.status)]
     if job.status == JobStatus.CANCELLED and job.failure_code in NOT_RUN:
         return "failed"
@@ -153,6 +160,8 @@ def batch_object(batch: OpenAIBatch) -> dict[str, Any]:
         return out
     completed = (job.success_rows or 0) + (job.truncated_rows or 0)
     failed = (job.error_rows or 0) + (job.format_error_rows or 0)
+    if status == "expired":  # OpenAI counts the requests that never ran as failed
+        failed = max((job.row_count or 0) - completed, failed)
     out["request_counts"] = {"total": job.row_count or 0, "completed": completed,
                              "failed": failed}
     out["in_progress_at"] = _epoch(job.approved_at)
@@ -165,6 +174,8 @@ def batch_object(batch: OpenAIBatch) -> dict[str, Any]:
         out["failed_at"] = _epoch(job.finished_at)
     elif status == "cancelled":
         out["cancelled_at"] = _epoch(job.finished_at)
+    elif status == "expired":
+        out["expired_at"] = _epoch(job.finished_at)
     if status == "cancelled" and out["cancelling_at"] is None:
         out["cancelling_at"] = _epoch(_event_at(job, JobStatus.CANCELLING) or job.finished_at)
     if job.approved_at is not None:
@@ -196,31 +207,44 @@ def metadata_problem(metadata: object) -> str | None:
     return None
 
 
-def _first_model(file: OpenAIFile) -> tuple[str, int] | list[dict[str, Any]]:
-    """The model the file's first row that names one names, with its line; or the
-    errors that fail the batch (an empty file, no model named)."""
+@dataclass(frozen=True)
+class _Named:
+    """The model the file's first row that names one names, with its line, and the
+    sizes of the lines up to it (each is checked against that model's line cap)."""
+
+    model: str
+    line: int
+    sizes: tuple[int, ...]
+
+
+def _first_model(file: OpenAIFile) -> _Named | list[dict[str, Any]]:
+    """The model the file's first row that names one names; or the errors that fail the
+    batch (an empty file, no model named). Read as the rows are read, never decoded
+    whole in this request (jobs.jsonl_scan: a long line is scanned for its body.model)."""
     item = file.input
     assert item is not None
     if not item.size_bytes:
         return [_error("empty_file", "The input file is empty: a batch needs at least "
                                      "one request.")]
+    sizes: list[int] = []
     with storage_for(item.data_residency).open(item.object_key, pin=item.content_pin) as stream:
-        read = 0
-        for number in range(1, MODEL_SCAN_LINES + 1):
-            line = stream.readline(MODEL_SCAN_BYTES - read)
-            read += len(line)
-            if not line or read >= MODEL_SCAN_BYTES:
-                break
-            try:
-                request = json.loads(line)
-            except (ValueError, RecursionError):
-                continue  # the estimate names this line
-            body = request.get("body") if isinstance(request, dict) else None
-            model = body.get("model") if isinstance(body, dict) else None
-            if isinstance(model, str) and model:
-                return model, number
+        for line in lines_body_model(stream, lines=MODEL_SCAN_LINES, max_bytes=MODEL_SCAN_BYTES):
+            sizes.append(line.size)
+            if line.model is not None:
+                return _Named(line.model, line.number, tuple(sizes))
     return [_error("missing_model", "No row names its model in body.model: each row of a "
                                     "batch names the model that runs it.", line=1)]
+
+
+def _too_long(named: _Named, model: CatalogModel) -> list[dict[str, Any]] | None:
+    """The first line read over the model's line cap, refused now as the job's checks
+    would refuse it (jobs.validation.lines), before a job is made for it."""
+    cap = line_max_bytes(model, catalog_limits())
+    for number, size in enumerate(named.sizes, start=1):
+        if size > cap + 1:  # a \r before the newline is not counted (chunks_bounded)
+            return [_error("invalid_request", line_too_long(number, cap).message,
+                           line=number)]
+    return None
 
 
 def _error(code: str, message: str, *, line: int | None = None,
@@ -255,14 +279,16 @@ def batch_create(*, organization: Organization, actor: Actor, host_region: Regio
     errors: list[dict[str, Any]] | None = found if isinstance(found, list) else None
     job: Job | None = None
     if errors is None:
-        assert isinstance(found, tuple)
-        model_id, line = found
+        assert isinstance(found, _Named)
+        model_id, line = found.model, found.line
         model = model_get(model_id)
         served = kind_for(model).endpoint if model is not None else None
         if model is not None and served != endpoint:
             errors = [_error("url_mismatch", f"Model '{model_id}' serves {served}, and this "
                              f"batch's endpoint is {endpoint}: a batch's rows target its "
                              "endpoint.", line=line, param="body.model")]
+        elif model is not None and (too_long := _too_long(found, model)):
+            errors = too_long
         else:
             try:
                 request = JobRequest(options=JobOptions(model=model_id, row_model=True),
@@ -295,6 +321,37 @@ def batch_cancel(*, batch: OpenAIBatch, actor: Actor) -> OpenAIBatch:
         OpenAIBatch.objects.filter(pk=batch.pk, cancelling_at__isnull=True).update(
             cancelling_at=timezone.now())
     return batch_get(organization=batch.organization, id=batch.id)
+
+
+EXPIRY = Actor(system="openai-expiry")
+# A sweep's share: the rest wait for the next (anex/periodic.py).
+EXPIRE_BATCH = 500
+
+
+def batches_expire(*, now: datetime | None = None) -> int:
+    """Batches past their completion window expire as OpenAI's do: each one's job is
+    cancelled with the job's own cancel (jobs.services.lifecycle.job_cancel), so no new
+    row starts, the rows running finish, and the finished rows are delivered and billed,
+    nothing else; the batch reads `expired` once its job has stopped. One already
+    cancelled, or whose job is finalizing (too late to stop: it completes), is let be.
+    Safe to run twice: a batch is marked once, in the cancel's transaction."""
+    now = now or timezone.now()
+    due = OpenAIBatch.objects.filter(
+        created_at__lte=now - WINDOW, expired_at__isnull=True, cancelling_at__isnull=True,
+        job__isnull=False, job__cancel_requested=False,
+    ).exclude(job__status__in=[*TERMINAL_STATUSES, JobStatus.FINALIZING]) \
+        .select_related("job").order_by("created_at")[:EXPIRE_BATCH]
+    expired = 0
+    for batch in due:
+        assert batch.job is not None
+        try:
+            with transaction.atomic():
+                job_cancel(job=batch.job, actor=EXPIRY)
+                expired += OpenAIBatch.objects.filter(
+                    pk=batch.pk, expired_at__isnull=True).update(expired_at=now)
+        except DomainError:
+            continue  # it began finalizing meanwhile: it completes
+    return expired
 
 
 def batches_page(*, organization: Organization, after: str | None,
@@ -361,11 +418,11 @@ def result_part_lines(job: Job, part: FilePart) -> Iterator[bytes]:
 def result_files(batch: OpenAIBatch) -> dict[str, str]:
     """The batch's output and error file ids (each made on first sight of the finished
     job's result, its size the one recorded when the job ended: the file is not read); a
-    part with no rows has none."""
-    existing = {file.part: file.id for file in batch.files.all()}
+    part with no rows has none, and one deleted (DELETE /files/{id}) is no longer named."""
+    made = list(batch.files.all())
     job = batch.job
-    if existing or job is None:
-        return existing
+    if made or job is None:
+        return {file.part: file.id for file in made if file.deleted_at is None}
     if job.result_output_bytes is not None:
         sizes = {FilePart.OUTPUT: job.result_output_bytes,
                  FilePart.ERROR: job.result_error_bytes or 0}
@@ -383,7 +440,7 @@ def result_files(batch: OpenAIBatch) -> dict[str, str]:
                     defaults={"organization_id": batch.organization_id, "bytes": size,
                               "purpose": FilePurpose.BATCH_OUTPUT,
                               "filename": f"{batch.id}_{part}.jsonl"})
-    return {file.part: file.id for file in batch.files.all()}
+    return {file.part: file.id for file in batch.files.all() if file.deleted_at is None}
 
 
 def file_chunks(file: OpenAIFile) -> Iterator[bytes]:
@@ -406,10 +463,20 @@ def file_chunks(file: OpenAIFile) -> Iterator[bytes]:
     return result_part_lines(job, FilePart(file.part))
 
 
+# What a file object (file_object) reads, and nothing more: a page of OpenAI's 10,000
+# files is one query over these columns, never a job's JSON (its errors, its sample) nor
+# a storage read per file.
+FILE_OBJECT_COLUMNS = ("id", "organization_id", "bytes", "created_at", "filename", "purpose",
+                       "input", "input__expires_at", "batch", "batch__job",
+                       "batch__job__data_expires_at")
+
+
 def files_page(*, organization: Organization, after: str | None, limit: int, order: str,
                purpose: str | None) -> tuple[list[OpenAIFile], bool]:
+    """A page of files (OpenAI's page: up to 10,000), in one query of the columns a file
+    object shows, after the cursor's."""
     files = OpenAIFile.objects.for_org(organization).filter(deleted_at__isnull=True) \
-        .select_related("input", "batch__job")
+        .select_related("input", "batch__job").only(*FILE_OBJECT_COLUMNS)
     if purpose:
         files = files.filter(purpose=purpose)
     newest = order == "desc"
@@ -433,7 +500,7 @@ def file_delete(*, file: OpenAIFile) -> None:
     with it unless a batch still running reads them (then once it has ended, by the
     input expiry's next sweep: jobs.services.purge input_data_purge); a batch's output or
     error file is a view of the job's result, which stays available through the anex API
-    until DELETE /batch/v1/jobs/{id}/data."""
+    until DELETE /batch/v1/jobs/{id}/data (its batch no longer names it, result_files)."""
     OpenAIFile.objects.filter(pk=file.pk).update(deleted_at=timezone.now())
     if file.input is not None and file.input.deleted_at is None:
         input_data_purge(item=file.input)

@@ -84,6 +84,9 @@ class OpenAIBatch(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     failed_at = models.DateTimeField(null=True, blank=True)
     cancelling_at = models.DateTimeField(null=True, blank=True)
+    # Past its completion window (openai_api.batches.batches_expire): when its job was
+    # cancelled for it. The batch reads `expired` once that job has stopped.
+    expired_at = models.DateTimeField(null=True, blank=True)
 
     objects = OrgScopedQuerySet.as_manager()
 

@@ -1,5 +1,6 @@
 """POST /files: a multipart upload streamed to storage as an anex input, never whole in
-memory (the form is read as the storage's own upload form is, jobs.storage_views)."""
+memory (the form is read as the storage's own upload form is, jobs.storage_views), its
+fields before or after the file."""
 
 from __future__ import annotations
 
@@ -39,28 +40,35 @@ class _Source:
             raise Invalid(str(exc).removeprefix("InvalidArgument: ")) from None
 
 
+def _purpose_require(purpose: str | None) -> None:
+    if purpose is None:
+        raise Invalid("Missing required parameter: 'purpose'.", extra={"param": "purpose"})
+    if purpose != FilePurpose.BATCH:
+        raise Invalid(f"'{purpose}' is not a purpose this API takes: upload batch input "
+                      "files with purpose 'batch'.", extra={"param": "purpose"})
+
+
 def file_upload(*, organization: Organization, actor: Actor, host_region: Region,
                 request: HttpRequest) -> OpenAIFile:
-    """Read the form's fields (purpose first, as the SDK sends it), check what an input's
-    creation checks (residency, the host, the balance), then stream the file to storage
-    under the input cap: a ready input, frozen on its bytes, kept 7 days."""
+    """Read the form's fields, check what an input's creation checks (residency, the
+    host, the balance), then stream the file to storage under the input cap: a ready
+    input, frozen on its bytes, kept 7 days. The fields come in any order, as OpenAI takes
+    them: a purpose sent before the file (as the SDK sends it) is checked before a byte of
+    the file is stored; one sent after it (`curl -F file=@… -F purpose=batch`) once the
+    file has streamed to storage, which a refusal then deletes - never held in memory."""
     _kind, options = parse_options_header(request.META.get("CONTENT_TYPE", ""))
     boundary = options.get(b"boundary")
     if not boundary:
         raise Invalid("Send the file as multipart/form-data with the fields 'purpose' and "
                       "'file'.")
-    form = _StreamedForm(request, boundary)
+    form = _StreamedForm(request, boundary, fields_after_file=True)
     try:
         form.read_fields()
     except _FormError as exc:
         raise Invalid(str(exc).removeprefix("InvalidArgument: ")) from None
     purpose = form.fields.get("purpose")
-    if purpose is None:
-        raise Invalid("Missing required parameter: 'purpose' (send it before the file).",
-                      extra={"param": "purpose"})
-    if purpose != FilePurpose.BATCH:
-        raise Invalid(f"'{purpose}' is not a purpose this API takes: upload batch input "
-                      "files with purpose 'batch'.", extra={"param": "purpose"})
+    if purpose is not None or not form.file_started:
+        _purpose_require(purpose)
     if not form.file_started:
         raise Invalid("Missing required parameter: 'file'.", extra={"param": "file"})
     residency = residency_resolve(organization=organization, requested=None)
@@ -84,6 +92,12 @@ def file_upload(*, organization: Organization, actor: Actor, host_region: Region
                                             fmt=InputFormat.JSONL, residency=residency,
                                             chunks=written(), mode="openai", max_bytes=room)
                 made.append(item.object_key)
+                if purpose is None:  # sent after the file: read now, the file stored
+                    try:
+                        form.read_rest()
+                    except _FormError as exc:
+                        raise Invalid(str(exc).removeprefix("InvalidArgument: ")) from None
+                    _purpose_require(form.fields.get("purpose"))
                 assert item.size_bytes is not None
                 organization_lock(organization.pk)
                 stored_quota_require(organization=organization, adding_bytes=item.size_bytes,

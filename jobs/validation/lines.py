@@ -82,7 +82,7 @@ def validate_jsonl(stream: BinaryIO, options: JobOptions, *, count_tokens: Count
             if chunk is None:  # collect mode: an over-long line, skipped unread
                 assert errors is not None
                 check.batch.flush(check.on_reject)  # the rows before it are reported first
-                errors.add(RowError(_line_too_long(number, job.line_max_bytes).message,
+                errors.add(RowError(line_too_long(number, job.line_max_bytes).message,
                                     line=number))
                 continue
             if prepared is None or check.blank_since is not None:
@@ -249,7 +249,7 @@ def chunks_bounded(stream: BinaryIO, max_bytes: int, *,
                 size += len(block)
                 if size > limit:
                     if not skip_long:
-                        raise _line_too_long(number, max_bytes)
+                        raise line_too_long(number, max_bytes)
                     carry, size, skipping = [], 0, True
             continue
         whole, rest = block[:cut + 1], block[cut + 1:]
@@ -257,7 +257,7 @@ def chunks_bounded(stream: BinaryIO, max_bytes: int, *,
             end = whole.index(b"\n")
             if skipping or size + end > limit:
                 if not skip_long:
-                    raise _line_too_long(number, max_bytes)
+                    raise line_too_long(number, max_bytes)
                 yield number, 1, None
                 number += 1
                 whole = whole[end + 1:]
@@ -282,7 +282,9 @@ def newlines(chunk: bytes) -> int:
     return int(np.count_nonzero(np.frombuffer(chunk, np.uint8) == _NEWLINE))
 
 
-def _line_too_long(number: int, max_bytes: int) -> RowRejected:
+def line_too_long(number: int, max_bytes: int) -> RowRejected:
+    """A line over the cap of its model's rows (also what an OpenAI batch's create answers
+    for one before its job exists, openai_api.batches)."""
     return RowRef.line(number).reject(
         f"the line is longer than {thousands(max_bytes)} bytes, the most one request line "
         "may take; shorten or split this request")
