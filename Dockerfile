@@ -48,7 +48,7 @@ RUN if [ "$ENGINES" = "cpu" ]; then \
     fi
 
 # Static files collected at build time; the settings are parsed here, never connected to.
-RUN SECRET_KEY=build-only-not-a-secret-build-only-not-a-secret \
+RUN SECRET_KEY=build-only-not-a-secret-build-only-not-a-secret-build-only-not-a-secret \
     DATABASE_URL=postgresql://build@localhost/build REDIS_URL=redis://localhost:6379/0 \
     python manage.py collectstatic --noinput -v 0
 

@@ -181,6 +181,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if show:
         print(shlex.join(argv_run))
         return 0
+    if args[0] in (WORKER_GPU, WORKER_CPU):
+        from anex.workermetrics import metrics_dir_make
+
+        metrics_dir_make()  # the metrics port's private directory, for every process
     sys.stdout.flush()
     os.chdir(BASE_DIR)
     os.execv(argv_run[0], argv_run)  # noqa: S606 - our own argv, no shell to quote for

@@ -11,18 +11,26 @@ from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
-from anex.env import Env
+from anex.env import Env, loopback_host
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 env = Env()
 
-SECRET_KEY = env.secret("SECRET_KEY", min_length=32)
+DEBUG = env.boolean("DEBUG", False)
+# Secrets are checked at start (anex.env.secret_check): a placeholder left from
+# .env.example (CHANGEME…) is refused whatever the mode. With DEBUG off, which is every
+# deployment and also `make run` and `make test` (their launcher makes a 64-character
+# key), SECRET_KEY meets `check --deploy`'s own bar (security.W009: 50 characters, 5
+# different ones) and a password in a service URL or the S3 secret has at least
+# PASSWORD_MIN_LENGTH characters; DEBUG on keeps the looser 32 of a developer's machine.
+PASSWORD_MIN_LENGTH = 0 if DEBUG else 16
+SECRET_KEY = env.secret("SECRET_KEY", min_length=32 if DEBUG else 50,
+                        min_distinct=1 if DEBUG else 5)
 # Encrypts the secrets we must read back (webhook signing secrets); derived from
 # SECRET_KEY when unset. Set it explicitly in a deployment and never rotate it casually.
 ANEX_ENCRYPTION_KEY = env.optional_str("ANEX_ENCRYPTION_KEY")
 if ANEX_ENCRYPTION_KEY is not None:
     env.secret("ANEX_ENCRYPTION_KEY", min_length=32)
-DEBUG = env.boolean("DEBUG", False)
 
 # Region API origins (docs/decisions.md, "Data residency"): one deployment answers both hosts,
 # and the host a request reached decides which region's data it may read or store.
@@ -107,12 +115,12 @@ TEMPLATES = [
     },
 ]
 
-DATABASES = {"default": env.database("DATABASE_URL")}
+DATABASES = {"default": env.database("DATABASE_URL", min_password=PASSWORD_MIN_LENGTH)}
 DATABASES["default"]["CONN_MAX_AGE"] = env.integer("DATABASE_CONN_MAX_AGE", 60, minimum=0)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-REDIS_URL = env.redis_url("REDIS_URL")
+REDIS_URL = env.redis_url("REDIS_URL", min_password=PASSWORD_MIN_LENGTH)
 # Django's cache is shared by every web process through Redis: allauth keeps its sign-in
 # rate limits there, and a per-process memory cache would let each process count alone.
 CACHES = {
@@ -191,6 +199,14 @@ if ANEX_STORAGE_BACKEND == "s3":
     }
     if ANEX_S3_ENDPOINT_URL is not None:
         env.origin("ANEX_S3_ENDPOINT_URL", ANEX_S3_ENDPOINT_URL)
+    # boto3 reads the credentials itself; they are checked here like every other secret
+    # (unset: the instance role's). The MinIO root login is never the app's: compose
+    # gives the app a user of its own, limited to the anex buckets (docs/deploy.md).
+    _s3_secret = env.optional_secret("AWS_SECRET_ACCESS_KEY", min_length=PASSWORD_MIN_LENGTH)
+    if _s3_secret and _s3_secret == env.optional_str("MINIO_ROOT_PASSWORD"):
+        raise ImproperlyConfigured(
+            "AWS_SECRET_ACCESS_KEY is MinIO's root password: give the app a MinIO user of "
+            "its own, limited to the anex buckets (compose.yaml's minio-init makes one).")
 
 # Which checkpoint serves which model id (docs/decisions.md, "Models, limits and pricing"):
 # "model-id=/path/to/checkpoint;…". A checkpoint directory holds the model's tokenizer.json,
@@ -273,8 +289,11 @@ ANEX_API_MAX_BODY_BYTES = env.integer("ANEX_API_MAX_BODY_BYTES", 2 * 1024 * 1024
 ANEX_REALTIME_ENGINES = env.url_lists("ANEX_REALTIME_ENGINES")
 # The secret every request to a realtime engine server is signed with (HMAC-SHA256,
 # realtime/engine_client.py), shared by the web tier and its engine servers: an engine
-# server refuses a request without it (`make run` makes one per run).
-ANEX_REALTIME_ENGINE_SECRET = env.string("ANEX_REALTIME_ENGINE_SECRET", "")
+# server refuses a request without it (`make run` makes one per run, 64 characters). At
+# least 32 characters, HMAC-SHA256's own key size, whatever the mode.
+ENGINE_SECRET_MIN_LENGTH = 32
+ANEX_REALTIME_ENGINE_SECRET = env.optional_secret("ANEX_REALTIME_ENGINE_SECRET",
+                                                  min_length=ENGINE_SECRET_MIN_LENGTH)
 # Realtime requests one organization may have in flight at once (past it: 429).
 ANEX_REALTIME_CONCURRENCY = env.integer("ANEX_REALTIME_CONCURRENCY", 64, minimum=1)
 # Realtime requests one web process serves at once (past it: 503 with Retry-After): below
@@ -448,6 +467,15 @@ if ANEX_DB_POOLER == "pgbouncer":
 # Operations (anex/metrics.py, anex/health.py). GET /metrics answers loopback callers only,
 # or, with a token set, only `Authorization: Bearer <token>` (behind a proxy, set one).
 ANEX_METRICS_TOKEN = env.string("ANEX_METRICS_TOKEN", "")
+# A worker's metrics port (anex/workermetrics.py) listens on loopback unless told otherwise;
+# on any other address its /metrics and /readyz (which names the database, the broker and
+# the engines) are open to whoever reaches the machine, so the token is required there.
+ANEX_WORKER_METRICS_HOST = env.string("ANEX_WORKER_METRICS_HOST", "127.0.0.1")
+if not loopback_host(ANEX_WORKER_METRICS_HOST) and not ANEX_METRICS_TOKEN:
+    raise ImproperlyConfigured(
+        f"ANEX_WORKER_METRICS_HOST={ANEX_WORKER_METRICS_HOST!r} serves a worker's metrics "
+        "and readiness beyond this machine: set ANEX_METRICS_TOKEN (scrapers send it as a "
+        "bearer token), or leave the host at 127.0.0.1.")
 # Outermost, so a request's latency counts every middleware and a refusal by one is counted.
 MIDDLEWARE.insert(0, "anex.metrics.RequestMetricsMiddleware")
 
