@@ -27,6 +27,7 @@ ANEX_METRICS_TOKEN set both paths want it as a bearer token.
 
 from __future__ import annotations
 
+import functools
 import hmac
 import logging
 import os
@@ -224,6 +225,13 @@ def worker_readiness() -> dict[str, str]:
     return checks
 
 
+@functools.cache
+def _worker_readiness_kept() -> Any:
+    from anex.health import Kept
+
+    return Kept(worker_readiness)
+
+
 class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         from django.conf import settings
@@ -238,7 +246,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif self.path == "/readyz":
             import json
 
-            checks = worker_readiness()
+            checks = _worker_readiness_kept().get()  # a flood of probes: one round a period
             ready = all(state == "ok" for state in checks.values())
             body = {"status": "ready" if ready else "unavailable", "checks": checks}
             self._answer(200 if ready else 503, "application/json",

@@ -140,7 +140,7 @@ def test_the_process_starts_with_good_settings() -> None:
     ("ANEX_TENSOR_PARALLEL_SIZE", "0", "ANEX_TENSOR_PARALLEL_SIZE=0 is below the minimum"),
     ("ANEX_WORKER_REGIONS", "world,us", "must name one or both of world and eu"),
     # Issue 40 L3: a worker's metrics port beyond loopback only with the token.
-    ("ANEX_WORKER_METRICS_HOST", "0.0.0.0",
+    ("ANEX_WORKER_METRICS_HOST", "0.0.0.0",  # noqa: S104 - the attack
      "ANEX_WORKER_METRICS_HOST='0.0.0.0' serves a worker's metrics and readiness beyond "
      "this machine: set ANEX_METRICS_TOKEN"),
 ])
@@ -210,7 +210,7 @@ def test_real_secrets_start_and_debug_keeps_the_looser_bar() -> None:
 
 
 def test_a_worker_metrics_port_beyond_loopback_starts_with_the_token() -> None:
-    assert _start_django(ANEX_WORKER_METRICS_HOST="0.0.0.0",
+    assert _start_django(ANEX_WORKER_METRICS_HOST="0.0.0.0",  # noqa: S104
                          ANEX_METRICS_TOKEN=STRONG).returncode == 0
     assert _start_django(ANEX_WORKER_METRICS_HOST="::1").returncode == 0
 
