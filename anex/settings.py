@@ -434,6 +434,27 @@ if not ANEX_WEB_BIND.rpartition(":")[2].isdigit() \
         f"ANEX_WEB_BIND={ANEX_WEB_BIND!r} is not host:port (such as 0.0.0.0:8000).")
 ANEX_WEB_WORKERS = env.integer("ANEX_WEB_WORKERS", 2, minimum=1, maximum=64)
 ANEX_WEB_THREADS = env.integer("ANEX_WEB_THREADS", 16, minimum=1, maximum=256)
+# Slow clients (issue 40 M2; docs/decisions.md, "Slow clients and the web tier"). Every read
+# and write on a web connection waits at most this long (anex.gunicorn_hooks), so a client
+# that stops sending or reading mid-request frees its thread: gunicorn's own threads wait
+# without a bound once a request's first byte has come.
+ANEX_WEB_SOCKET_TIMEOUT_SECONDS = env.integer("ANEX_WEB_SOCKET_TIMEOUT_SECONDS", 30,
+                                              minimum=1, maximum=3600)
+# The whole JSON body of a request to the batch, realtime or OpenAI API (at most a few MiB;
+# 26 MiB for realtime embeddings) must arrive within this long (anex.api.bodylimit): a
+# client trickling a byte at a time cannot hold a thread for longer.
+ANEX_API_BODY_SECONDS = env.integer("ANEX_API_BODY_SECONDS", 30, minimum=1, maximum=3600)
+# File transfers a web process streams itself (anex.transfers): uploads and content
+# downloads at once per process (fewer than its threads), and per organization and
+# direction fleet-wide. Past the first, 503; past the second, 429; both with Retry-After.
+ANEX_WEB_TRANSFERS_PER_PROCESS = env.integer("ANEX_WEB_TRANSFERS_PER_PROCESS",
+                                             max(1, ANEX_WEB_THREADS // 4), minimum=1)
+if ANEX_WEB_TRANSFERS_PER_PROCESS >= ANEX_WEB_THREADS > 1:
+    raise ImproperlyConfigured(
+        f"ANEX_WEB_TRANSFERS_PER_PROCESS={ANEX_WEB_TRANSFERS_PER_PROCESS} must be below "
+        f"ANEX_WEB_THREADS={ANEX_WEB_THREADS}: file transfers must leave threads for the "
+        "rest of the API.")
+ANEX_ORG_TRANSFERS_IN_FLIGHT = env.integer("ANEX_ORG_TRANSFERS_IN_FLIGHT", 4, minimum=1)
 # A GPU worker is one process (one engine per model it serves, on the GPUs it is given):
 # its threads share that engine's running batch. A CPU worker holds no engine, so it may
 # run several processes; one by default, never one per core.

@@ -471,6 +471,12 @@ class LocalRegionStorage(RegionStorage):
         self.path(key).unlink(missing_ok=True)
 
 
+def key_organization(key: str) -> str:
+    """The organization an object belongs to: every key is `<kind>/<organization id>/…`
+    (inputs/, results/; jobs.services)."""
+    return key.split("/", 2)[1] if key.count("/") >= 2 else ""
+
+
 def storage_for(region: Region | str) -> RegionStorage:
     region = Region(region)
     if settings.ANEX_STORAGE_BACKEND == "s3":
