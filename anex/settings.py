@@ -186,6 +186,10 @@ ANEX_STORAGE_ROOT = Path(env.string("ANEX_STORAGE_ROOT", str(BASE_DIR / ".run" /
 ANEX_S3_BUCKETS: dict[str, str] = {}
 ANEX_S3_REGIONS: dict[str, str | None] = {}
 ANEX_S3_ENDPOINT_URL = env.optional_str("ANEX_S3_ENDPOINT_URL")
+# Where customers reach the storage, when not at ANEX_S3_ENDPOINT_URL (compose: the services
+# use http://minio:9000, customers https://<ANEX_STORAGE_HOST> through the proxy): the
+# upload targets and download links are signed for it (jobs.storage).
+ANEX_S3_PUBLIC_ENDPOINT_URL = env.optional_str("ANEX_S3_PUBLIC_ENDPOINT_URL")
 if ANEX_STORAGE_BACKEND == "s3":
     ANEX_S3_BUCKETS = {
         "world": env.string("ANEX_S3_BUCKET", required=True),
@@ -199,6 +203,8 @@ if ANEX_STORAGE_BACKEND == "s3":
     }
     if ANEX_S3_ENDPOINT_URL is not None:
         env.origin("ANEX_S3_ENDPOINT_URL", ANEX_S3_ENDPOINT_URL)
+    if ANEX_S3_PUBLIC_ENDPOINT_URL is not None:
+        env.origin("ANEX_S3_PUBLIC_ENDPOINT_URL", ANEX_S3_PUBLIC_ENDPOINT_URL)
     # boto3 reads the credentials itself; they are checked here like every other secret
     # (unset: the instance role's). The MinIO root login is never the app's: compose
     # gives the app a user of its own, limited to the anex buckets (docs/deploy.md).
@@ -207,6 +213,26 @@ if ANEX_STORAGE_BACKEND == "s3":
         raise ImproperlyConfigured(
             "AWS_SECRET_ACCESS_KEY is MinIO's root password: give the app a MinIO user of "
             "its own, limited to the anex buckets (compose.yaml's minio-init makes one).")
+
+# Signed links (upload targets, download links) are handed to customers, who send files and
+# read results through them: with DEBUG off they name https, or a loopback host (`make
+# run`'s http://localhost). Their origin is the API's on the local backend, the storage's
+# public endpoint on S3 (boto3's default, AWS, is https).
+if not DEBUG:
+    _link_origins = ({"ANEX_API_ORIGIN": ANEX_API_ORIGIN, "ANEX_EU_API_ORIGIN": ANEX_EU_API_ORIGIN}
+                     if ANEX_STORAGE_BACKEND == "local" else
+                     {"ANEX_S3_PUBLIC_ENDPOINT_URL": ANEX_S3_PUBLIC_ENDPOINT_URL}
+                     if ANEX_S3_PUBLIC_ENDPOINT_URL else
+                     {"ANEX_S3_ENDPOINT_URL": ANEX_S3_ENDPOINT_URL or "https://s3.amazonaws.com"})
+    for _name, _origin in _link_origins.items():
+        _parts = urlsplit(_origin)
+        if _parts.scheme != "https" and not loopback_host(_parts.hostname or ""):
+            raise ImproperlyConfigured(
+                f"{_name}={_origin!r}: customers' signed links (uploads and downloads) would "
+                "travel in plain http. Use an https origin"
+                + (", or set ANEX_S3_PUBLIC_ENDPOINT_URL to the https address customers reach "
+                   "the storage at (docs/deploy.md)." if _name == "ANEX_S3_ENDPOINT_URL"
+                   else " (docs/deploy.md)."))
 
 # Which checkpoint serves which model id (docs/decisions.md, "Models, limits and pricing"):
 # "model-id=/path/to/checkpoint;…". A checkpoint directory holds the model's tokenizer.json,

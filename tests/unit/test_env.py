@@ -215,6 +215,42 @@ def test_a_worker_metrics_port_beyond_loopback_starts_with_the_token() -> None:
     assert _start_django(ANEX_WORKER_METRICS_HOST="::1").returncode == 0
 
 
+# Issue 40 L13: customers' signed links travel over https in production (DEBUG off), or to
+# a loopback host (make run's http://localhost).
+S3 = {"ANEX_STORAGE_BACKEND": "s3", "ANEX_S3_BUCKET": "w", "ANEX_S3_EU_BUCKET": "e"}
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"ANEX_API_ORIGIN": "http://api.example.com"},
+     "ANEX_API_ORIGIN='http://api.example.com': customers' signed links"),
+    ({"ANEX_EU_API_ORIGIN": "http://api-eu.example.com"},
+     "ANEX_EU_API_ORIGIN='http://api-eu.example.com': customers' signed links"),
+    ({**S3, "ANEX_S3_ENDPOINT_URL": "http://minio:9000"},
+     "or set ANEX_S3_PUBLIC_ENDPOINT_URL to the https address"),
+    ({**S3, "ANEX_S3_ENDPOINT_URL": "http://minio:9000",
+      "ANEX_S3_PUBLIC_ENDPOINT_URL": "http://storage.example.com"},
+     "ANEX_S3_PUBLIC_ENDPOINT_URL='http://storage.example.com': customers' signed links"),
+])
+def test_plain_http_signed_links_stop_a_production_process(overrides: dict[str, str],
+                                                           message: str) -> None:
+    result = _start_django(DEBUG="false", **overrides)
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+@pytest.mark.parametrize("overrides", [
+    {"ANEX_API_ORIGIN": "http://localhost:8000", "ANEX_EU_API_ORIGIN": "http://eu.localhost:8000"},
+    {**S3, "ANEX_S3_ENDPOINT_URL": "http://minio:9000",
+     "ANEX_S3_PUBLIC_ENDPOINT_URL": "https://storage.example.com"},
+    {**S3, "ANEX_S3_ENDPOINT_URL": "http://127.0.0.1:9000"},
+    {**S3},  # AWS itself
+    {"DEBUG": "true", "ANEX_API_ORIGIN": "http://api.example.com"},
+])
+def test_https_or_loopback_signed_links_start(overrides: dict[str, str]) -> None:
+    result = _start_django(**{"DEBUG": "false", **overrides})
+    assert result.returncode == 0, result.stderr
+
+
 def test_a_fraction_is_above_zero_and_at_most_one() -> None:
     assert env(F="0.5").fraction("F", 0.9) == 0.5
     assert env().fraction("F", 0.9) == 0.9
