@@ -11,9 +11,11 @@ first, or is refused before a byte is read or sent:
 - one of its organization's ANEX_ORG_TRANSFERS_IN_FLIGHT places of the same direction,
   counted fleet-wide in Redis: 429, the organization has that many transfers running.
 Both with Retry-After. The organization's places are members of a sorted set scored by when
-they lapse (TRANSFER_LAPSE_SECONDS, pushed on while bytes flow), so a process that dies
-holding one frees it within that long; when Redis cannot be reached the organization's
-count is skipped (as the upload rate limit does) and the process's cap still holds.
+they lapse (TRANSFER_LAPSE_SECONDS): a thread of each process pushes on the lapse of every
+place it holds every REFRESH_EVERY_SECONDS, however long a transfer takes, so a process
+that dies frees its places within that long; when Redis cannot be reached the
+organization's count is skipped (as the upload rate limit does) and the process's cap
+still holds.
 
 The caller holds its places for a synchronous read (`with transfer_held(...)`), or hands
 them to the response that streams (TransferStream, TransferFile): given back when the
@@ -44,8 +46,8 @@ Direction = Literal["upload", "download"]
 UPLOAD: Direction = "upload"
 DOWNLOAD: Direction = "download"
 RETRY_AFTER_SECONDS = 5
-# An organization's place lapses this long after the last bytes moved (a dead process's),
-# and is pushed on at most every REFRESH_EVERY_SECONDS while they do.
+# An organization's place lapses this long after its process last pushed it on (a dead
+# process's), which a live one does every REFRESH_EVERY_SECONDS.
 TRANSFER_LAPSE_SECONDS = 120
 REFRESH_EVERY_SECONDS = 20
 
@@ -61,6 +63,9 @@ return 1
 
 _in_process = 0
 _in_process_lock = threading.Lock()
+# This process's places held in Redis, pushed on by the keeper thread (started at the first).
+_held: set[TransferPlaces] = set()
+_keeper: threading.Thread | None = None
 
 
 def organization_full_detail(direction: Direction, limit: int) -> str:
@@ -83,23 +88,10 @@ class TransferPlaces:
     Redis, None when Redis could not be asked). release() is idempotent."""
 
     def __init__(self, direction: Direction, organization_id: object, token: str | None) -> None:
-        self._key = _key(direction, organization_id)
-        self._token = token
-        self._refreshed = time.monotonic()
+        self.key = _key(direction, organization_id)
+        self.token = token
         self._released = False
         self._lock = threading.Lock()
-
-    def refresh(self) -> None:
-        """Bytes moved: push the organization's place's lapse on (at most every
-        REFRESH_EVERY_SECONDS)."""
-        if self._token is None or time.monotonic() - self._refreshed < REFRESH_EVERY_SECONDS:
-            return
-        self._refreshed = time.monotonic()
-        try:
-            redis_client().zadd(self._key, {self._token: time.time() + TRANSFER_LAPSE_SECONDS},
-                                xx=True)
-        except redis.RedisError as exc:  # it lapses on its own; the process's cap holds
-            logger.warning("could not refresh a transfer place: %s", exc)
 
     def release(self) -> None:
         global _in_process
@@ -109,9 +101,10 @@ class TransferPlaces:
             self._released = True
         with _in_process_lock:
             _in_process -= 1
-        if self._token is not None:
+            _held.discard(self)
+        if self.token is not None:
             try:
-                redis_client().zrem(self._key, self._token)
+                redis_client().zrem(self.key, self.token)
             except redis.RedisError as exc:
                 logger.warning("could not give back a transfer place: %s", exc)
 
@@ -146,7 +139,43 @@ def transfer_places_take(*, direction: Direction, organization_id: object) -> Tr
             _in_process -= 1
         raise RateLimited(organization_full_detail(direction, limit),
                           retry_after=RETRY_AFTER_SECONDS, code="concurrency_limit_exceeded")
-    return TransferPlaces(direction, organization_id, held)
+    places = TransferPlaces(direction, organization_id, held)
+    if held is not None:
+        _keep(places)
+    return places
+
+
+def _keep(places: TransferPlaces) -> None:
+    """Have this process's keeper push `places`' lapse on until it is released."""
+    global _keeper
+    with _in_process_lock:
+        _held.add(places)
+        if _keeper is None or not _keeper.is_alive():
+            _keeper = threading.Thread(target=_keeper_run, daemon=True, name="transfer-places")
+            _keeper.start()
+
+
+def _keeper_run() -> None:
+    while True:
+        time.sleep(REFRESH_EVERY_SECONDS)
+        places_refresh()
+
+
+def places_refresh() -> None:
+    """Push on the lapse of every organization place this process holds (the keeper's
+    round; XX: a place given back meanwhile is not made again)."""
+    with _in_process_lock:
+        held = [places for places in _held if places.token is not None]
+    if not held:
+        return
+    lapse = time.time() + TRANSFER_LAPSE_SECONDS
+    try:
+        with redis_client().pipeline(transaction=False) as pipe:
+            for places in held:
+                pipe.zadd(places.key, {str(places.token): lapse}, xx=True)
+            pipe.execute()
+    except redis.RedisError as exc:  # they lapse on their own; the process's cap holds
+        logger.warning("could not push on the transfer places' lapse: %s", exc)
 
 
 @contextmanager
@@ -172,9 +201,7 @@ class TransferStream:
         return self
 
     def __next__(self) -> bytes:
-        chunk = next(self._chunks)
-        self._places.refresh()
-        return chunk
+        return next(self._chunks)
 
     def close(self) -> None:
         try:
@@ -183,6 +210,11 @@ class TransferStream:
                 close()
         finally:
             self._places.release()
+
+    def __del__(self) -> None:
+        # A response dropped without being closed (a test client's never read) gives its
+        # places back all the same.
+        self._places.release()
 
 
 class TransferFile(io.FileIO):
@@ -196,10 +228,6 @@ class TransferFile(io.FileIO):
         except BaseException:
             places.release()
             raise
-
-    def read(self, size: int | None = -1, /) -> bytes:
-        self._places.refresh()
-        return super().read(size)
 
     def close(self) -> None:
         try:

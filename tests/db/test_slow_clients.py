@@ -203,3 +203,20 @@ def test_the_local_storage_caps_its_downloads_as_s3_says_it(
     served = Client().get(f"/{path}")
     assert served.status_code == 200
     assert b"".join(served.streaming_content) == b"a line\n"  # type: ignore[attr-defined]
+
+
+def test_a_long_transfer_keeps_its_organization_place_and_a_dead_ones_lapses() -> None:
+    from anex.redis import redis_client
+
+    # given an upload that has run for a while, its place about to lapse
+    places = transfers.transfer_places_take(direction=UPLOAD, organization_id="org-long")
+    client = redis_client()
+    assert places.token is not None
+    client.zadd(places.key, {places.token: 1.0})  # long past, as if never pushed on
+    # when the process's keeper makes its round, the place is pushed on while it is held
+    transfers.places_refresh()
+    assert float(client.zscore(places.key, places.token) or 0) > 1000.0
+    # and once given back, no round makes it again
+    places.release()
+    transfers.places_refresh()
+    assert client.zscore(places.key, places.token) is None
