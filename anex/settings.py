@@ -218,12 +218,13 @@ if ANEX_STORAGE_BACKEND == "s3":
 # read results through them: with DEBUG off they name https, or a loopback host (`make
 # run`'s http://localhost). Their origin is the API's on the local backend, the storage's
 # public endpoint on S3 (boto3's default, AWS, is https).
+if ANEX_STORAGE_BACKEND == "local":
+    _link_origins = {"ANEX_API_ORIGIN": ANEX_API_ORIGIN, "ANEX_EU_API_ORIGIN": ANEX_EU_API_ORIGIN}
+elif ANEX_S3_PUBLIC_ENDPOINT_URL:
+    _link_origins = {"ANEX_S3_PUBLIC_ENDPOINT_URL": ANEX_S3_PUBLIC_ENDPOINT_URL}
+else:
+    _link_origins = {"ANEX_S3_ENDPOINT_URL": ANEX_S3_ENDPOINT_URL or "https://s3.amazonaws.com"}
 if not DEBUG:
-    _link_origins = ({"ANEX_API_ORIGIN": ANEX_API_ORIGIN, "ANEX_EU_API_ORIGIN": ANEX_EU_API_ORIGIN}
-                     if ANEX_STORAGE_BACKEND == "local" else
-                     {"ANEX_S3_PUBLIC_ENDPOINT_URL": ANEX_S3_PUBLIC_ENDPOINT_URL}
-                     if ANEX_S3_PUBLIC_ENDPOINT_URL else
-                     {"ANEX_S3_ENDPOINT_URL": ANEX_S3_ENDPOINT_URL or "https://s3.amazonaws.com"})
     for _name, _origin in _link_origins.items():
         _parts = urlsplit(_origin)
         if _parts.scheme != "https" and not loopback_host(_parts.hostname or ""):
