@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 from django.test import Client
 from pytest_django import Settings
-from rest_framework.test import APIClient
 
 from anex import transfers
 from anex.transfers import DOWNLOAD, UPLOAD, transfer_held, transfers_in_process
@@ -71,21 +70,26 @@ def engine(settings: Settings, server: LocalServer) -> LocalServer:
     return server
 
 
+@pytest.mark.django_db(transaction=True)
 def test_a_stalled_realtime_body_holds_no_realtime_place(
-        settings: Settings, api: APIClient, engine: LocalServer) -> None:
-    # given a process with one realtime place, and a client that sends its headers and
-    # then nothing of its body
+        settings: Settings, engine: LocalServer) -> None:
+    # given a process with one realtime place, and a customer's client (a valid key) that
+    # sends its headers and then nothing of its body
     settings.ANEX_REALTIME_PROCESS_CONCURRENCY = 1
+    _key, plaintext = api_key_make(organization_make())
     body = Stalled(on_read=lambda: realtime_services._in_process)
     answers: list[Any] = []
-    extra: dict[str, Any] = {"wsgi.input": body, "CONTENT_LENGTH": "4096"}
+    extra: dict[str, Any] = {"wsgi.input": body, "CONTENT_LENGTH": "4096",
+                             "HTTP_AUTHORIZATION": f"Bearer {plaintext}"}
     stalled = threading.Thread(target=lambda: answers.append(Client().post(
         EMBED, data=b"{}", content_type="application/json", **extra)))
     stalled.start()
     try:
         assert body.reading.wait(WAIT)
         # when another client's request comes while that body is awaited
-        served = api.post(EMBED, {"model": MINILM, "input": "a query"}, format="json")
+        served = Client().post(EMBED, {"model": MINILM, "input": "a query"},
+                               content_type="application/json",
+                               HTTP_AUTHORIZATION=f"Bearer {plaintext}")
     finally:
         body.released.set()
         stalled.join(WAIT)
