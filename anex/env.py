@@ -95,13 +95,16 @@ class Env:
             )
         return value
 
-    def secret(self, name: str, *, min_length: int) -> str:
+    def secret(self, name: str, *, min_length: int, min_distinct: int = 1) -> str:
         value = self.string(name, required=True)
-        if len(value) < min_length:
-            # Never echo a secret, not even a short one.
-            raise ImproperlyConfigured(
-                f"{name} is too short: use at least {min_length} random characters."
-            )
+        secret_check(name, value, min_length=min_length, min_distinct=min_distinct)
+        return value
+
+    def optional_secret(self, name: str, *, min_length: int) -> str:
+        """A secret that may be unset (""); when set, held to secret_check."""
+        value = self._raw(name) or ""
+        if value:
+            secret_check(name, value, min_length=min_length)
         return value
 
     def prefixed_secret(self, name: str, prefixes: tuple[str, ...]) -> str | None:
@@ -175,19 +178,29 @@ class Env:
                     raise ImproperlyConfigured(
                         f"{name}: {item.strip()!r} is not "
                         "model-id=https://host:port (or http://127.0.0.1:port).")
-                if parts.scheme == "http" and not _loopback_host(parts.hostname):
+                if parts.scheme == "http" and not loopback_host(parts.hostname):
                     raise ImproperlyConfigured(
                         f"{name}: {url!r} is plain http:// to another machine: use "
                         "https:// (plain http:// is only for an engine on a loopback address).")
                 mapping[key] = (*mapping.get(key, ()), url.rstrip("/"))
         return mapping
 
-    def database(self, name: str = "DATABASE_URL") -> dict[str, Any]:
-        return parse_database_url(name, self.string(name, required=True))
+    def database(self, name: str = "DATABASE_URL", *, min_password: int = 0) -> dict[str, Any]:
+        """The URL's database; a password it carries is held to secret_check with
+        `min_password` (none, as a local socket's trust or peer authentication has, is the
+        server's choice)."""
+        database = parse_database_url(name, self.string(name, required=True))
+        if database["PASSWORD"]:
+            secret_check(f"The password in {name}", database["PASSWORD"],
+                         min_length=min_password)
+        return database
 
-    def redis_url(self, name: str = "REDIS_URL") -> str:
+    def redis_url(self, name: str = "REDIS_URL", *, min_password: int = 0) -> str:
         value = self.string(name, required=True)
         parts = urlsplit(value)
+        if parts.password:
+            secret_check(f"The password in {name}", unquote(parts.password),
+                         min_length=min_password)
         if parts.scheme in ("redis", "rediss"):
             if not parts.hostname:
                 raise ImproperlyConfigured(f"{name}={_redact(value)!r} names no host.")
@@ -207,9 +220,36 @@ class Env:
         return value
 
 
-def _loopback_host(host: str) -> bool:
+# What .env.example leaves in place of each secret (CHANGEME, CHANGEME-postgres, …), and
+# the prefix of the key `django-admin startproject` writes: never a secret, whatever its length.
+PLACEHOLDER_MARKS = ("changeme", "django-insecure-")
+
+
+def secret_check(name: str, value: str, *, min_length: int, min_distinct: int = 1) -> None:
+    """ImproperlyConfigured unless `value` can be a secret: no placeholder left from an
+    example file, at least `min_length` characters and `min_distinct` different ones.
+    The message names the variable and never echoes the value, not even a short one."""
+    if any(mark in value.lower() for mark in PLACEHOLDER_MARKS):
+        raise ImproperlyConfigured(
+            f"{name} is still the example's placeholder: set a random secret of its own "
+            "(`openssl rand -base64 48` prints one).")
+    if len(value) < min_length:
+        raise ImproperlyConfigured(
+            f"{name} is too short: use at least {min_length} random characters.")
+    if len(set(value)) < min_distinct:
+        raise ImproperlyConfigured(
+            f"{name} repeats too few characters to be random: use at least {min_distinct} "
+            "different ones.")
+
+
+def loopback_host(host: str) -> bool:
+    """localhost, a name under .localhost (RFC 6761: always this machine) or a loopback
+    address."""
+    host = host.strip("[]").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
     try:
-        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+        return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
 

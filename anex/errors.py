@@ -107,6 +107,11 @@ class EngineFailed(DomainError):
     """The engine behind the request failed to answer."""
 
 
+class TimedOut(DomainError):
+    """The client did not send its whole request in time (a body that stalled or trickled
+    past the web tier's limits): nothing was done."""
+
+
 class Unavailable(DomainError):
     """A check this request depends on could not run (the database, the ledger), or the
     API is frozen: nothing was done, retry."""
@@ -119,6 +124,7 @@ ANSWERED_WITH: dict[type[DomainError], int] = {
     PaymentRequired: 402,
     Forbidden: 403,
     NotFound: 404,
+    TimedOut: 408,
     Conflict: 409,
     Gone: 410,
     TooLarge: 413,

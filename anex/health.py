@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +22,7 @@ from django.db import DatabaseError, connection
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET
 
+from anex.metrics import scrape_allowed
 from anex.redis import fail_fast
 from anex.regions import Region
 from jobs.storage import storage_for
@@ -123,10 +126,46 @@ def readiness(extra: dict[str, Callable[[], bool]] | None = None) -> dict[str, s
     return checks
 
 
-def readiness_response(checks: dict[str, str]) -> JsonResponse:
+# A probe's answer is kept this long per process: a flood of probes (anyone may ask)
+# costs PostgreSQL, Redis, the storage and the engines one round of checks a process per
+# period, never one per request (issue 40 L4). Well under any orchestrator's probe period.
+READY_KEEP_SECONDS = 1.5
+
+
+class Kept:
+    """`compute`'s answer, kept for READY_KEEP_SECONDS: the first caller after that computes
+    it again while the others wait for it and share it, so at most one round of checks runs
+    at a time in the process."""
+
+    def __init__(self, compute: Callable[[], dict[str, str]]) -> None:
+        self._compute = compute
+        self._lock = threading.Lock()
+        self._answer: tuple[float, dict[str, str]] | None = None
+
+    def get(self) -> dict[str, str]:
+        with self._lock:
+            if self._answer is None or time.monotonic() - self._answer[0] >= READY_KEEP_SECONDS:
+                checks = self._compute()
+                self._answer = (time.monotonic(), checks)
+            return dict(self._answer[1])
+
+    def forget(self) -> None:
+        """For tests that change what the checks reach."""
+        with self._lock:
+            self._answer = None
+
+
+kept_readiness = Kept(readiness)
+
+
+def readiness_response(checks: dict[str, str], *, detailed: bool) -> JsonResponse:
+    """200 or 503 with the status; the checks by name only to `detailed` callers (which of
+    the database, the broker, the storage or an engine is down is for the operator)."""
     ready = all(state == OK for state in checks.values())
-    response = JsonResponse({"status": "ready" if ready else "unavailable", "checks": checks},
-                            status=200 if ready else 503)
+    body: dict[str, object] = {"status": "ready" if ready else "unavailable"}
+    if detailed:
+        body["checks"] = checks
+    response = JsonResponse(body, status=200 if ready else 503)
     if not ready:
         response["Retry-After"] = str(settings.ANEX_RETRY_AFTER_SECONDS)
     response["Cache-Control"] = "no-store"
@@ -135,4 +174,6 @@ def readiness_response(checks: dict[str, str]) -> JsonResponse:
 
 @require_GET
 def readyz(request: HttpRequest) -> JsonResponse:
-    return readiness_response(readiness())
+    # The details go where /metrics goes: a loopback caller no proxy forwarded (an
+    # orchestrator's probe inside the container), or the bearer of ANEX_METRICS_TOKEN.
+    return readiness_response(kept_readiness.get(), detailed=scrape_allowed(request))

@@ -16,7 +16,8 @@ stops it at start), then replaces this process with its command (exec), so a sup
 signals reach gunicorn or Dramatiq directly. Arguments after the role go to the command.
 
 What each role takes, from the environment:
-- web: ANEX_WEB_BIND (host:port), ANEX_WEB_WORKERS, ANEX_WEB_THREADS.
+- web: ANEX_WEB_BIND (host:port), ANEX_WEB_WORKERS, ANEX_WEB_THREADS,
+  ANEX_WEB_SOCKET_TIMEOUT_SECONDS (each read and write on a connection).
 - worker-gpu: ANEX_WORKER_MODELS (each with a checkpoint in ANEX_CHECKPOINTS),
   ANEX_WORKER_REGIONS (default world only: EU work runs only where "eu" is named),
   ANEX_GPU_WORKER_THREADS, and for its engine ANEX_GPU_MEMORY_FRACTION and
@@ -138,7 +139,10 @@ def command(role: str, extra: Sequence[str] = ()) -> list[str]:
 
     if role == WEB:
         return [sys.executable, "-m", "gunicorn", "anex.wsgi:application",
-                "--config", "python:anex.gunicorn_hooks", "--bind", settings.ANEX_WEB_BIND,
+                "--config", "python:anex.gunicorn_hooks",
+                # every connection's reads and writes bounded (ANEX_WEB_SOCKET_TIMEOUT_SECONDS)
+                "--worker-class", "anex.gunicorn_hooks.BoundedThreadWorker",
+                "--bind", settings.ANEX_WEB_BIND,
                 "--workers", str(settings.ANEX_WEB_WORKERS),
                 "--threads", str(settings.ANEX_WEB_THREADS), "--graceful-timeout", "10",
                 "--access-logfile", "-", "--access-logformat", ACCESS_LOG_FORMAT,
@@ -181,6 +185,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if show:
         print(shlex.join(argv_run))
         return 0
+    if args[0] in (WORKER_GPU, WORKER_CPU):
+        from anex.workermetrics import metrics_dir_make
+
+        metrics_dir_make()  # the metrics port's private directory, for every process
     sys.stdout.flush()
     os.chdir(BASE_DIR)
     os.execv(argv_run[0], argv_run)  # noqa: S606 - our own argv, no shell to quote for

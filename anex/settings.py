@@ -11,18 +11,26 @@ from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
-from anex.env import Env
+from anex.env import Env, loopback_host
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 env = Env()
 
-SECRET_KEY = env.secret("SECRET_KEY", min_length=32)
+DEBUG = env.boolean("DEBUG", False)
+# Secrets are checked at start (anex.env.secret_check): a placeholder left from
+# .env.example (CHANGEME…) is refused whatever the mode. With DEBUG off, which is every
+# deployment and also `make run` and `make test` (their launcher makes a 64-character
+# key), SECRET_KEY meets `check --deploy`'s own bar (security.W009: 50 characters, 5
+# different ones) and a password in a service URL or the S3 secret has at least
+# PASSWORD_MIN_LENGTH characters; DEBUG on keeps the looser 32 of a developer's machine.
+PASSWORD_MIN_LENGTH = 0 if DEBUG else 16
+SECRET_KEY = env.secret("SECRET_KEY", min_length=32 if DEBUG else 50,
+                        min_distinct=1 if DEBUG else 5)
 # Encrypts the secrets we must read back (webhook signing secrets); derived from
 # SECRET_KEY when unset. Set it explicitly in a deployment and never rotate it casually.
 ANEX_ENCRYPTION_KEY = env.optional_str("ANEX_ENCRYPTION_KEY")
 if ANEX_ENCRYPTION_KEY is not None:
     env.secret("ANEX_ENCRYPTION_KEY", min_length=32)
-DEBUG = env.boolean("DEBUG", False)
 
 # Region API origins (docs/decisions.md, "Data residency"): one deployment answers both hosts,
 # and the host a request reached decides which region's data it may read or store.
@@ -122,12 +130,12 @@ TEMPLATES = [
     },
 ]
 
-DATABASES = {"default": env.database("DATABASE_URL")}
+DATABASES = {"default": env.database("DATABASE_URL", min_password=PASSWORD_MIN_LENGTH)}
 DATABASES["default"]["CONN_MAX_AGE"] = env.integer("DATABASE_CONN_MAX_AGE", 60, minimum=0)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-REDIS_URL = env.redis_url("REDIS_URL")
+REDIS_URL = env.redis_url("REDIS_URL", min_password=PASSWORD_MIN_LENGTH)
 # Django's cache is shared by every web process through Redis: allauth keeps its sign-in
 # rate limits there, and a per-process memory cache would let each process count alone.
 CACHES = {
@@ -200,6 +208,10 @@ ANEX_STORAGE_ROOT = Path(env.string("ANEX_STORAGE_ROOT", str(BASE_DIR / ".run" /
 ANEX_S3_BUCKETS: dict[str, str] = {}
 ANEX_S3_REGIONS: dict[str, str | None] = {}
 ANEX_S3_ENDPOINT_URL = env.optional_str("ANEX_S3_ENDPOINT_URL")
+# Where customers reach the storage, when not at ANEX_S3_ENDPOINT_URL (compose: the services
+# use http://minio:9000, customers https://<ANEX_STORAGE_HOST> through the proxy): the
+# upload targets and download links are signed for it (jobs.storage).
+ANEX_S3_PUBLIC_ENDPOINT_URL = env.optional_str("ANEX_S3_PUBLIC_ENDPOINT_URL")
 if ANEX_STORAGE_BACKEND == "s3":
     ANEX_S3_BUCKETS = {
         "world": env.string("ANEX_S3_BUCKET", required=True),
@@ -213,6 +225,37 @@ if ANEX_STORAGE_BACKEND == "s3":
     }
     if ANEX_S3_ENDPOINT_URL is not None:
         env.origin("ANEX_S3_ENDPOINT_URL", ANEX_S3_ENDPOINT_URL)
+    if ANEX_S3_PUBLIC_ENDPOINT_URL is not None:
+        env.origin("ANEX_S3_PUBLIC_ENDPOINT_URL", ANEX_S3_PUBLIC_ENDPOINT_URL)
+    # boto3 reads the credentials itself; they are checked here like every other secret
+    # (unset: the instance role's). The MinIO root login is never the app's: compose
+    # gives the app a user of its own, limited to the anex buckets (docs/deploy.md).
+    _s3_secret = env.optional_secret("AWS_SECRET_ACCESS_KEY", min_length=PASSWORD_MIN_LENGTH)
+    if _s3_secret and _s3_secret == env.optional_str("MINIO_ROOT_PASSWORD"):
+        raise ImproperlyConfigured(
+            "AWS_SECRET_ACCESS_KEY is MinIO's root password: give the app a MinIO user of "
+            "its own, limited to the anex buckets (compose.yaml's minio-init makes one).")
+
+# Signed links (upload targets, download links) are handed to customers, who send files and
+# read results through them: with DEBUG off they name https, or a loopback host (`make
+# run`'s http://localhost). Their origin is the API's on the local backend, the storage's
+# public endpoint on S3 (boto3's default, AWS, is https).
+if ANEX_STORAGE_BACKEND == "local":
+    _link_origins = {"ANEX_API_ORIGIN": ANEX_API_ORIGIN, "ANEX_EU_API_ORIGIN": ANEX_EU_API_ORIGIN}
+elif ANEX_S3_PUBLIC_ENDPOINT_URL:
+    _link_origins = {"ANEX_S3_PUBLIC_ENDPOINT_URL": ANEX_S3_PUBLIC_ENDPOINT_URL}
+else:
+    _link_origins = {"ANEX_S3_ENDPOINT_URL": ANEX_S3_ENDPOINT_URL or "https://s3.amazonaws.com"}
+if not DEBUG:
+    for _name, _origin in _link_origins.items():
+        _parts = urlsplit(_origin)
+        if _parts.scheme != "https" and not loopback_host(_parts.hostname or ""):
+            raise ImproperlyConfigured(
+                f"{_name}={_origin!r}: customers' signed links (uploads and downloads) would "
+                "travel in plain http. Use an https origin"
+                + (", or set ANEX_S3_PUBLIC_ENDPOINT_URL to the https address customers reach "
+                   "the storage at (docs/deploy.md)." if _name == "ANEX_S3_ENDPOINT_URL"
+                   else " (docs/deploy.md)."))
 
 # Which checkpoint serves which model id (docs/decisions.md, "Models, limits and pricing"):
 # "model-id=/path/to/checkpoint;…". A checkpoint directory holds the model's tokenizer.json,
@@ -301,8 +344,11 @@ ANEX_API_MAX_BODY_BYTES = env.integer("ANEX_API_MAX_BODY_BYTES", 2 * 1024 * 1024
 ANEX_REALTIME_ENGINES = env.url_lists("ANEX_REALTIME_ENGINES")
 # The secret every request to a realtime engine server is signed with (HMAC-SHA256,
 # realtime/engine_client.py), shared by the web tier and its engine servers: an engine
-# server refuses a request without it (`make run` makes one per run).
-ANEX_REALTIME_ENGINE_SECRET = env.string("ANEX_REALTIME_ENGINE_SECRET", "")
+# server refuses a request without it (`make run` makes one per run, 64 characters). At
+# least 32 characters, HMAC-SHA256's own key size, whatever the mode.
+ENGINE_SECRET_MIN_LENGTH = 32
+ANEX_REALTIME_ENGINE_SECRET = env.optional_secret("ANEX_REALTIME_ENGINE_SECRET",
+                                                  min_length=ENGINE_SECRET_MIN_LENGTH)
 # Realtime requests one organization may have in flight at once (past it: 429).
 ANEX_REALTIME_CONCURRENCY = env.integer("ANEX_REALTIME_CONCURRENCY", 64, minimum=1)
 # Realtime requests one web process serves at once (past it: 503 with Retry-After): below
@@ -443,6 +489,27 @@ if not ANEX_WEB_BIND.rpartition(":")[2].isdigit() \
         f"ANEX_WEB_BIND={ANEX_WEB_BIND!r} is not host:port (such as 0.0.0.0:8000).")
 ANEX_WEB_WORKERS = env.integer("ANEX_WEB_WORKERS", 2, minimum=1, maximum=64)
 ANEX_WEB_THREADS = env.integer("ANEX_WEB_THREADS", 16, minimum=1, maximum=256)
+# Slow clients (issue 40 M2; docs/decisions.md, "Slow clients and the web tier"). Every read
+# and write on a web connection waits at most this long (anex.gunicorn_hooks), so a client
+# that stops sending or reading mid-request frees its thread: gunicorn's own threads wait
+# without a bound once a request's first byte has come.
+ANEX_WEB_SOCKET_TIMEOUT_SECONDS = env.integer("ANEX_WEB_SOCKET_TIMEOUT_SECONDS", 30,
+                                              minimum=1, maximum=3600)
+# The whole JSON body of a request to the batch, realtime or OpenAI API (at most a few MiB;
+# 26 MiB for realtime embeddings) must arrive within this long (anex.api.bodylimit): a
+# client trickling a byte at a time cannot hold a thread for longer.
+ANEX_API_BODY_SECONDS = env.integer("ANEX_API_BODY_SECONDS", 30, minimum=1, maximum=3600)
+# File transfers a web process streams itself (anex.transfers): uploads and content
+# downloads at once per process (fewer than its threads), and per organization and
+# direction fleet-wide. Past the first, 503; past the second, 429; both with Retry-After.
+ANEX_WEB_TRANSFERS_PER_PROCESS = env.integer("ANEX_WEB_TRANSFERS_PER_PROCESS",
+                                             max(1, ANEX_WEB_THREADS // 4), minimum=1)
+if ANEX_WEB_TRANSFERS_PER_PROCESS >= ANEX_WEB_THREADS > 1:
+    raise ImproperlyConfigured(
+        f"ANEX_WEB_TRANSFERS_PER_PROCESS={ANEX_WEB_TRANSFERS_PER_PROCESS} must be below "
+        f"ANEX_WEB_THREADS={ANEX_WEB_THREADS}: file transfers must leave threads for the "
+        "rest of the API.")
+ANEX_ORG_TRANSFERS_IN_FLIGHT = env.integer("ANEX_ORG_TRANSFERS_IN_FLIGHT", 4, minimum=1)
 # A GPU worker is one process (one engine per model it serves, on the GPUs it is given):
 # its threads share that engine's running batch. A CPU worker holds no engine, so it may
 # run several processes; one by default, never one per core.
@@ -476,6 +543,15 @@ if ANEX_DB_POOLER == "pgbouncer":
 # Operations (anex/metrics.py, anex/health.py). GET /metrics answers loopback callers only,
 # or, with a token set, only `Authorization: Bearer <token>` (behind a proxy, set one).
 ANEX_METRICS_TOKEN = env.string("ANEX_METRICS_TOKEN", "")
+# A worker's metrics port (anex/workermetrics.py) listens on loopback unless told otherwise;
+# on any other address its /metrics and /readyz (which names the database, the broker and
+# the engines) are open to whoever reaches the machine, so the token is required there.
+ANEX_WORKER_METRICS_HOST = env.string("ANEX_WORKER_METRICS_HOST", "127.0.0.1")
+if not loopback_host(ANEX_WORKER_METRICS_HOST) and not ANEX_METRICS_TOKEN:
+    raise ImproperlyConfigured(
+        f"ANEX_WORKER_METRICS_HOST={ANEX_WORKER_METRICS_HOST!r} serves a worker's metrics "
+        "and readiness beyond this machine: set ANEX_METRICS_TOKEN (scrapers send it as a "
+        "bearer token), or leave the host at 127.0.0.1.")
 # Outermost, so a request's latency counts every middleware and a refusal by one is counted.
 MIDDLEWARE.insert(0, "anex.metrics.RequestMetricsMiddleware")
 

@@ -17,13 +17,17 @@ build failed: its log says why). Other checks a worker process publishes
 (WORKER_PROCESS_CHECKS) are listed too.
 
 The directory is ANEX_WORKER_METRICS_DIR (empty at each start: `make run` makes one under
-its run directory), else a fresh one per Dramatiq master process under the temporary
-directory; the host is ANEX_WORKER_METRICS_HOST (default 127.0.0.1; 0.0.0.0 for a scraper on
-another machine), and with ANEX_METRICS_TOKEN set both paths want it as a bearer token.
+its run directory); a worker role started without one gets a fresh private one
+(metrics_dir_make: mkdtemp, so no other local user can guess its name and plant files or a
+link there before the worker writes into it), and a bare `dramatiq anex.worker` with a port
+must name one. The host is ANEX_WORKER_METRICS_HOST (default 127.0.0.1; 0.0.0.0 for a
+scraper on another machine, which the settings refuse without ANEX_METRICS_TOKEN), and with
+ANEX_METRICS_TOKEN set both paths want it as a bearer token.
 """
 
 from __future__ import annotations
 
+import functools
 import hmac
 import logging
 import os
@@ -41,6 +45,7 @@ import dramatiq
 logger = logging.getLogger(__name__)
 
 DIR_PREFIX = "anex-worker-metrics-"
+DEFAULT_HOST = "127.0.0.1"
 # Checks a worker process evaluates and publishes (True: fine), each shown on /readyz as
 # "<name>": anex/worker.py adds "breaker", False while a model's breaker is open
 # (jobs.failures.worker_engine_state).
@@ -55,11 +60,30 @@ def metrics_port() -> int | None:
 
 def metrics_dir() -> Path:
     """Where every process of this worker keeps its metrics: the same answer in the
-    Dramatiq master's worker processes and in its forked server (both its children)."""
+    Dramatiq master's worker processes and in its forked server (both its children), read
+    from the environment they inherit."""
     configured = os.environ.get("ANEX_WORKER_METRICS_DIR", "").strip()
-    if configured:
-        return Path(configured)
-    return Path(tempfile.gettempdir()) / f"{DIR_PREFIX}{os.getppid()}"
+    if not configured:
+        # The processes cannot agree on a fresh name among themselves, and a name made from
+        # the master's pid is one another local user can create first.
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(
+            "ANEX_WORKER_METRICS_PORT needs ANEX_WORKER_METRICS_DIR: start the worker as its "
+            "role (python -m anex.roles worker-gpu or worker-cpu), which makes a private "
+            "one, or name an empty directory of its own.")
+    return Path(configured)
+
+
+def metrics_dir_make() -> None:
+    """In a worker role about to become its Dramatiq master (anex.roles, before exec): with
+    a metrics port and no directory named, a new private one (mode 0700, an unguessable
+    name) for every process it starts. Its name keeps the master's pid (this process's: exec
+    keeps it) for _stale_dirs_remove."""
+    if metrics_port() is None or os.environ.get("ANEX_WORKER_METRICS_DIR", "").strip():
+        return
+    os.environ["ANEX_WORKER_METRICS_DIR"] = tempfile.mkdtemp(
+        prefix=f"{DIR_PREFIX}{os.getpid()}-")
 
 
 def preloading() -> bool:
@@ -78,7 +102,8 @@ def worker_metrics_configure() -> bool:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
     os.environ["dramatiq_prom_db"] = str(directory)
     os.environ["dramatiq_prom_port"] = str(port)
-    os.environ["dramatiq_prom_host"] = os.environ.get("ANEX_WORKER_METRICS_HOST", "127.0.0.1")
+    os.environ["dramatiq_prom_host"] = os.environ.get("ANEX_WORKER_METRICS_HOST",
+                                                      DEFAULT_HOST)
     os.environ.setdefault("ANEX_ENGINE_METRICS", "1")
     return True
 
@@ -200,6 +225,13 @@ def worker_readiness() -> dict[str, str]:
     return checks
 
 
+@functools.cache
+def _worker_readiness_kept() -> Any:
+    from anex.health import Kept
+
+    return Kept(worker_readiness)
+
+
 class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         from django.conf import settings
@@ -214,7 +246,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif self.path == "/readyz":
             import json
 
-            checks = worker_readiness()
+            checks = _worker_readiness_kept().get()  # a flood of probes: one round a period
             ready = all(state == "ok" for state in checks.values())
             body = {"status": "ready" if ready else "unavailable", "checks": checks}
             self._answer(200 if ready else 503, "application/json",
@@ -234,15 +266,28 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def _stale_dirs_remove() -> None:
-    """The directories of Dramatiq masters that are gone (the default location only)."""
-    from anex.devstack import pid_alive
-
-    if os.environ.get("ANEX_WORKER_METRICS_DIR", "").strip():
+    """The directories metrics_dir_make made for Dramatiq masters that are gone (none when
+    this worker's directory was named by its operator)."""
+    ours = metrics_dir()
+    temporary = Path(tempfile.gettempdir())
+    if ours.parent != temporary or not ours.name.startswith(DIR_PREFIX):
         return
-    for path in Path(tempfile.gettempdir()).glob(f"{DIR_PREFIX}*"):
-        pid = path.name.removeprefix(DIR_PREFIX)
-        if pid.isdigit() and int(pid) != os.getppid() and not pid_alive(int(pid)):
+    for path in temporary.glob(f"{DIR_PREFIX}*"):
+        pid = path.name.removeprefix(DIR_PREFIX).partition("-")[0]
+        if path != ours and pid.isdigit() and path.owner() == ours.owner() \
+                and not _alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    # anex.devstack's pid_alive, which imports anex.roles: the roles import this module.
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def serve() -> int:
@@ -252,8 +297,10 @@ def serve() -> int:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "anex.settings")
     django.setup()
     _stale_dirs_remove()
+    from django.conf import settings
+
     port = metrics_port() or 0
-    host = os.environ.get("ANEX_WORKER_METRICS_HOST", "127.0.0.1")
+    host = settings.ANEX_WORKER_METRICS_HOST  # loopback, or the token is set (settings)
     server = ThreadingHTTPServer((host, port), _Handler)
     server.daemon_threads = True
     logger.info("worker metrics and readiness on http://%s:%s", host, port)

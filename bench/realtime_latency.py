@@ -75,7 +75,7 @@ def wait_for(url: str, process: subprocess.Popen[bytes], timeout: float = 300) -
 
 
 # What the web server and the engine servers share; the direct side signs with it too.
-SECRET = secrets.token_hex(16)
+SECRET = secrets.token_hex(32)
 
 
 def signed(headers: dict[str, str], url: str, body: dict[str, Any]

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import quote, urlencode, urlsplit
 
+import boto3
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import ClientError
 from django.conf import settings
@@ -188,10 +189,17 @@ class _ChunkReader(io.RawIOBase):
 
 
 class S3RegionStorage(RegionStorage):
+    """`public_endpoint_url`: where customers reach the storage (its signed links name it,
+    ANEX_S3_PUBLIC_ENDPOINT_URL: MinIO behind the deployment's https proxy), when that is not
+    the endpoint the services use (http://minio:9000 inside compose). A link is signed for
+    the host it names, and signing contacts nothing, so the services keep their own."""
+
     def __init__(self, region: Region, bucket: str, *, endpoint_url: str | None,
-                 region_name: str | None) -> None:
+                 region_name: str | None, public_endpoint_url: str | None = None) -> None:
         self.region = region
         self.bucket = bucket
+        self.region_name = region_name
+        self.public_endpoint_url = public_endpoint_url
         self.storage = S3Storage(bucket_name=bucket, endpoint_url=endpoint_url,
                                  region_name=region_name, file_overwrite=True,
                                  transfer_config=_TRANSFER, default_acl=None)
@@ -200,8 +208,17 @@ class S3RegionStorage(RegionStorage):
     def _client(self) -> Any:
         return self.storage.connection.meta.client
 
+    @property
+    def _signer(self) -> Any:
+        """The client signed links are made with: the services' own, or one naming the
+        public endpoint with the same credentials and configuration."""
+        if self.public_endpoint_url is None:
+            return self._client
+        return _public_client(self.public_endpoint_url, self.region_name,
+                              self._client.meta.config)
+
     def upload_target(self, *, key: str, max_bytes: int, expires_in: int) -> UploadTarget:
-        post = self._client.generate_presigned_post(
+        post = self._signer.generate_presigned_post(
             Bucket=self.bucket, Key=key,
             Conditions=[{"key": key}, ["content-length-range", 1, max_bytes]],
             ExpiresIn=expires_in,
@@ -272,7 +289,7 @@ class S3RegionStorage(RegionStorage):
                                  buffer_size=1024 * 1024)
 
     def download_url(self, key: str, *, expires_in: int, filename: str) -> str:
-        return str(self._client.generate_presigned_url(
+        return str(self._signer.generate_presigned_url(
             "get_object",
             Params={"Bucket": self.bucket, "Key": key,
                     "ResponseContentDisposition": f'attachment; filename="{filename}"'},
@@ -471,19 +488,33 @@ class LocalRegionStorage(RegionStorage):
         self.path(key).unlink(missing_ok=True)
 
 
+def key_organization(key: str) -> str:
+    """The organization an object belongs to: every key is `<kind>/<organization id>/…`
+    (inputs/, results/; jobs.services)."""
+    return key.split("/", 2)[1] if key.count("/") >= 2 else ""
+
+
 def storage_for(region: Region | str) -> RegionStorage:
     region = Region(region)
     if settings.ANEX_STORAGE_BACKEND == "s3":
         return _s3(region, settings.ANEX_S3_BUCKETS[region.value], settings.ANEX_S3_ENDPOINT_URL,
-                   settings.ANEX_S3_REGIONS.get(region.value))
+                   settings.ANEX_S3_REGIONS.get(region.value),
+                   settings.ANEX_S3_PUBLIC_ENDPOINT_URL)
     return _local(region, Path(settings.ANEX_STORAGE_ROOT))
 
 
 # One client per configuration (settings can change under tests).
 @cache
-def _s3(region: Region, bucket: str, endpoint_url: str | None,
-        region_name: str | None) -> S3RegionStorage:
-    return S3RegionStorage(region, bucket, endpoint_url=endpoint_url, region_name=region_name)
+def _s3(region: Region, bucket: str, endpoint_url: str | None, region_name: str | None,
+        public_endpoint_url: str | None) -> S3RegionStorage:
+    return S3RegionStorage(region, bucket, endpoint_url=endpoint_url, region_name=region_name,
+                           public_endpoint_url=public_endpoint_url)
+
+
+@cache
+def _public_client(endpoint_url: str, region_name: str | None, config: Any) -> Any:
+    return boto3.session.Session().client("s3", endpoint_url=endpoint_url,
+                                          region_name=region_name, config=config)
 
 
 @cache

@@ -17,15 +17,30 @@ from typing import Any, Protocol
 
 from django.conf import settings
 from django.core import signing
-from django.http import FileResponse, Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import (
+    FileResponse,
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    JsonResponse,
+    UnreadablePostError,
+)
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from anex.api.throttling import client_address
+from anex.errors import RateLimited, Unavailable
 from anex.redis import window_hit
 from anex.regions import Region
+from anex.transfers import (
+    DOWNLOAD,
+    UPLOAD,
+    TransferFile,
+    transfer_held,
+    transfer_places_take,
+)
 from jobs.services.inputs import input_accepts_upload
 from jobs.storage import (
     DOWNLOAD_SALT,
@@ -33,6 +48,7 @@ from jobs.storage import (
     LocalRegionStorage,
     StorageExists,
     StorageTooLarge,
+    key_organization,
     storage_for,
 )
 
@@ -40,6 +56,8 @@ from jobs.storage import (
 # and the multipart framing. More than this before the file starts is refused unread.
 FORM_OVERHEAD_BYTES = 64 * 1024
 _READ_BYTES = 1024 * 1024
+REQUEST_TIMEOUT = ("RequestTimeout: the connection was not read from within the timeout "
+                   "period; nothing was kept. Upload the file again.")
 USED = ("AccessDenied: this upload target has been used (its input is no longer awaiting "
         "an upload). Create a new input to upload another file.")
 
@@ -225,6 +243,8 @@ def upload(request: HttpRequest, region: str) -> HttpResponse:
         form.read_fields()
     except _FormError as exc:
         return _error(400, str(exc))
+    except UnreadablePostError:  # stalled past the web role's socket timeout (S3's code)
+        return _error(400, REQUEST_TIMEOUT)
     try:
         policy = signing.loads(form.fields.get("policy", ""), salt=UPLOAD_SALT)
     except signing.BadSignature:
@@ -239,20 +259,34 @@ def upload(request: HttpRequest, region: str) -> HttpResponse:
     if not form.file_started:
         return _error(400, "InvalidArgument: send the file as the last form field, 'file'.")
     try:
-        chunks = form.file_chunks()
-        first = next((chunk for chunk in chunks if chunk), None)
-        if first is None:
-            return _error(400, "InvalidArgument: the file is empty.")
-        # Write-once: a concurrent second POST of the same form cannot replace the file.
-        storage.write_once(policy["key"], itertools.chain([first], chunks),
-                           max_bytes=policy["max_bytes"])
+        # The file is read only within one of the transfer places (anex.transfers).
+        with transfer_held(direction=UPLOAD, organization_id=key_organization(policy["key"])):
+            chunks = form.file_chunks()
+            first = next((chunk for chunk in chunks if chunk), None)
+            if first is None:
+                return _error(400, "InvalidArgument: the file is empty.")
+            # Write-once: a concurrent second POST of the same form cannot replace the file.
+            storage.write_once(policy["key"], itertools.chain([first], chunks),
+                               max_bytes=policy["max_bytes"])
+    except (RateLimited, Unavailable) as busy:
+        return _busy(busy)
     except StorageTooLarge:
         return _error(400, "EntityTooLarge: the file is over the input cap.")
     except StorageExists:
         return _error(403, USED)
     except _FormError as exc:
         return _error(400, str(exc))
+    except UnreadablePostError:
+        return _error(400, REQUEST_TIMEOUT)
     return HttpResponse(status=204)
+
+
+def _busy(refusal: RateLimited | Unavailable) -> JsonResponse:
+    """A transfer cap, as S3 says it (SlowDown): 429 for the organization's, 503 for this
+    server's, with Retry-After."""
+    response = _error(refusal.status, f"SlowDown: {refusal.detail}")
+    response["Retry-After"] = str(refusal.retry_after or 1)
+    return response
 
 
 @require_GET
@@ -267,4 +301,10 @@ def download(request: HttpRequest, region: str, key: str) -> HttpResponseBase:
     path: Path = storage.path(key)
     if not path.is_file():
         return _error(404, "NoSuchKey: the object does not exist.")
-    return FileResponse(path.open("rb"), as_attachment=True, filename=grant["filename"])
+    try:
+        places = transfer_places_take(direction=DOWNLOAD, organization_id=key_organization(key))
+    except (RateLimited, Unavailable) as busy:
+        return _busy(busy)
+    # The places are given back when the response closes the file (anex.transfers).
+    return FileResponse(TransferFile(path, places), as_attachment=True,
+                        filename=grant["filename"])

@@ -26,6 +26,13 @@ from anex.api.errors import (
     openai_error_body,
 )
 from anex.regions import region_require, request_region
+from anex.transfers import (
+    DOWNLOAD,
+    UPLOAD,
+    TransferStream,
+    transfer_held,
+    transfer_places_take,
+)
 from jobs.idempotency import IDEMPOTENCY_PARAMETER, idempotent
 from openai_api.batches import (
     batch_cancel,
@@ -57,8 +64,9 @@ ERRORS = {status: OpenApiResponse(OpenAIErrorOut, description=text) for status, 
     400: "Invalid request", 401: "Invalid, inactive or missing key", 404: "Unknown id",
     409: "A request with the same Idempotency-Key still in progress (x-should-retry: false)",
     413: "Request body over its cap", 421: "Data kept in the other region",
-    429: "Rate limited, or no credits (insufficient_quota)",
-    503: "A dependency could not be checked"}.items()}
+    429: "Rate limited, no credits (insufficient_quota), or too many of the organization's "
+         "file transfers at once",
+    503: "A dependency could not be checked, or this server is at capacity"}.items()}
 # The operations that honour an Idempotency-Key answer 422 for a malformed one, or one used
 # for another request.
 KEYED_ERRORS = {**ERRORS, 422: OpenApiResponse(
@@ -178,9 +186,11 @@ class FilesView(OpenAIView):
                    responses={200: FileOut, **ERRORS},
                    summary="Upload a batch input file (purpose batch), streamed to storage")
     def post(self, request: Request) -> Response:
-        file = file_upload(organization=request_organization(request),
-                           actor=request_actor(request), host_region=request_region(request),
-                           request=request._request)
+        organization = request_organization(request)
+        # A place before a byte of the file is read (anex.transfers: 429/503 past the caps).
+        with transfer_held(direction=UPLOAD, organization_id=organization.pk):
+            file = file_upload(organization=organization, actor=request_actor(request),
+                               host_region=request_region(request), request=request._request)
         return Response(file_object(file))
 
     @extend_schema(operation_id="openaiListFiles", tags=TAGS, parameters=[
@@ -225,7 +235,9 @@ class FileContentView(OpenAIView):
         file = file_get(organization=request_organization(request), id=file_id)
         # Its rows are read only where they are kept (421 from the other region's host).
         region_require(request, residency=file_residency(file), noun="file")
-        response = StreamingHttpResponse(file_chunks(file),
+        # Its place is held until the response is closed, however it ends (anex.transfers).
+        places = transfer_places_take(direction=DOWNLOAD, organization_id=file.organization_id)
+        response = StreamingHttpResponse(TransferStream(file_chunks(file), places),
                                          content_type="application/octet-stream")
         response["Content-Disposition"] = content_disposition_header(
             True, file.filename) or "attachment"

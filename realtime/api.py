@@ -11,9 +11,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from anex.api.authentication import request_key
+from anex.api.bodylimit import body_read
 from anex.api.errors import ApiError, error_json_response
 from anex.api.serializers import ErrorOut
-from anex.errors import Unavailable
+from anex.errors import TimedOut, Unavailable
 from anex.regions import request_region
 from realtime.selectors import realtime_models
 from realtime.serializers import (
@@ -66,16 +67,20 @@ class ModelsView(APIView):
 
 
 class EngineView(APIView):
-    """An operation answered by an engine. It takes one of this process's realtime places
-    before DRF reads anything (the key, the rate, the body): past the process's cap the
-    refusal (503, Retry-After) is answered for next to no CPU, where it used to cost about
-    what an answer does, so a saturated web tier spends its cores on what it answers (the
-    batch API's reads among them). Its place is given back whatever the answer."""
+    """An operation answered by an engine. It reads the request's body whole first, bytes
+    only, within the API's body deadline (anex.api.bodylimit): a client that sends slowly
+    holds a thread for that long at most and never one of the places (issue 40 M2). Then
+    it takes one of this process's realtime places before DRF does anything (the key, the
+    rate, the parse): past the process's cap the refusal (503, Retry-After) is answered for
+    next to no CPU, where it used to cost about what an answer does, so a saturated web
+    tier spends its cores on what it answers (the batch API's reads among them). Its place
+    is given back whatever the answer."""
 
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         try:
+            body_read(request)
             realtime_place_take()
-        except Unavailable as refusal:
+        except (TimedOut, Unavailable) as refusal:
             return error_json_response(refusal)
         try:
             return super().dispatch(request, *args, **kwargs)

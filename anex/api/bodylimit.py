@@ -7,16 +7,26 @@ nothing else. So the declared length is judged here, before any view or parser r
 body over the limit is answered 413 in the API's envelope without a byte of it being read.
 A body with no Content-Length reads as empty (Django's LimitedStream), so the declared
 length is the whole of what can be read.
+
+The same bodies must also arrive within ANEX_API_BODY_SECONDS (issue 40 M2): under the web
+role every read of the connection is bounded by that deadline (anex.gunicorn_hooks), so a
+client that trickles its body cannot hold a thread for longer; a read past it fails
+(UnreadablePostError), answered 408. The OpenAI file upload streams up to 2 GiB and is
+bounded by the socket timeout per read and the transfer caps instead (anex.transfers).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import io
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse, UnreadablePostError
 
-from anex.api.errors import API_PREFIXES, OPENAI_PREFIX, openai_error_body
+from anex.api.errors import API_PREFIXES, BODY_TIMED_OUT_DETAIL, OPENAI_PREFIX, openai_error_body
+from anex.errors import TimedOut
 
 # Its character limits (2,097,152 in all, answered 400) need a larger body than the rest.
 REALTIME_EMBEDDINGS_PATH = "/realtime/v1/embeddings"
@@ -36,6 +46,16 @@ class ApiBodyLimitMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
+        refused = self._refusal(request)
+        if refused is not None:
+            return refused
+        if request.path.startswith((*API_PREFIXES, OPENAI_PREFIX)) \
+                and request.path != OPENAI_FILES_PATH:
+            with body_deadline(request, settings.ANEX_API_BODY_SECONDS):
+                return self.get_response(request)
+        return self.get_response(request)
+
+    def _refusal(self, request: HttpRequest) -> HttpResponse | None:
         if request.path.startswith(API_PREFIXES):
             limit = (settings.ANEX_REALTIME_EMBEDDINGS_MAX_BODY_BYTES
                      if request.path == REALTIME_EMBEDDINGS_PATH
@@ -55,7 +75,38 @@ class ApiBodyLimitMiddleware:
                     413, body_too_large_detail(declared, limit).replace(
                         "an input file goes to its upload URL, not here",
                         "an input file goes to POST /openai/v1/files")), status=413)
-        return self.get_response(request)
+        return None
+
+
+@contextmanager
+def body_deadline(request: HttpRequest, seconds: float) -> Iterator[None]:
+    """Every read of this request's connection within `seconds` from now, for the block:
+    the web role's connections take a deadline (anex.gunicorn_hooks.BoundedSocket); another
+    server's (the test client's) are left as they are."""
+    connection = request.META.get("gunicorn.socket")
+    deadline_set = getattr(connection, "deadline_set", None)
+    if deadline_set is None:
+        yield
+        return
+    deadline_set(time.monotonic() + seconds)
+    try:
+        yield
+    finally:
+        deadline_set(None)
+
+
+def body_read(request: HttpRequest) -> None:
+    """Read the request's whole body now (within its deadline, body_deadline), so that what
+    follows holds nothing while a client sends: TimedOut (408) when it stops arriving. DRF
+    then parses the bytes read (request.body), as Django keeps them."""
+    try:
+        body = request.read()
+    except UnreadablePostError:
+        raise TimedOut(BODY_TIMED_OUT_DETAIL) from None
+    # What HttpRequest.body keeps once read, without its DATA_UPLOAD_MAX_MEMORY_SIZE check
+    # (2.5 MB; this body is within the API's own limit, judged above before a byte was read).
+    request._body = body  # type: ignore[attr-defined]
+    request._stream = io.BytesIO(body)  # type: ignore[attr-defined]
 
 
 def _declared_length(request: HttpRequest) -> int:

@@ -17,12 +17,12 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError, InterfaceError, OperationalError
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, UnreadablePostError
 from django.views import defaults
 from rest_framework import exceptions
 from rest_framework.response import Response
 
-from anex.errors import DomainError, RateLimited
+from anex.errors import DomainError, RateLimited, TimedOut
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +40,8 @@ RATE_LIMITED_DETAIL = (
     "Wait the seconds in the Retry-After header, then retry."
 )
 UNAVAILABLE_DETAIL = "A check this request depends on could not run. Retry shortly."
+BODY_TIMED_OUT_DETAIL = ("The request body did not arrive in time, so nothing was done. "
+                         "Send the whole request at once, then retry.")
 
 
 class ApiError(Exception):
@@ -115,6 +117,10 @@ def as_api_error(exc: Exception) -> ApiError | None:
         return ApiError(422, "; ".join(lines), extra={"errors": exc.detail})
     if isinstance(exc, exceptions.APIException):
         return ApiError(exc.status_code, str(exc.detail))
+    if isinstance(exc, UnreadablePostError):
+        # The body stopped arriving (the web role's socket timeout or body deadline, or a
+        # client gone): the client's doing, never a 500.
+        return ApiError.of(TimedOut(BODY_TIMED_OUT_DETAIL))
     if isinstance(exc, OperationalError | InterfaceError):
         # The database is unreachable: a retryable 503, never a 500.
         logger.warning("database unavailable: %s", exc.__class__.__name__)

@@ -31,6 +31,7 @@ from anex.errors import (
     PaymentRequired,
     QuotaExceeded,
     RateLimited,
+    TimedOut,
     TooLarge,
     Unavailable,
     WrongRegion,
@@ -74,6 +75,7 @@ EXAMPLES: list[tuple[DomainError, int]] = [
     (PaymentRequired(NO_CREDITS_DETAIL), 402),
     (Forbidden("no"), 403),
     (NotFound.of("Job"), 404),
+    (TimedOut("The request body did not arrive in time."), 408),  # issue 40 M2
     (Conflict("This job is done: it is too late to cancel it."), 409),
     (Gone("gone"), 410),
     (TooLarge("too large"), 413),

@@ -13,6 +13,12 @@ from django.test import Client, override_settings
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture(autouse=True)
+def readiness_unkept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each probe here runs its checks (the answer kept between probes: test_readyz.py)."""
+    monkeypatch.setattr("anex.health.READY_KEEP_SECONDS", 0)
+
+
 def closed_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -1,23 +1,34 @@
 """GET /readyz (anex/health.py): 200 only while the database, the broker, the storage and
-every realtime engine this process fronts answer; else 503 naming the check that does not.
+every realtime engine this process fronts answer; else 503 naming the check that does not
+(to a loopback caller or the metrics token's bearer: others read the status alone). An
+answer is kept 1.5 s per process, so a flood of probes is one round of checks.
 /healthz stays the liveness probe."""
 
 from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from django.test import Client
 from pytest_django import Settings
 
+from anex import health
 from inference.catalog import model_get
 from inference.kinds import kind_for
 from realtime.serving import Batcher, EngineServer, Served
 
 pytestmark = pytest.mark.django_db
 MODEL = "all-minilm-l6-v2"
+
+
+@pytest.fixture(autouse=True)
+def readiness_unkept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each probe runs its checks, but in the tests of the answer kept between probes."""
+    monkeypatch.setattr("anex.health.READY_KEEP_SECONDS", 0)
 
 
 def closed_port() -> int:
@@ -120,3 +131,47 @@ def test_unreachable_storage_is_503_naming_it(monkeypatch: pytest.MonkeyPatch) -
     status, body = readyz()
     assert status == 503
     assert body["checks"]["storage"] == "unreachable"  # type: ignore[index]
+
+
+def test_a_flood_of_probes_runs_one_round_of_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    # given the answer kept as deployed, and checks that count their rounds (each takes a
+    # while, as a database under load does)
+    monkeypatch.setattr("anex.health.READY_KEEP_SECONDS", 1.5)
+    health.kept_readiness.forget()
+    rounds = []
+
+    def counted() -> bool:
+        rounds.append(1)
+        time.sleep(0.2)
+        return True
+
+    monkeypatch.setattr("anex.health.database_reachable", counted)
+    monkeypatch.setattr("anex.health.broker_reachable", counted)
+    monkeypatch.setattr("anex.health.storage_reachable", counted)
+    # when 40 probes arrive at once
+    with ThreadPoolExecutor(max_workers=40) as pool:
+        answers = list(pool.map(lambda _: health.kept_readiness.get(), range(40)))
+    # then the database, the broker and the storage were each asked once, not 40 times
+    assert len(rounds) == 3
+    assert all(answer == {"database": "ok", "broker": "ok", "storage": "ok"}
+               for answer in answers)
+    # and a probe after the period asks again
+    monkeypatch.setattr("anex.health.READY_KEEP_SECONDS", 0)
+    health.kept_readiness.get()
+    assert len(rounds) == 6
+
+
+def test_the_checks_are_named_only_to_loopback_or_the_token(settings: Settings) -> None:
+    # an outside caller (through the proxy, or straight) reads the status alone
+    outside = Client().get("/readyz", REMOTE_ADDR="203.0.113.9")
+    assert (outside.status_code, outside.json()) == (200, {"status": "ready"})
+    forwarded = Client().get("/readyz", HTTP_X_FORWARDED_FOR="203.0.113.9")
+    assert forwarded.json() == {"status": "ready"}
+    # the container's own probe on loopback reads the checks
+    assert "checks" in Client().get("/readyz").json()
+    # and with a token set, its bearer does, from anywhere
+    settings.ANEX_METRICS_TOKEN = "s3cret-metrics-token"
+    assert Client().get("/readyz").json() == {"status": "ready"}
+    bearer = Client().get("/readyz", REMOTE_ADDR="203.0.113.9",
+                          HTTP_AUTHORIZATION="Bearer s3cret-metrics-token")
+    assert bearer.json()["checks"]["database"] == "ok"

@@ -140,3 +140,17 @@ def test_ingest_streams_into_s3(s3: str, api: APIClient, make_server, ca, trust_
     body = boto3.client("s3", endpoint_url=s3, region_name="us-east-1").get_object(
         Bucket=BUCKETS["world"], Key=item.object_key)["Body"].read()
     assert body == DATA
+
+
+def test_s3_links_name_the_public_endpoint_and_the_services_keep_theirs(
+        s3: str, settings: Settings) -> None:
+    # Issue 40 L13: MinIO is reached at http://minio:9000 inside compose; customers reach it
+    # through the https proxy, and their links must name that.
+    settings.ANEX_S3_PUBLIC_ENDPOINT_URL = "https://storage.example.com"
+    storage = storage_for("world")
+    storage.write_stream("results/org/out.jsonl", iter([DATA]), max_bytes=len(DATA))
+    link = storage.download_url("results/org/out.jsonl", expires_in=300, filename="out.jsonl")
+    target = storage.upload_target(key="inputs/org/in.jsonl", max_bytes=10, expires_in=60)
+    assert link.startswith("https://storage.example.com/")
+    assert target.url.startswith("https://storage.example.com/")
+    assert storage.read_head("results/org/out.jsonl", 10) == DATA[:10]  # through s3's own

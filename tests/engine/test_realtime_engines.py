@@ -52,7 +52,7 @@ TICKET = {
 
 
 # What the web tier and the engine server share (serve_realtime refuses to start without).
-ENGINE_SECRET = "engine-test-secret"
+ENGINE_SECRET = "engine-test-secret-of-32-characters"
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,8 @@ from django.core.exceptions import ImproperlyConfigured
 from anex.env import Env, parse_database_url
 
 ROOT = Path(__file__).resolve().parents[2]
+# A production-grade key: DEBUG is off, so settings want check --deploy's 50 characters.
+SECRET_KEY = "a-test-key-of-sixty-characters-0123456789-abcdefghijklmnopqrs"
 
 
 def env(**values: str) -> Env:
@@ -114,7 +116,7 @@ def _start_django(**overrides: str) -> subprocess.CompletedProcess[str]:
     environment.update({
         "DATABASE_URL": "postgresql://postgres@127.0.0.1:5432/anex",
         "REDIS_URL": "redis://127.0.0.1:6379/0",
-        "SECRET_KEY": "x" * 40,
+        "SECRET_KEY": SECRET_KEY,
         "DJANGO_SETTINGS_MODULE": "anex.settings",
     })
     environment.update(overrides)
@@ -137,12 +139,116 @@ def test_the_process_starts_with_good_settings() -> None:
     ("ANEX_GPU_MEMORY_FRACTION", "90%", "ANEX_GPU_MEMORY_FRACTION='90%' is not a number"),
     ("ANEX_TENSOR_PARALLEL_SIZE", "0", "ANEX_TENSOR_PARALLEL_SIZE=0 is below the minimum"),
     ("ANEX_WORKER_REGIONS", "world,us", "must name one or both of world and eu"),
+    # Issue 40 L3: a worker's metrics port beyond loopback only with the token.
+    ("ANEX_WORKER_METRICS_HOST", "0.0.0.0",  # noqa: S104 - the attack
+     "ANEX_WORKER_METRICS_HOST='0.0.0.0' serves a worker's metrics and readiness beyond "
+     "this machine: set ANEX_METRICS_TOKEN"),
 ])
 def test_a_bad_value_stops_the_process_at_start(name: str, value: str, message: str) -> None:
     result = _start_django(**{name: value})
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr
     assert message in result.stderr
+
+
+# Issue 40 M5: what .env.example leaves in place of each secret, and secrets too short to
+# be one, stop every role at start with DEBUG off (a deployment; make run and make test
+# too, whose launcher makes a 64-character key and passwordless local services).
+STRONG = "Zq7-fK2pW9xLmR4vT8nB3cY6hJ1sD5gA0eU"
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"SECRET_KEY": "CHANGEME"}, "SECRET_KEY is still the example's placeholder"),
+    ({"SECRET_KEY": "CHANGEME-" + "x" * 60}, "SECRET_KEY is still the example's placeholder"),
+    ({"SECRET_KEY": "django-insecure-" + STRONG * 2},
+     "SECRET_KEY is still the example's placeholder"),
+    # the old bar, 32 characters, is below check --deploy's 50
+    ({"SECRET_KEY": STRONG[:40]}, "SECRET_KEY is too short: use at least 50"),
+    ({"SECRET_KEY": "ab" * 40}, "SECRET_KEY repeats too few characters"),
+    ({"ANEX_ENCRYPTION_KEY": "CHANGEME"}, "ANEX_ENCRYPTION_KEY is still the example's"),
+    ({"DATABASE_URL": "postgresql://anex:CHANGEME-postgres@postgres:5432/anex"},
+     "The password in DATABASE_URL is still the example's placeholder"),
+    ({"DATABASE_URL": "postgresql://anex:secret@postgres:5432/anex"},
+     "The password in DATABASE_URL is too short: use at least 16"),
+    ({"REDIS_URL": "redis://:CHANGEME-redis@redis:6379/0"},
+     "The password in REDIS_URL is still the example's placeholder"),
+    ({"REDIS_URL": "redis://:hunter2@redis:6379/0"},
+     "The password in REDIS_URL is too short"),
+    ({"ANEX_REALTIME_ENGINE_SECRET": "CHANGEME-another-random-secret"},
+     "ANEX_REALTIME_ENGINE_SECRET is still the example's placeholder"),
+    ({"ANEX_REALTIME_ENGINE_SECRET": "s3cret"},
+     "ANEX_REALTIME_ENGINE_SECRET is too short: use at least 32"),
+    ({"ANEX_STORAGE_BACKEND": "s3", "ANEX_S3_BUCKET": "w", "ANEX_S3_EU_BUCKET": "e",
+      "AWS_SECRET_ACCESS_KEY": "CHANGEME-minio"},
+     "AWS_SECRET_ACCESS_KEY is still the example's placeholder"),
+    ({"ANEX_STORAGE_BACKEND": "s3", "ANEX_S3_BUCKET": "w", "ANEX_S3_EU_BUCKET": "e",
+      "AWS_SECRET_ACCESS_KEY": STRONG, "MINIO_ROOT_PASSWORD": STRONG},
+     "AWS_SECRET_ACCESS_KEY is MinIO's root password"),
+])
+def test_a_placeholder_or_short_secret_stops_the_process_at_start(
+        overrides: dict[str, str], message: str) -> None:
+    result = _start_django(DEBUG="false", **overrides)
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr
+    assert message in result.stderr
+    # never the secret itself, not even in part
+    for value in overrides.values():
+        if "CHANGEME" in value or value in (STRONG[:40], "secret", "hunter2", "s3cret"):
+            assert value not in result.stderr
+
+
+def test_real_secrets_start_and_debug_keeps_the_looser_bar() -> None:
+    # given strong secrets everywhere, and passwordless local services (make test's)
+    assert _start_django(
+        DEBUG="false", DATABASE_URL=f"postgresql://anex:{STRONG}@127.0.0.1:5432/anex",
+        REDIS_URL=f"redis://:{STRONG}@127.0.0.1:6379/0",
+        ANEX_REALTIME_ENGINE_SECRET=STRONG).returncode == 0
+    assert _start_django(DEBUG="false").returncode == 0
+    # a developer's DEBUG machine keeps the 32-character key, never a placeholder
+    assert _start_django(DEBUG="true", SECRET_KEY=STRONG).returncode == 0
+    assert _start_django(DEBUG="true", SECRET_KEY="CHANGEME" * 8).returncode != 0
+
+
+def test_a_worker_metrics_port_beyond_loopback_starts_with_the_token() -> None:
+    assert _start_django(ANEX_WORKER_METRICS_HOST="0.0.0.0",  # noqa: S104
+                         ANEX_METRICS_TOKEN=STRONG).returncode == 0
+    assert _start_django(ANEX_WORKER_METRICS_HOST="::1").returncode == 0
+
+
+# Issue 40 L13: customers' signed links travel over https in production (DEBUG off), or to
+# a loopback host (make run's http://localhost).
+S3 = {"ANEX_STORAGE_BACKEND": "s3", "ANEX_S3_BUCKET": "w", "ANEX_S3_EU_BUCKET": "e"}
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"ANEX_API_ORIGIN": "http://api.example.com"},
+     "ANEX_API_ORIGIN='http://api.example.com': customers' signed links"),
+    ({"ANEX_EU_API_ORIGIN": "http://api-eu.example.com"},
+     "ANEX_EU_API_ORIGIN='http://api-eu.example.com': customers' signed links"),
+    ({**S3, "ANEX_S3_ENDPOINT_URL": "http://minio:9000"},
+     "or set ANEX_S3_PUBLIC_ENDPOINT_URL to the https address"),
+    ({**S3, "ANEX_S3_ENDPOINT_URL": "http://minio:9000",
+      "ANEX_S3_PUBLIC_ENDPOINT_URL": "http://storage.example.com"},
+     "ANEX_S3_PUBLIC_ENDPOINT_URL='http://storage.example.com': customers' signed links"),
+])
+def test_plain_http_signed_links_stop_a_production_process(overrides: dict[str, str],
+                                                           message: str) -> None:
+    result = _start_django(DEBUG="false", **overrides)
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+@pytest.mark.parametrize("overrides", [
+    {"ANEX_API_ORIGIN": "http://localhost:8000", "ANEX_EU_API_ORIGIN": "http://eu.localhost:8000"},
+    {**S3, "ANEX_S3_ENDPOINT_URL": "http://minio:9000",
+     "ANEX_S3_PUBLIC_ENDPOINT_URL": "https://storage.example.com"},
+    {**S3, "ANEX_S3_ENDPOINT_URL": "http://127.0.0.1:9000"},
+    {**S3},  # AWS itself
+    {"DEBUG": "true", "ANEX_API_ORIGIN": "http://api.example.com"},
+])
+def test_https_or_loopback_signed_links_start(overrides: dict[str, str]) -> None:
+    result = _start_django(**{"DEBUG": "false", **overrides})
+    assert result.returncode == 0, result.stderr
 
 
 def test_a_fraction_is_above_zero_and_at_most_one() -> None:

@@ -25,6 +25,8 @@ from inference.engines.runtime import CPU_GPU_MEMORY_UTILIZATION, engine_options
 from jobs.dispatch import RUN, SAMPLE
 
 ROOT = Path(__file__).resolve().parents[2]
+# A production-grade key: DEBUG is off, so settings want check --deploy's 50 characters.
+SECRET_KEY = "a-test-key-of-sixty-characters-0123456789-abcdefghijklmnopqrs"
 QWEN, MINILM = "tiny-qwen3", "all-minilm-l6-v2"
 
 
@@ -157,7 +159,8 @@ print(json.dumps({"frozen": gc.get_freeze_count(), "tracked": len(gc.get_objects
 def test_a_web_worker_freezes_its_heap_with_its_tokenizers_loaded(tokenizer_dir: Path,
                                                                   tmp_path: Path) -> None:
     # given a web worker's settings, one checkpoint with a tokenizer and one without
-    environment = {**os.environ, "DJANGO_SETTINGS_MODULE": "anex.settings", "SECRET_KEY": "x" * 40,
+    environment = {**os.environ, "DJANGO_SETTINGS_MODULE": "anex.settings",
+                   "SECRET_KEY": SECRET_KEY,
                    "ANEX_CHECKPOINTS": f"a={tokenizer_dir};b={tmp_path}"}
     # when gunicorn calls the hook once the worker has loaded the application
     done = subprocess.run([sys.executable, "-c", HEAP_PROBE], env=environment, cwd=ROOT,
