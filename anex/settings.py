@@ -79,6 +79,8 @@ MIDDLEWARE = [
     "anex.api.lean.LeanApiMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "anex.csp.ContentSecurityPolicyMiddleware",  # every answer: scripts and styles are files
+    # A NUL in the path or query, refused before any view looks a value up (anex.api.nul).
+    "anex.api.nul.NulRefusalMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
