@@ -7,6 +7,7 @@ each in its surface's envelope (anex/api/nul.py)."""
 
 from __future__ import annotations
 
+import io
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -18,7 +19,9 @@ from rest_framework.test import APIClient
 
 from anex.api.nul import nul_query_detail
 from console.models import Organization
+from openai_api.models import OpenAIBatch
 from tests.db.test_console import signed_in
+from tests.factories import chat_request_line
 
 pytestmark = pytest.mark.django_db
 NUL = "a%00b"
@@ -123,3 +126,15 @@ def test_a_page_with_a_nul_is_the_html_404(organization: Organization) -> None:
     response = console.get("/console/invitations/a%00b")
     assert response.status_code == 404
     assert response["Content-Type"].startswith("text/html")
+
+
+def test_a_nul_in_an_openai_batchs_metadata_key_is_400_not_500(api: APIClient) -> None:
+    # The same NUL in a body: a metadata key is kept as given in jsonb, which holds none.
+    uploaded = api.post("/openai/v1/files", {"purpose": "batch", "file": io.BytesIO(
+        chat_request_line("r1"))}, format="multipart")
+    assert uploaded.status_code == 200, uploaded.content
+    response = api.post("/openai/v1/batches", {
+        "input_file_id": uploaded.json()["id"], "endpoint": "/v1/chat/completions",
+        "completion_window": "24h", "metadata": {"a\x00": "x"}}, format="json")
+    assert (response.status_code, response.json()["error"]["param"]) == (400, "metadata")
+    assert not OpenAIBatch.objects.exists()
