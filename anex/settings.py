@@ -102,6 +102,8 @@ MIDDLEWARE = [
     "anex.api.lean.LeanApiMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "anex.csp.ContentSecurityPolicyMiddleware",  # every answer: scripts and styles are files
+    # A NUL in the path or query, refused before any view looks a value up (anex.api.nul).
+    "anex.api.nul.NulRefusalMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -329,9 +331,10 @@ ANEX_DEFAULT_RATE_LIMIT_PER_MINUTE = env.integer(
 # Seconds a client is told to wait on a 503 (Retry-After).
 ANEX_RETRY_AFTER_SECONDS = env.integer("ANEX_RETRY_AFTER_SECONDS", 5, minimum=1)
 
-# Request bodies on /batch/ and /realtime/ (anex/api/bodylimit.py): over this, 413 before a
-# byte is read. The largest a client needs is a realtime request (a decision's text is at
-# most 50,000 characters) or a job's fields with a response_format of at most 64 KiB.
+# The ceiling over every JSON request body on /batch/, /realtime/ and /openai/ but a realtime
+# embedding request's (anex/api/bodylimit.py): over it, 413 before a byte is read. It is the
+# cap of a submit, a check (a response_format of at most 64 KiB, however it is spelt) and a
+# realtime decision (a text of at most 50,000 characters); the small bodies have lower ones.
 ANEX_API_MAX_BODY_BYTES = env.integer("ANEX_API_MAX_BODY_BYTES", 2 * 1024 * 1024,
                                       minimum=64 * 1024)
 
@@ -376,7 +379,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["anex.api.permissions.HasApiKey"],
     "DEFAULT_THROTTLE_CLASSES": ["anex.api.throttling.ApiKeyRateThrottle"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["anex.api.parsers.BoundedJSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "anex.api.errors.exception_handler",
     "UNAUTHENTICATED_USER": None,

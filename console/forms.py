@@ -1,12 +1,13 @@
 from __future__ import annotations
 
-import json
 from decimal import Decimal
 from typing import Any
 
 from django import forms
 from django.utils import timezone
 
+from anex.api.bodylimit import SUBMIT_PATHS, body_limit
+from anex.api.parsers import JsonRefused, json_bounded_loads
 from billing.constants import TOPUP_MAX_CENTS, TOPUP_MIN_CENTS
 from console.constants import Role
 from console.selectors import console_models
@@ -93,7 +94,12 @@ class JobSubmitForm(forms.Form):
         if not raw:
             return None
         try:
-            value = json.loads(raw)
+            # Bounded as the API's submit body is: a schema nested a thousand levels deep
+            # is the caller's error, not a RecursionError (anex/api/parsers.py).
+            value = json_bounded_loads(raw, items=body_limit(SUBMIT_PATHS[0]).items,
+                                       what="The response format")
+        except JsonRefused as refused:
+            raise forms.ValidationError(refused.message) from None
         except ValueError as exc:
             raise forms.ValidationError(f"Not valid JSON: {exc}.") from None
         if not isinstance(value, dict):

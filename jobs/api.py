@@ -218,9 +218,9 @@ class JobRerunView(APIView):
                    summary="Run a finished job's failed rows again, as a new (child) job")
     @idempotent
     def post(self, request: Request, job_id: str) -> Response:
-        job = job_get(organization=request_organization(request), id=job_id)
-        body = RerunIn(data=request.data or {})
+        body = RerunIn(data=request.data or {})  # the request's shape first, as a submit's
         body.is_valid(raise_exception=True)
+        job = job_get(organization=request_organization(request), id=job_id)
         include = body.validated_data.get("include") or DEFAULT_INCLUDE
         child, rows = job_rerun(job=job, actor=request_actor(request), include=include,
                                 host_region=request_region(request))

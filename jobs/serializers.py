@@ -14,7 +14,7 @@ from rest_framework import serializers
 
 from anex.api.serializers import (
     NOT_BLANK,
-    Constrained,
+    Closed,
     Documented,
     DocumentedCharField,
     DocumentedJSONField,
@@ -76,7 +76,7 @@ class UtcOffsetTimestampField(serializers.DateTimeField):
 
 # -- inputs --------------------------------------------------------------------------------
 
-class InputCreateIn(Constrained, serializers.Serializer):  # type: ignore[type-arg]
+class InputCreateIn(Closed, serializers.Serializer):  # type: ignore[type-arg]
     """POST /inputs: a direct upload (a format; nothing to fetch or call back) or an
     ingest (a source_url to copy from)."""
 
@@ -185,7 +185,7 @@ class PositiveNumberField(Documented, StrictNumberField):
     pass
 
 
-class JobCreateIn(Constrained, serializers.Serializer):  # type: ignore[type-arg]
+class JobCreateIn(Closed, serializers.Serializer):  # type: ignore[type-arg]
     """POST /jobs and POST /checks. An integer is a JSON integer written without a fraction
     (1, not 1.0), reasoning is true, false or null, and video_fps a JSON number: nothing is
     read from a string."""
@@ -368,7 +368,7 @@ class JobDataDeletedOut(serializers.Serializer):  # type: ignore[type-arg]
                                                               "data goes once it has.")
 
 
-class RerunIn(serializers.Serializer):  # type: ignore[type-arg]
+class RerunIn(Closed, serializers.Serializer):  # type: ignore[type-arg]
     include = DocumentedListField(
         child=serializers.ChoiceField(choices=[o.value for o in RERUN_OUTCOMES]),
         required=False, allow_empty=False,

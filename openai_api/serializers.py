@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.validators import ProhibitNullCharactersValidator
 from rest_framework import serializers
 
 from openai_api.batches import (
@@ -34,6 +35,13 @@ class BatchCreateIn(serializers.Serializer[dict[str, Any]]):
         required=False, allow_null=True,
         help_text="Accepted and not applied: output files are kept as long as the job's "
                   "result (30 days).")
+
+    def validate_metadata(self, value: dict[str, str] | None) -> dict[str, str] | None:
+        # Kept as given, in PostgreSQL's jsonb, which stores no NUL: a key holding one is
+        # refused as a value holding one is (the child CharField), rather than a 500.
+        if value is not None and any("\x00" in key for key in value):
+            raise serializers.ValidationError(ProhibitNullCharactersValidator.message)
+        return value
 
 
 class FileUploadIn(serializers.Serializer[dict[str, Any]]):

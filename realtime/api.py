@@ -116,6 +116,7 @@ class DecisionView(EngineView):
         if not isinstance(request.data, dict):
             raise ApiError(422, "The body must be a JSON object: model, state, questions "
                                 "and an optional lang.")
+        DecisionIn(data=request.data).is_valid(raise_exception=True)
         return Response(decision_out(realtime_decision_create(
             key=request_key(request), host_region=request_region(request),
             body=dict(request.data))))

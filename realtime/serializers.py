@@ -12,8 +12,8 @@ from rest_framework import serializers
 
 from anex.api.serializers import (
     NO_NUL,
+    Closed,
     Const,
-    Constrained,
     DocumentedCharField,
     DocumentedJSONField,
     FreshFields,
@@ -65,7 +65,7 @@ QUESTION_SCHEMA: dict[str, Any] = {"oneOf": [
 
 
 
-class EmbeddingsIn(FreshFields, Constrained, serializers.Serializer):  # type: ignore[type-arg]
+class EmbeddingsIn(FreshFields, Closed, serializers.Serializer):  # type: ignore[type-arg]
     """POST /realtime/v1/embeddings: OpenAI's embeddings request, text only."""
 
     model = serializers.CharField(max_length=100)
@@ -99,9 +99,10 @@ class EmbeddingsIn(FreshFields, Constrained, serializers.Serializer):  # type: i
         }
 
 
-class DecisionIn(Constrained, serializers.Serializer):  # type: ignore[type-arg]
-    """For the schema only: the body is checked as a decision job row's is
-    (DecideKind.realtime_request), which names an unknown field rather than dropping it."""
+class DecisionIn(FreshFields, Closed, serializers.Serializer):  # type: ignore[type-arg]
+    """POST /realtime/v1/systemone: its fields, and no other (422 naming it, as every body
+    of the API answers one). The rest is checked as a decision job row's is
+    (DecideKind.realtime_request), from the body as sent."""
 
     model = serializers.CharField(max_length=100)
     state = DocumentedJSONField(openapi={"type": ["string", "object"]},
@@ -122,7 +123,6 @@ class DecisionIn(Constrained, serializers.Serializer):  # type: ignore[type-arg]
         question shapes the model answers; a question it refuses for its options' length
         (the option budget) is 422 with the model's message."""
         return {
-            "additionalProperties": False,
             "oneOf": [{"title": model.id, "properties": {
                 "model": {"const": model.id},
                 "state": {"maxLength": model.max_state_chars,

@@ -14,7 +14,7 @@ from drf_spectacular.extensions import (
     OpenApiSerializerFieldExtension,
 )
 
-from anex.api.serializers import NO_NUL
+from anex.api.serializers import NO_NUL, Closed
 
 LINKS_EXTENSION = "x-anex-links"
 _SCHEMAS = "#/components/schemas/"
@@ -72,7 +72,8 @@ class DocumentedFieldExtension(OpenApiSerializerFieldExtension):
 
 
 class ConstrainedSerializerExtension(OpenApiSerializerExtension):
-    """A Constrained body: its fields' schema plus the rules between them."""
+    """A Constrained body: its fields' schema plus the rules between them; a Closed one
+    takes no property beyond its fields."""
 
     target_class = "anex.api.serializers.Constrained"
     match_subclasses = True
@@ -81,6 +82,9 @@ class ConstrainedSerializerExtension(OpenApiSerializerExtension):
         schema: dict[str, Any] = auto_schema._map_serializer(self.target, direction,
                                                              bypass_extensions=True)
         constraints = self.target.openapi_constraints()
+        target = self.target  # the serializer, or its class
+        if issubclass(target if isinstance(target, type) else type(target), Closed):
+            constraints = {**constraints, "additionalProperties": False}
         assert not set(constraints) & set(schema), "constraints beside the fields, not over"
         return {**schema, **constraints}
 

@@ -6,12 +6,15 @@ views' and the services' to raise, and the task kinds' rules the services'. So t
 /openapi.json still says every rule a request is held to, a field can carry the rest of
 its schema (`Documented`) and a body the rules between its fields (`Constrained`), which
 anex/api/schema.py hands to drf-spectacular. Neither changes what the serializer accepts
-or how it words a refusal.
+or how it words a refusal. A body's shape includes the fields it does not take: every input
+serializer of the batch and realtime APIs is `Closed`.
 """
 
 from __future__ import annotations
 
+import difflib
 import threading
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from rest_framework import serializers
@@ -76,6 +79,43 @@ class Constrained:
     @classmethod
     def openapi_constraints(cls) -> dict[str, Any]:
         return {}
+
+
+class Closed(Constrained):
+    """A request body of its declared fields and no other (every body of the batch and
+    realtime APIs, docs/decisions.md "Unknown body fields"). DRF drops a field it does not
+    declare without a word, so a misspelt `max_ouput_tokens` ran the job with the default
+    it meant to change: here it is refused, 422 naming it (beside any other field's
+    problem), as OpenAI ("Unrecognized request argument supplied") and Stripe refuse one.
+    Its schema says so: additionalProperties false (anex/api/schema.py)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        declared = self.fields  # type: ignore[attr-defined]  # a Serializer's
+        unknown = [name for name in data if name not in declared] \
+            if isinstance(data, Mapping) else []
+        if not unknown:
+            return super().to_internal_value(data)  # type: ignore[misc]  # a Serializer's
+        errors: dict[str, Any] = {}
+        try:
+            super().to_internal_value(data)  # type: ignore[misc]
+        except serializers.ValidationError as exc:
+            if isinstance(exc.detail, dict):
+                errors.update(exc.detail)
+        errors.update({name: [unknown_field_message(name, declared)] for name in unknown})
+        raise serializers.ValidationError(errors)
+
+
+UNKNOWN_FIELD = "Unrecognized request argument supplied"
+# A suggestion is looked for only for a name this short (difflib compares every pair of
+# characters) and only where it is close: a typo, not another word.
+_SUGGEST_MAX_CHARS, _SUGGEST_CUTOFF = 64, 0.8
+
+
+def unknown_field_message(name: str, fields: Mapping[str, Any]) -> str:
+    """What an undeclared field is answered with: the closest declared name, if any."""
+    close = difflib.get_close_matches(name, list(fields), n=1, cutoff=_SUGGEST_CUTOFF) \
+        if len(name) <= _SUGGEST_MAX_CHARS else []
+    return f"{UNKNOWN_FIELD}; did you mean {close[0]}?" if close else f"{UNKNOWN_FIELD}."
 
 
 class Omissible(Documented, serializers.Field):  # type: ignore[type-arg]

@@ -221,6 +221,7 @@ def test_the_lean_chain_is_the_settings_rest_less_the_browsers(settings: Setting
     # what can change an API answer is kept, in its order
     assert lean == ["django.middleware.security.SecurityMiddleware",
                     "anex.csp.ContentSecurityPolicyMiddleware",
+                    "anex.api.nul.NulRefusalMiddleware",
                     "django.middleware.common.CommonMiddleware",
                     "django.middleware.clickjacking.XFrameOptionsMiddleware"]
     # and the request id, the metrics and the body limit run before it, for every path

@@ -250,7 +250,7 @@ def test_malformed_embedding_requests_are_422(api: APIClient, engine: LocalServe
      "65 questions, over the 64-question limit of model 'laya'"),
     ({"state": "a" * 50_001}, 400, "50,001 characters, over the 50,000-character limit"),
     ({"state": {"body": "a" * 49_990}}, 400, "characters as JSON, over the 50,000"),
-    ({"temperature": 0}, 422, "unknown field 'temperature'"),
+    ({"temperature": 0}, 422, "temperature: Unrecognized request argument supplied."),
     ({"state": 7}, 422, "state must be the text to decide on"),
     ({"questions": {}}, 422, "questions must be an object of named questions"),
     ({"model": None}, 422, "model"),
