@@ -14,6 +14,7 @@ from contextlib import contextmanager
 import dramatiq
 
 from anex.logcontext import log_context
+from anex.logsafe import exception_summary
 from jobs import dispatch
 from jobs.failures import ClaimedWorkFailed
 from jobs.idempotency import idempotency_records_purge
@@ -198,5 +199,8 @@ def _hand_out_again(failed: ClaimedWorkFailed) -> None:
     """Claimed work that failed unexpectedly (storage, an engine that will not start): handed
     out again now, then failed past its lease's cap (jobs.services.recovery), never left
     claimed."""
-    logger.error("%s", failed, exc_info=failed.__cause__)
+    # The cause without its message or traceback: an estimate's or a sample's failure is
+    # raised with the rows in hand, and may quote them (anex.logsafe).
+    cause = failed.__cause__
+    logger.error("%s: %s", failed, exception_summary(cause) if cause is not None else "")
     lease_retry(_LEASES[failed.what], Job.objects.get(pk=failed.job_id))

@@ -172,8 +172,9 @@ class EngineFeed:
             if ids:
                 try:
                     self.llm.llm_engine.abort_request(ids, internal=False)
-                except Exception:  # its caller is gone already; the engine's next step tells
-                    logger.exception("aborting %d requests failed", len(ids))
+                except Exception as error:  # its caller is gone already; the next step tells
+                    logger.error("aborting %d requests failed: %s", len(ids),
+                                 exception_summary(error))
             return
         try:
             self._add(item)
@@ -338,8 +339,8 @@ class EngineFeed:
             return
         try:
             self.llm.llm_engine.abort_request(ids, internal=False)
-        except Exception:  # the engine is already broken; its callers are told
-            logger.exception("aborting %d requests failed", len(ids))
+        except Exception as error:  # the engine is already broken; its callers are told
+            logger.error("aborting %d requests failed: %s", len(ids), exception_summary(error))
 
     def _fail_all(self, error: Exception) -> None:
         batches = {id(batch): batch for batch, _ in self._waiting.values()}
@@ -347,8 +348,8 @@ class EngineFeed:
         self._waiting.clear()
         try:
             self.llm.llm_engine.abort_request(ids, internal=False)
-        except Exception:  # the engine is already broken; its callers are told below
-            logger.exception("aborting after a failed step")
+        except Exception as aborting:  # the engine is already broken; its callers are told
+            logger.error("aborting after a failed step: %s", exception_summary(aborting))
         for batch in batches.values():
             batch.failure = error
             batch.done.set()
