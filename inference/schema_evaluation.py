@@ -78,6 +78,8 @@ _TRIED = frozenset({"anyOf", "oneOf"})
 _PER_ITEM = frozenset({"items", "additionalItems", "contains", "unevaluatedItems"})
 _PER_PROPERTY = frozenset({"propertyNames", "additionalProperties", "patternProperties",
                            "unevaluatedProperties"})
+# Keywords that descend into the subschema of each of their entries the answer has.
+_PER_ENTRY = frozenset({"properties", "dependentSchemas", "dependencies"})
 # Keywords that descend into a schema they name.
 _REFERENCES = frozenset({"$ref", "$dynamicRef", "$recursiveRef", "not", "if"})
 # Keywords that hash or compare the answer node they are evaluated on, whole.
@@ -140,7 +142,7 @@ def descents(keyword: str, value: Any, instance: Any) -> int:
         return len(instance) if isinstance(instance, list) else 0
     if keyword in _PER_PROPERTY:
         return len(instance) if isinstance(instance, dict) else 0
-    if keyword in _ENTRY_MAPS and isinstance(value, dict):
+    if keyword in _PER_ENTRY and isinstance(value, dict):
         return min(len(value), len(instance)) if isinstance(instance, dict) else 0
     return 1 if keyword in _REFERENCES else 0
 
