@@ -1,5 +1,6 @@
 """The check of a response_format, job-level (400 at submit) or per row, and the one place a
-customer's JSON schema is evaluated.
+customer's JSON schema is evaluated (json_schema_satisfied; the evaluator itself is
+inference.schema_evaluation).
 
 output-format.txt: two shapes are accepted, {"type": "json_object"} and {"type":
 "json_schema", "json_schema": {"schema": {...}}}. The check is structural: the schema's
@@ -10,24 +11,38 @@ A schema is also customer code that the worker runs (docs/decisions.md, "Custome
 schemas"), so besides its shape the check refuses what would let it reach outside the
 schema or run without bound: a size and a nesting cap, a `$ref` that does not start with
 `#` (another document: a URL or a file), a pattern RE2 cannot compile, and a schema whose
-branches and references fan out past an evaluation cost bound (CWE-407: a few KB of `oneOf`
-over `$ref`s can visit 2**41 subschemas). The evaluator below never retrieves a document,
-matches every pattern with RE2, in linear time, and stops at a step budget per answer.
+evaluation would cost more than a bound (CWE-407: a few KB of `oneOf` over `$ref`s can
+visit 2**41 subschemas; one `required` list of 9,000 names, referred to 400 times, makes
+each visit go over 9,000 names). The evaluator never retrieves a document, matches every
+pattern with RE2, in linear time, and stops at a step budget and a CPU time per answer.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Iterator
-from contextvars import ContextVar
+from collections.abc import Iterator
 from typing import Any
 
 import re2
-from jsonschema import Draft202012Validator, ValidationError, validators
-from referencing import Registry, Resource
-from referencing.exceptions import NoSuchResource
 from referencing.jsonschema import DRAFT202012, lookup_recursive_ref, specification_with
+
+from inference.schema_evaluation import (
+    ELEMENTS_PER_STEP,
+    MAX_EVALUATION_SECONDS,
+    MAX_EVALUATION_STEPS,
+    NO_RETRIEVAL,
+    EvaluationBudgetSpent,
+    enum_elements,
+    evaluate,
+    keywords_of,
+    regex,
+    steps_for,
+    value_elements,
+)
+
+__all__ = ["MAX_EVALUATION_COST", "MAX_EVALUATION_SECONDS", "MAX_EVALUATION_STEPS",
+           "EvaluationBudgetSpent", "json_schema_satisfied", "response_format_problem"]
 
 TYPES = ("json_schema", "json_object")
 # The whole response_format, compact JSON, in UTF-8 bytes. A real schema is a few KB;
@@ -39,23 +54,19 @@ MAX_BYTES = 64 * 1024
 MAX_DEPTH = 64
 # The keywords that point at another schema. Only "#..." (inside this document) is taken.
 REFERENCE_KEYWORDS = ("$ref", "$dynamicRef", "$recursiveRef")
-# RE2 compiles a pattern into an automaton of at most this much memory, or refuses it.
-_RE2_MAX_MEM = 8 * 1024 * 1024
 _QUOTE_CHARS = 100
-# The evaluation cost bound at submit: the subschemas one evaluation visits when every
-# keyword applies once (each property present, one array item), a `$ref` counted as the
-# schema it points to, and a reference back into a schema being counted (recursion) counted
-# once. A structured-output schema has tens to a few thousand (OpenAI's own bound is 5,000
-# object properties); each `$ref` or branch reused in several places multiplies its target's
-# count. About 0.1 s of one core at the rate below.
+# The evaluation cost bound at submit: the steps one evaluation takes when every keyword
+# applies once (each property present, one array item), a `$ref` counted as the schema it
+# points to, and a reference back into a schema being counted (recursion) counted once. Each
+# subschema visited is a step (an `anyOf` branch is a visit of its own), and one more for
+# every ELEMENTS_PER_STEP (16) elements of the work its keywords do whatever the answer
+# (inference.schema_evaluation: a `required` or `type` list's names, a `properties`
+# object's entries, the subschema's own members), and each enum's values count once,
+# hashed once per answer. A structured-output
+# schema costs tens to a few thousand (OpenAI's own bound is 5,000 object properties); each
+# `$ref` or branch reused in several places multiplies its target's cost. About 0.05 s of
+# one core at the evaluator's rate.
 MAX_EVALUATION_COST = 10_000
-# The budget of one answer's evaluation, in keyword evaluations (a `type`, a `properties`, a
-# `$ref` each count one). Recursion and arrays multiply the bound above by the answer's shape,
-# so this is what holds. jsonschema takes about 12 us a step: 1.2 s of one core per answer,
-# 5 minutes for a chunk of 256 rows that all spend it, far inside the chunk's 60-minute
-# limit. A 32,768-token answer of 16,000 integers takes about 32,000. Past it the answer is
-# unsatisfied (the row's format_error).
-MAX_EVALUATION_STEPS = 100_000
 # Keywords whose value is one subschema, a list of them, or an object of them.
 _ONE_SCHEMA = ("not", "if", "then", "else", "contains", "additionalItems", "additionalProperties",
                "propertyNames", "unevaluatedItems", "unevaluatedProperties", "items")
@@ -120,10 +131,11 @@ def _schema_problem(schema: dict[str, Any]) -> str | None:
                     return problem
     if _evaluation_cost(json.dumps(schema, ensure_ascii=False, separators=(",", ":"),
                                    default=str)) > MAX_EVALUATION_COST:
-        return (f"response_format.json_schema.schema would visit more than "
-                f"{MAX_EVALUATION_COST:,} subschemas to check one answer: its oneOf, anyOf, "
-                "allOf and $ref branches multiply. Refer to each shared definition from fewer "
-                "places.")
+        return (f"response_format.json_schema.schema would take more than "
+                f"{MAX_EVALUATION_COST:,} steps to check one answer: its oneOf, anyOf, "
+                "allOf and $ref branches multiply, and a long required or type list or "
+                f"properties object counts a step for every {ELEMENTS_PER_STEP} entries each "
+                "time it is visited. Refer to each shared definition from fewer places.")
     return None
 
 
@@ -136,8 +148,11 @@ def _evaluation_cost(text: str) -> int:
     dialect = schema.get("$schema") if isinstance(schema, dict) else None
     specification = specification_with(dialect if isinstance(dialect, str) else "",
                                        default=DRAFT202012)
-    resolver = _NO_RETRIEVAL.resolver_with_root(specification.create_resource(schema))
+    keywords = keywords_of(schema)
+    resolver = NO_RETRIEVAL.resolver_with_root(specification.create_resource(schema))
     saturated = MAX_EVALUATION_COST + 1
+    # Each enum's values are hashed once per answer, however often it is visited.
+    enums = 0
     cost: dict[int, int] = {}
     children: dict[int, list[Any]] = {}
     open_: set[int] = set()
@@ -149,17 +164,30 @@ def _evaluation_cost(text: str) -> int:
             stack.pop()
         elif key not in open_:
             open_.add(key)
+            if isinstance(node, dict) and "enum" in node and "enum" in keywords:
+                enums += steps_for(enum_elements(node["enum"]))
             pairs = _subschemas(node, here, specification)
             children[key] = [child for child, _ in pairs]
             # a child already open is a reference back (recursion): counted once, below
             stack.extend(pair for pair in pairs if id(pair[0]) not in open_)
         else:
             stack.pop()
-            cost[key] = min(saturated, 1 + sum(cost.get(id(child), 1)
-                                               for child in children.pop(key)))
-            if cost[key] >= saturated:
+            cost[key] = min(saturated, _node_cost(node, keywords) + sum(
+                cost.get(id(child), 1) for child in children.pop(key)))
+            if cost[key] + enums >= saturated:
                 return saturated
-    return cost[id(schema)]
+    return cost[id(schema)] + enums
+
+
+def _node_cost(node: Any, keywords: frozenset[str]) -> int:
+    """One visit of a subschema, its children apart: a step, and one more for every
+    ELEMENTS_PER_STEP elements its members and its keywords' values make it go over
+    (inference.schema_evaluation.value_elements), as the evaluator charges them."""
+    if not isinstance(node, dict):
+        return 1
+    elements = len(node) + sum(value_elements(key, value) for key, value in node.items()
+                               if key in keywords)
+    return 1 + steps_for(elements)
 
 
 def _subschemas(node: Any, resolver: Any, specification: Any) -> list[tuple[Any, Any]]:
@@ -215,7 +243,7 @@ def _keywords(schema: dict[str, Any], root: str) -> Iterator[tuple[str, str, Any
 
 def _pattern_problem(pattern: str, where: str) -> str | None:
     try:
-        _regex(pattern)
+        regex(pattern)
     except re2.error as error:
         reason = error.args[0].decode(errors="replace") if error.args and isinstance(
             error.args[0], bytes) else str(error)
@@ -224,197 +252,22 @@ def _pattern_problem(pattern: str, where: str) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=1024)
-def _regex(pattern: str) -> Any:
-    options = re2.Options()
-    options.max_mem = _RE2_MAX_MEM
-    options.log_errors = False  # a refused pattern is the customer's, not a log line
-    return re2.compile(pattern, options)
 
 
 # -- evaluation -------------------------------------------------------------------------------
 
 def json_schema_satisfied(value: Any, schema: dict[str, Any], *,
-                          steps: int = MAX_EVALUATION_STEPS) -> bool:
+                          steps: int = MAX_EVALUATION_STEPS,
+                          seconds: float | None = MAX_EVALUATION_SECONDS) -> bool:
     """Whether a parsed answer satisfies the row's schema.
 
     Refs resolve inside the schema only (the registry never retrieves: jsonschema's default
-    one fetches any other URI with urlopen), every regex runs on RE2, and every keyword
-    evaluated spends one of `steps` (EvaluationBudgetSpent past them). A schema the check
-    above refuses, or anything the evaluation raises, is the caller's to treat as
+    one fetches any other URI with urlopen), every regex runs on RE2, and each keyword
+    evaluated spends its steps (inference.schema_evaluation): past `steps`, or past
+    `seconds` of this thread's CPU (None: no clock), EvaluationBudgetSpent. A schema the
+    check above refuses, or anything the evaluation raises, is the caller's to treat as
     unsatisfied."""
     problem = _schema_problem(schema)
     if problem:
         raise ValueError(problem)
-    base = validators.validator_for(schema, default=Draft202012Validator)
-    validator = _safe(base)(schema, registry=_NO_RETRIEVAL)
-    token = _steps_left.set([steps])
-    try:
-        return bool(validator.is_valid(value))
-    finally:
-        _steps_left.reset(token)
-
-
-class EvaluationBudgetSpent(ValueError):
-    """An answer's evaluation took more than its step budget."""
-
-
-# The steps the evaluation running in this thread may still take (one mutable cell).
-_steps_left: ContextVar[list[int] | None] = ContextVar("schema_steps_left", default=None)
-
-
-def _step() -> None:
-    left = _steps_left.get()
-    if left is None:
-        return
-    left[0] -= 1
-    if left[0] < 0:
-        raise EvaluationBudgetSpent(
-            f"checking the answer took more than {MAX_EVALUATION_STEPS:,} schema steps")
-
-
-def _counted(keyword: Callable[..., Any]) -> Callable[..., Any]:
-    def counted(validator: Any, value: Any, instance: Any, schema: Any) -> Any:
-        _step()
-        return keyword(validator, value, instance, schema)
-    return counted
-
-
-def _never_retrieve(uri: str) -> Resource[Any]:
-    raise NoSuchResource(ref=uri)  # type: ignore[call-arg]  # an attrs class
-
-
-_NO_RETRIEVAL: Registry[Any] = Registry(retrieve=_never_retrieve)  # type: ignore[call-arg]  # attrs
-
-
-def _search(pattern: str, text: str) -> bool:
-    return _regex(pattern).search(text) is not None
-
-
-def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[Any]:
-    if validator.is_type(instance, "string") and not _search(pattern, instance):
-        yield ValidationError(f"does not match {pattern!r}")
-
-
-def _pattern_properties(validator: Any, patterns: dict[str, Any], instance: Any,
-                        schema: Any) -> Iterator[Any]:
-    if not validator.is_type(instance, "object"):
-        return
-    for pattern, subschema in patterns.items():
-        for key, item in instance.items():
-            if _search(pattern, key):
-                yield from validator.descend(item, subschema, path=key, schema_path=pattern)
-
-
-def _additional_properties(validator: Any, additional: Any, instance: Any,
-                           schema: Any) -> Iterator[Any]:
-    if not validator.is_type(instance, "object"):
-        return
-    properties = schema.get("properties", {})
-    patterns = list(schema.get("patternProperties", {}))
-    extras = [key for key in instance if key not in properties
-              and not any(_search(pattern, key) for pattern in patterns)]
-    if validator.is_type(additional, "object"):
-        for key in extras:
-            yield from validator.descend(instance[key], additional, path=key)
-    elif not additional and extras:
-        yield ValidationError(f"additional properties are not allowed ({len(extras)} found)")
-
-
-def _unevaluated_properties(validator: Any, unevaluated: Any, instance: Any,
-                            schema: Any) -> Iterator[Any]:
-    if not validator.is_type(instance, "object"):
-        return
-    evaluated = set(_evaluated_keys(validator, instance, schema))
-    for key in instance:
-        if key not in evaluated and next(
-                validator.descend(instance[key], unevaluated, path=key), None) is not None:
-            yield ValidationError(f"unevaluated property {key!r} is not allowed")
-            return
-
-
-def _evaluated_keys(validator: Any, instance: dict[str, Any], schema: Any) -> list[str]:
-    """jsonschema's find_evaluated_property_keys_by_schema (2020-12 rules, and 2019-09's
-    $recursiveRef), with patternProperties matched by RE2: the library's own uses `re`."""
-    if validator.is_type(schema, "boolean"):
-        return []
-    _step()
-    keys: list[str] = []
-    resolved_schemas = []
-    for keyword in ("$ref", "$dynamicRef"):
-        ref = schema.get(keyword)
-        if ref is not None:
-            resolved_schemas.append(validator._resolver.lookup(ref))
-    if "$recursiveRef" in schema:
-        resolved_schemas.append(lookup_recursive_ref(validator._resolver))
-    for resolved in resolved_schemas:
-        keys += _evaluated_keys(
-            validator.evolve(schema=resolved.contents, _resolver=resolved.resolver),
-            instance, resolved.contents)
-    properties = schema.get("properties")
-    if validator.is_type(properties, "object"):
-        keys += properties.keys() & instance.keys()
-    for keyword in ("additionalProperties", "unevaluatedProperties"):
-        subschema = schema.get(keyword)
-        if subschema is not None:
-            keys += [key for key, item in instance.items()
-                     if next(validator.descend(item, subschema), None) is None]
-    for pattern in schema.get("patternProperties", {}):
-        keys += [key for key in instance if _search(pattern, key)]
-    for key, subschema in schema.get("dependentSchemas", {}).items():
-        if key in instance:
-            keys += _evaluated_keys(validator, instance, subschema)
-    for keyword in ("allOf", "oneOf", "anyOf"):
-        for subschema in schema.get(keyword, []):
-            if next(validator.descend(instance, subschema), None) is None:
-                keys += _evaluated_keys(validator, instance, subschema)
-    if "if" in schema:
-        if validator.evolve(schema=schema["if"]).is_valid(instance):
-            keys += _evaluated_keys(validator, instance, schema["if"])
-            if "then" in schema:
-                keys += _evaluated_keys(validator, instance, schema["then"])
-        elif "else" in schema:
-            keys += _evaluated_keys(validator, instance, schema["else"])
-    return keys
-
-
-def _unique_items(validator: Any, unique: Any, instance: Any, schema: Any) -> Iterator[Any]:
-    # The library compares unhashable items pairwise: quadratic in a long generated array.
-    if unique and validator.is_type(instance, "array"):
-        seen = [_canonical(item) for item in instance]
-        if len(set(seen)) != len(seen):
-            yield ValidationError("has non-unique elements")
-
-
-def _canonical(value: Any) -> Any:
-    """A hashable form under JSON equality: 1 == 1.0, true is not 1, key order is free."""
-    if isinstance(value, bool):
-        return ("bool", value)
-    if isinstance(value, float) and value.is_integer():
-        return ("number", int(value))
-    if isinstance(value, int | float):
-        return ("number", value)
-    if isinstance(value, dict):
-        return ("object", frozenset((key, _canonical(item)) for key, item in value.items()))
-    if isinstance(value, list):
-        return ("array", tuple(_canonical(item) for item in value))
-    return ("other", value)
-
-
-_SAFE_KEYWORDS = {
-    "pattern": _pattern,
-    "patternProperties": _pattern_properties,
-    "additionalProperties": _additional_properties,
-    "unevaluatedProperties": _unevaluated_properties,
-    "uniqueItems": _unique_items,
-}
-
-
-@functools.cache
-def _safe(base: Any) -> Any:
-    """The draft's validator with every regex keyword on RE2 (only the keywords the draft
-    has: unevaluatedProperties means nothing before 2019-09), each keyword counting a step."""
-    keywords = {**base.VALIDATORS, **{keyword: function for keyword, function
-                                      in _SAFE_KEYWORDS.items() if keyword in base.VALIDATORS}}
-    return validators.extend(base, {keyword: _counted(function)
-                                    for keyword, function in keywords.items()})
+    return evaluate(value, schema, steps=steps, seconds=seconds)

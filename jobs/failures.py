@@ -143,6 +143,12 @@ class Breaker:
     def open(self) -> bool:
         return self.opened_at is not None
 
+    @property
+    def answering(self) -> bool:
+        """Whether the engine has failed no run since its last success (or its start): a
+        run that then ends in the engine's failure may have brought it down itself."""
+        return self.failures == 0
+
 
 _BREAKERS: dict[str, Breaker] = {}
 _BREAKERS_LOCK = threading.Lock()

@@ -341,6 +341,10 @@ class Chunk(models.Model):
     # Runs that failed for the infrastructure or the engine, not the chunk (jobs.failures):
     # each gave its attempt back and waited longer; past a cap they count as attempts.
     deferrals = models.PositiveSmallIntegerField(default=0)
+    # Runs that ended with the engine failing after it had been answering (the chunk's rows
+    # may be what brought it down): the first is the engine's, a second the chunk's
+    # (jobs.services.running, docs/decisions.md "Failure classes and the breaker").
+    engine_failures = models.PositiveSmallIntegerField(default=0)
     # When its message was last sent: a pending chunk whose message a dead worker had
     # taken is sent again once this is stale.
     queued_at = models.DateTimeField(null=True, blank=True)

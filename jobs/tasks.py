@@ -14,6 +14,7 @@ from contextlib import contextmanager
 import dramatiq
 
 from anex.logcontext import log_context
+from anex.logsafe import exception_summary
 from jobs import dispatch
 from jobs.failures import ClaimedWorkFailed
 from jobs.idempotency import idempotency_records_purge
@@ -161,7 +162,10 @@ def job_finalize_task(job_id: str) -> None:
 # Samples go first: a sampled estimate is small (at most 64 rows, bounded by each
 # organization's hourly allowance) and its rows join the engine's running batch beside the
 # chunks (inference/engines/feed.py), so it costs paid work little; behind the chunks, on a
-# busy model it would wait for the whole backlog (docs/decisions.md, "Samples").
+# busy model it would wait for the whole backlog (docs/decisions.md, "Samples"). Being
+# free, samples are capped instead: a worker runs one at a time, and the others go back to
+# their queue for a few seconds (jobs.services.sampling SAMPLES_AT_ONCE), their threads
+# free for the chunks.
 CHUNK_PRIORITY = 10
 SAMPLE_PRIORITY = 0
 
@@ -195,5 +199,8 @@ def _hand_out_again(failed: ClaimedWorkFailed) -> None:
     """Claimed work that failed unexpectedly (storage, an engine that will not start): handed
     out again now, then failed past its lease's cap (jobs.services.recovery), never left
     claimed."""
-    logger.error("%s", failed, exc_info=failed.__cause__)
+    # The cause without its message or traceback: an estimate's or a sample's failure is
+    # raised with the rows in hand, and may quote them (anex.logsafe).
+    cause = failed.__cause__
+    logger.error("%s: %s", failed, exception_summary(cause) if cause is not None else "")
     lease_retry(_LEASES[failed.what], Job.objects.get(pk=failed.job_id))

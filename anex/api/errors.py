@@ -23,6 +23,7 @@ from rest_framework import exceptions
 from rest_framework.response import Response
 
 from anex.errors import DomainError, RateLimited, TimedOut
+from anex.logsafe import exception_summary
 
 logger = logging.getLogger(__name__)
 
@@ -153,10 +154,10 @@ def error_json_response(error: DomainError) -> JsonResponse:
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
     error = as_api_error(exc)
     if error is None:
-        if isinstance(exc, DatabaseError):
-            logger.exception("database error in %s", context.get("view"))
-        else:
-            logger.exception("unhandled error in %s", context.get("view"))
+        # The class and place, never the message or a traceback's: a request's body (a
+        # realtime prompt, a row) is often quoted in them (anex.logsafe).
+        what = "database error" if isinstance(exc, DatabaseError) else "unhandled error"
+        logger.error("%s in %s: %s", what, context.get("view"), exception_summary(exc))
         error = ApiError(500, "Internal server error. Retry; if it persists, contact support "
                               "with the X-Anex-Request-ID header of this response.")
     return error_response(error)

@@ -20,9 +20,13 @@ out and run again apart, in halves, the feed's other callers waiting meanwhile; 
 finishes delivers its outputs, one that fails again is halved, and a request that fails
 alone is the one at fault: its slot carries RequestFailed, its row's error. So the other
 requests in that batch (other chunks, other tenants') are answered as if nothing happened,
-and no chunk is failed, deferred or charged an attempt for another's row. An engine that is
-dead (vLLM's EngineDeadError), or that fails every request alone, fails every caller, whose
-chunks go back for another worker (jobs.failures: the engine's failure, no attempt spent).
+and no chunk is failed, deferred or charged an attempt for another's row. When every request
+fails alone, a request of nobody's (one token in, one out) tells the rows from the engine:
+answered, the requests are at fault, each its row's error (a chunk of poisoned rows alone in
+the engine fails its rows, not the engine); failed too, the engine is (EngineFailing). An
+engine that is dead (vLLM's EngineDeadError), or failing, fails every caller, whose chunks
+go back for another worker (jobs.failures: the engine's failure, no attempt spent, unless it
+recurs on the same chunk).
 """
 
 from __future__ import annotations
@@ -53,7 +57,13 @@ class EngineFailing(RuntimeError):
 
 class RequestFailed(Exception):
     """A request the engine's step failed on, in the batch and again alone: its row's
-    error, not its caller's (the other requests of the step were run again and answered)."""
+    error, not its caller's (the other requests of the step, or the feed's own, were run
+    again and answered)."""
+
+
+# The steps the engine may take to answer the feed's own request (one token) before it is
+# taken for failing.
+_PROBE_STEPS = 16
 
 
 
@@ -162,8 +172,9 @@ class EngineFeed:
             if ids:
                 try:
                     self.llm.llm_engine.abort_request(ids, internal=False)
-                except Exception:  # its caller is gone already; the engine's next step tells
-                    logger.exception("aborting %d requests failed", len(ids))
+                except Exception as error:  # its caller is gone already; the next step tells
+                    logger.error("aborting %d requests failed: %s", len(ids),
+                                 exception_summary(error))
             return
         try:
             self._add(item)
@@ -176,13 +187,11 @@ class EngineFeed:
             item.done.set()
 
     def _add(self, batch: _Batch) -> None:
-        from vllm.sampling_params import RequestOutputKind
-
         engine = self.llm.llm_engine
         for position, (prompt, params) in enumerate(zip(batch.prompts, batch.params,
                                                         strict=True)):
             request_id = f"feed-{next(self._ids)}"
-            params.output_kind = RequestOutputKind.FINAL_ONLY
+            _final_only(params)
             try:
                 engine.add_request(request_id, prompt, params)
             except Exception as error:  # refused as it is added: this row alone
@@ -239,14 +248,40 @@ class EngineFeed:
             elif left:
                 groups[:0] = _halves(left)
         if len(alone) > 1 and answered == 0:
-            # Every request fails, each alone: the engine is at fault, not the rows.
-            logger.error("every request fails alone: the engine is failing, not a row")
-            self._fail_held([item for item, _ in alone], EngineFailing(str(alone[0][1])))
-            return
+            # Every request fails alone: the engine, or every row? A request of nobody's
+            # tells (a job of poisoned rows alone in the engine must not pass for a broken
+            # engine: that opened every worker's breaker on the model, for every tenant).
+            probe = self._probe()
+            if probe is not None:
+                logger.error("every request fails alone, and so does the feed's own: the "
+                             "engine is failing, not a row (%s)", type(probe).__name__)
+                failure = probe if _dead(probe) else EngineFailing(type(probe).__name__)
+                self._fail_held([item for item, _ in alone], failure)
+                return
         for item, failure in alone:
             logger.error("a request failed the engine's step alone: its row fails (%s)",
                          type(failure).__name__)
             self._settle(item, RequestFailed(f"{type(failure).__name__}: {failure}"))
+
+    def _probe(self) -> Exception | None:
+        """The engine's answer to a request of nobody's, alone in it: None when it answers,
+        else what it failed with."""
+        request_id = f"feed-probe-{next(self._ids)}"
+        engine = self.llm.llm_engine
+        try:
+            prompt, params = _probe_request()
+            engine.add_request(request_id, prompt, params)
+            for _ in range(_PROBE_STEPS):
+                with FORWARD:
+                    outputs = engine.step()
+                if any(output.request_id == request_id and output.finished
+                       for output in outputs):
+                    return None
+            raise EngineFailing(f"the engine did not answer one token in {_PROBE_STEPS} "
+                                "steps")
+        except Exception as error:
+            self._abort([request_id])
+            return error
 
     def _take_back(self) -> list[_Held]:
         """Every request in the engine, out of it (aborted), as it was handed in."""
@@ -304,8 +339,8 @@ class EngineFeed:
             return
         try:
             self.llm.llm_engine.abort_request(ids, internal=False)
-        except Exception:  # the engine is already broken; its callers are told
-            logger.exception("aborting %d requests failed", len(ids))
+        except Exception as error:  # the engine is already broken; its callers are told
+            logger.error("aborting %d requests failed: %s", len(ids), exception_summary(error))
 
     def _fail_all(self, error: Exception) -> None:
         batches = {id(batch): batch for batch, _ in self._waiting.values()}
@@ -313,11 +348,27 @@ class EngineFeed:
         self._waiting.clear()
         try:
             self.llm.llm_engine.abort_request(ids, internal=False)
-        except Exception:  # the engine is already broken; its callers are told below
-            logger.exception("aborting after a failed step")
+        except Exception as aborting:  # the engine is already broken; its callers are told
+            logger.error("aborting after a failed step: %s", exception_summary(aborting))
         for batch in batches.values():
             batch.failure = error
             batch.done.set()
+
+
+def _final_only(params: Any) -> None:
+    """vLLM hands back a request's output once, when it has finished."""
+    from vllm.sampling_params import RequestOutputKind
+
+    params.output_kind = RequestOutputKind.FINAL_ONLY
+
+
+def _probe_request() -> tuple[Any, Any]:
+    """The feed's own request: one token in (id 0, in every vocabulary), one out."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=1, detokenize=False)
+    _final_only(params)
+    return {"prompt_token_ids": [0]}, params
 
 
 def _dead(error: BaseException) -> bool:

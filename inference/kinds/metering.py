@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from anex.logsafe import exception_summary
 from inference.catalog import CatalogModel
 from inference.kinds import kind_for
 from inference.kinds.base import ServedJob
@@ -42,9 +43,11 @@ class RowMeter:
     def _media(self, count: Any) -> RowCost | None:
         try:
             cost: RowCost = count()
-        except InputRejected:
-            # Cannot happen for a row the estimate admitted; never fails a served row.
-            logger.exception("a served row's media could not be counted")
+        except InputRejected as rejected:
+            # Cannot happen for a row the estimate admitted; never fails a served row. Its
+            # message names the row's parts (anex.logsafe): the class and place only.
+            logger.error("a served row's media could not be counted: %s",
+                         exception_summary(rejected))
             return None
         return cost
 

@@ -23,6 +23,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from anex.errors import RateLimited
+from anex.logsafe import exception_summary
 from anex.redis import window_hit
 from anex.regions import Region
 from billing.services import organization_lock
@@ -116,8 +117,10 @@ def check_run(*, check_id: uuid.UUID | str) -> CheckStatus | None:
         errors.add(RowError(rejected.message), row=False)
     except StorageChanged:
         errors.add(RowError(INPUT_CHANGED), row=False)
-    except Exception:
-        logger.exception("preflight check %s failed", check.pk)
+    except Exception as error:
+        # Without the message or a traceback's: the rows being read may be quoted in them
+        # (anex.logsafe, docs/decisions.md "Row text out of the logs").
+        logger.error("preflight check %s failed: %s", check.pk, exception_summary(error))
         errors.add(RowError(CHECK_FAILED_INTERNALLY), row=False)
     status = CheckStatus.FAILED if errors.count else CheckStatus.PASSED
     settled = PreflightCheck.objects.filter(pk=check.pk, status=CheckStatus.CHECKING).update(

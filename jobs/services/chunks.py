@@ -132,16 +132,19 @@ def chunks_skip_pending(*, job_id: uuid.UUID) -> int:
 
 
 def chunk_requeue(*, chunk: Chunk, delay_ms: int | None = None, reaped: bool = False,
-                  deferred: bool = False) -> bool:
+                  deferred: bool = False, engine_failed: bool = False) -> bool:
     """running -> pending, and its message sent again (after `delay_ms`): its engine call
     failed and it has attempts left, or (`reaped`) its worker died and the recovery pass
     takes it back. The claim that runs it next counts one more attempt. `deferred`: the
     failure was the infrastructure's or the engine's, so this run's attempt is given back
-    and counted as a deferral instead (jobs.failures.FailureClass)."""
+    and counted as a deferral instead (jobs.failures.FailureClass). `engine_failed`: an
+    engine that had been answering failed on this run (Chunk.engine_failures)."""
     where = _reaped(chunk) if reaped else Q(pk=chunk.pk)
-    refund = {"attempts": F("attempts") - 1, "deferrals": F("deferrals") + 1} \
-        if deferred else {}
-    if chunks_transition(where, to=ChunkStatus.PENDING, sources=_RUNNING, **refund) != 1:
+    fields: dict[str, Any] = {"attempts": F("attempts") - 1,
+                              "deferrals": F("deferrals") + 1} if deferred else {}
+    if engine_failed:
+        fields["engine_failures"] = F("engine_failures") + 1
+    if chunks_transition(where, to=ChunkStatus.PENDING, sources=_RUNNING, **fields) != 1:
         return False
     _send(chunk, delay_ms=delay_ms)
     return True

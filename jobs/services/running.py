@@ -249,6 +249,8 @@ def chunk_run(*, chunk_id: uuid.UUID | str) -> ChunkStatus | None:
         logger.warning("job %s reached its hold; chunk %s not run", job.pk, chunk.index)
         chunk_settle(chunk=chunk, to=ChunkStatus.FAILED)
         return ChunkStatus.FAILED
+    # Read before the run: every chunk in the engine when it fails saw it answering.
+    answering = breaker.answering
     try:
         rows = rows_read(job, chunk)
         with _Heartbeat(lambda: chunk_heartbeat(chunk_id=chunk.pk)):
@@ -264,7 +266,8 @@ def chunk_run(*, chunk_id: uuid.UUID | str) -> ChunkStatus | None:
                      failure, chunk.attempts, exception_summary(error))
         if failure == FailureClass.ENGINE:
             breaker.failed()
-        return _chunk_retry_or_fail(chunk, failure)
+        return _chunk_retry_or_fail(chunk, failure,
+                                    suspect=failure == FailureClass.ENGINE and answering)
     breaker.succeeded()
     counts = {outcome: 0 for outcome in RowOutcome}
     for item in results:
@@ -291,20 +294,31 @@ def _settle_done(chunk: Chunk, counts: dict[RowOutcome, int], usage: Usage) -> N
             time.sleep(wait)
 
 
-def _chunk_retry_or_fail(chunk: Chunk,
-                         failure: FailureClass = FailureClass.UNEXPECTED) -> ChunkStatus:
+def _chunk_retry_or_fail(chunk: Chunk, failure: FailureClass = FailureClass.UNEXPECTED, *,
+                         suspect: bool = False) -> ChunkStatus:
     """A failed run's chunk again, or failed for good. The infrastructure's or the engine's
     failure costs no attempt (up to CHUNK_DEFERRALS of them): it waits, backing off with
     jitter (an S3 outage of a minute is waited out, not counted three times in 15 s); the
-    chunk's own failure spends one of its CHUNK_ATTEMPTS."""
+    chunk's own failure spends one of its CHUNK_ATTEMPTS.
+
+    `suspect`: an engine that had been answering failed on this run, so the chunk's rows may
+    be what brought it down (vLLM's engine dying on a row). Once is the engine's, as any
+    engine failure; the second time, on another engine or this one started again, the
+    failure is the chunk's: it spends an attempt, so a poisoned chunk fails its own job
+    within its attempts instead of being handed from engine to engine, unbilled, up to
+    CHUNK_DEFERRALS times, bringing each down."""
+    if suspect and chunk.engine_failures:
+        logger.warning("chunk %s of job %s: the engine failed on it again after answering; "
+                       "the chunk's fault, an attempt spent", chunk.index, chunk.job_id)
+        failure = FailureClass.UNEXPECTED
     if failure != FailureClass.UNEXPECTED and chunk.deferrals < CHUNK_DEFERRALS:
         base = INFRA_RETRY_BASE_MS if failure == FailureClass.INFRASTRUCTURE \
             else BREAKER_RESEND_MS
-        chunk_requeue(chunk=chunk, deferred=True, delay_ms=backoff_ms(
+        chunk_requeue(chunk=chunk, deferred=True, engine_failed=suspect, delay_ms=backoff_ms(
             chunk.deferrals + 1, base_ms=base, cap_ms=INFRA_RETRY_CAP_MS))
         return ChunkStatus.PENDING
     if chunk.attempts < CHUNK_ATTEMPTS:
-        chunk_requeue(chunk=chunk, delay_ms=5_000 * chunk.attempts)
+        chunk_requeue(chunk=chunk, engine_failed=suspect, delay_ms=5_000 * chunk.attempts)
         return ChunkStatus.PENDING
     chunk_settle(chunk=chunk, to=ChunkStatus.FAILED)
     return ChunkStatus.FAILED

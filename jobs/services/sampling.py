@@ -13,8 +13,12 @@ an organization may use ANEX_SAMPLE_TOKENS_PER_HOUR sampled tokens an hour. A sa
 worst case is reserved when it is queued and replaced by what it used; once the hour's
 allowance is spent, a submit that would need a sample answers 429 and a job already
 waiting for one fails unbilled, both saying how to skip the sample. Samples go to their
-own queue per region and model, at a lower priority than chunks (jobs.tasks), so a flood
-of them never stands in front of paid work.
+own queue per region and model, and a worker holding both runs a sample before its chunks
+(jobs.tasks SAMPLE_PRIORITY: a sample waits for no backlog). But a sample is free and holds
+a worker's thread for as long as its rows generate, so a worker runs SAMPLES_AT_ONCE of
+them at a time: a sample that finds the place taken goes back to its queue for a few
+seconds, its thread free for paid chunks, and a flood of samples holds at most one thread
+of each worker serving the model.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -45,6 +50,7 @@ from jobs import dispatch
 from jobs.constants import FailureCode, JobStatus, JobSubstate
 from jobs.failures import (
     BREAKER_RESEND_MS,
+    Breaker,
     ClaimedWorkFailed,
     FailureClass,
     backoff_ms,
@@ -71,6 +77,11 @@ CONFIDENCE = 0.95
 BUDGET_NOTICE_TOKENS = 64
 # The allowance of sampled tokens is counted over this sliding window.
 SAMPLE_WINDOW = timedelta(hours=1)
+# Samples a worker process runs at once (above), and about how long one that finds them
+# all taken waits in its queue before it is offered again (jittered, jobs.failures).
+SAMPLES_AT_ONCE = 1
+SAMPLE_WAIT_MS = 5_000
+_sample_places = threading.BoundedSemaphore(SAMPLES_AT_ONCE)
 
 
 def sample_send(job: Job, *, delay_ms: int | None = None) -> None:
@@ -297,13 +308,28 @@ def job_sample(*, job_id: uuid.UUID | str) -> JobStatus | None:
     waiting = Job.objects.filter(pk=job_id).only("model", "data_residency").first()
     if waiting is None:
         return None
-    breaker = breaker_for(waiting.model)
-    if not breaker.allows():
-        # This worker's engine for the model keeps failing: the sample goes back unclaimed,
-        # for a worker whose engine answers (as a chunk does, jobs.services.running).
-        sample_send(waiting, delay_ms=backoff_ms(1, base_ms=BREAKER_RESEND_MS,
-                                                 cap_ms=BREAKER_RESEND_MS))
+    if not _sample_places.acquire(blocking=False):
+        # This worker runs a sample already: this one goes back, unclaimed, rather than
+        # hold a second thread that paid chunks need (or wait on one, as a blocked thread).
+        sample_send(waiting, delay_ms=backoff_ms(1, base_ms=SAMPLE_WAIT_MS,
+                                                 cap_ms=SAMPLE_WAIT_MS))
         return None
+    try:
+        breaker = breaker_for(waiting.model)
+        if not breaker.allows():
+            # This worker's engine for the model keeps failing: the sample goes back
+            # unclaimed, for a worker whose engine answers (as a chunk does,
+            # jobs.services.running).
+            sample_send(waiting, delay_ms=backoff_ms(1, base_ms=BREAKER_RESEND_MS,
+                                                     cap_ms=BREAKER_RESEND_MS))
+            return None
+        return _sample_claimed(job_id=job_id, breaker=breaker)
+    finally:
+        _sample_places.release()
+
+
+def _sample_claimed(*, job_id: uuid.UUID | str, breaker: Breaker) -> JobStatus | None:
+    """job_sample's work once this worker has a place for it: claimed, generated, priced."""
     if not job_lease_claim(job_id=job_id, state=JobSubstate.SAMPLING):
         return None
     job = Job.objects.select_related("input", "organization").get(pk=job_id)

@@ -28,6 +28,7 @@ from jobs import dispatch
 from jobs.constants import JobStatus, JobSubstate
 from jobs.dispatch import run_queues_declare, sample_queue
 from jobs.models import Job
+from jobs.services import sampling
 from jobs.services.estimation import job_estimate
 from jobs.services.running import job_start
 from jobs.services.sampling import SAMPLE_ROWS, job_sample, sample_allowance
@@ -214,3 +215,67 @@ def test_a_sample_runs_next_though_paid_chunks_are_queued(
     # One thread: the chunk it was running, then the sample, then the rest of the chunks
     # (behind them, the sample would have waited for all four).
     assert ran == ["chunk", "sample"] + ["chunk"] * 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_runs_one_sample_at_a_time_and_its_paid_chunks_meanwhile(
+        api: APIClient, organization: Organization, settings: Settings,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 40, H2: samples go first and are free, so several at once held every thread
+    of a model's worker (for as long as their rows generate, up to the output cap) while
+    paid chunks waited. A worker now runs one sample at a time; the others go back to
+    their queue for a moment, and its other threads take the chunks."""
+    settings.ANEX_WORKER_REGIONS = ["world"]
+    settings.ANEX_WORKER_MODELS = [MODEL]
+    settings.ANEX_CHUNK_ROWS = 1
+    settings.ANEX_DISPATCH_IN_FLIGHT = settings.ANEX_DISPATCH_JOB_IN_FLIGHT = 4
+    monkeypatch.setattr(sampling, "SAMPLE_WAIT_MS", 200)
+    broker_flush()
+    run_queues_declare()
+    dispatch_catch(monkeypatch, lambda message: None, "job_start_task")  # started here
+    lock = threading.Lock()
+    running: list[str] = []
+    peak = [0]
+    sampling_started = threading.Event()
+    chunk_ran = threading.Event()
+    waits: list[bool] = []
+
+    class SlowEngine(Engine):
+        """A sample's rows generating until a paid chunk has run beside them (or 30 s)."""
+
+        def generate(self, requests: list[Any], settings: ChatSettings) -> list[ChatOutcome]:
+            with lock:
+                running.append("sample")
+                peak[0] = max(peak[0], len(running))
+            sampling_started.set()
+            waits.append(chunk_ran.wait(timeout=30))
+            with lock:
+                running.remove("sample")
+            return super().generate(requests, settings)
+
+    def chunk_step(job: Job, rows: list[InputRow]) -> tuple[list[dict[str, Any]], Usage]:
+        chunk_ran.set()
+        return answer(rows)
+
+    monkeypatch.setattr("jobs.services.running.execute", chunk_step)
+    monkeypatch.setattr(ChatKind, "engine", lambda self, model_id: SlowEngine())
+    # given three samples queued (the hourly allowance has room for all), and a paid job
+    samples = [sampling_job(api, organization, 3) for _ in range(3)]
+    paid = approved_job(organization_make(), rows=2)
+
+    def done() -> bool:
+        return (Job.objects.filter(pk__in=[job.pk for job in samples],
+                                   status=JobStatus.COST_READY).count() == 3
+                and Job.objects.filter(pk=paid.pk, status=JobStatus.DONE).exists())
+
+    # when a worker with three threads takes the samples, and the paid job's two chunks
+    # come once the first sample runs
+    with running_worker(threads=3):
+        assert sampling_started.wait(timeout=60)
+        assert job_start(job_id=paid.pk) == 2
+        until(done, timeout=120)
+    # then never two samples ran at once (the others went back to their queue, leaving
+    # the threads free), and the chunks ran while the first sample did: its rows waited
+    # for a chunk, and not in vain
+    assert peak[0] == 1
+    assert len(waits) == 3 and all(waits)

@@ -7,6 +7,7 @@ is bounded, and the row (never the chunk) carries the failure."""
 from __future__ import annotations
 
 import json
+import random
 import threading
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from console.models import Organization
 from inference import response_format as rf
 from inference.engines import ChatEngine, ChatRow, ChatSettings
 from inference.engines.chat import _satisfies
+from inference.schema_evaluation import evaluate
 from jobs.constants import JobStatus
 from jobs.models import Job
 from jobs.services.estimation import job_estimate
@@ -278,9 +280,11 @@ def test_a_job_level_schema_that_fans_out_is_400_at_once(
     assert time.monotonic() - started < 2
     assert response.status_code == 400
     assert response.json()["detail"] == (
-        f"response_format.json_schema.schema would visit more than "
-        f"{rf.MAX_EVALUATION_COST:,} subschemas to check one answer: its oneOf, anyOf, allOf "
-        "and $ref branches multiply. Refer to each shared definition from fewer places.")
+        f"response_format.json_schema.schema would take more than "
+        f"{rf.MAX_EVALUATION_COST:,} steps to check one answer: its oneOf, anyOf, allOf and "
+        "$ref branches multiply, and a long required or type list or properties object "
+        "counts a step for every 16 entries each time it is visited. Refer to each shared "
+        "definition from fewer places.")
     assert not Job.objects.exists()
 
 
@@ -331,8 +335,8 @@ def test_a_rows_own_schema_that_fans_out_fails_the_job_naming_the_row(
     body = api.get(f"{JOBS}/{job_id}").json()
     assert (body["status"], body["failure_code"]) == ("failed", "invalid_input")
     assert body["failure_reason"].startswith(
-        "Row 'evil': response_format.json_schema.schema would visit more than 10,000 "
-        "subschemas")
+        "Row 'evil': response_format.json_schema.schema would take more than 10,000 "
+        "steps")
     assert credits_summary(organization=organization) == before
 
 
@@ -367,3 +371,156 @@ def test_the_budget_is_per_answer_and_an_answer_within_it_is_checked_in_full() -
         rf.json_schema_satisfied(list(range(16_000)), schema, steps=1_000)
     # the spent budget was that answer's only: the next starts afresh
     assert rf.json_schema_satisfied(list(range(16_000)), schema) is True
+
+
+# -- issue 40, H2: a step charged by the work it does -----------------------------------------
+
+def cpu_seconds(check: Any) -> tuple[Any, float]:
+    """What check() answers (or the exception it raises), and the CPU its thread spent:
+    the work itself, whatever else this busy machine runs meanwhile."""
+    started = time.thread_time()
+    try:
+        result = check()
+    except Exception as error:
+        result = error
+    return result, time.thread_time() - started
+
+
+def enum_fan_out() -> dict[str, Any]:
+    """The review's schema: a 9,000-value enum referred to 400 times in an anyOf, 52 KB.
+    jsonschema compared an answer's item with every value of every branch: 400 steps an
+    item, 3.6 million comparisons (and each branch printed the 9,000 values when none
+    matched), about 1.8 s an item here, 27 s for 20 items on the review's machine."""
+    return {"$defs": {"e": {"enum": list(range(1000, 10_000))}}, "type": "array",
+            "items": {"anyOf": [{"$ref": "#/$defs/e"}] * 400}}
+
+
+NAMES = 6_000
+
+
+def required_fan_out() -> dict[str, Any]:
+    """The same shape over a list the check goes over whole at each visit: 6,000 names."""
+    return {"$defs": {"r": {"required": [f"p{i}" for i in range(NAMES)]}}, "type": "array",
+            "items": {"anyOf": [{"$ref": "#/$defs/r"}] * 400}}
+
+
+@pytest.mark.django_db
+def test_the_reviews_enum_schema_is_checked_in_milliseconds(
+        api: APIClient, organization: Organization) -> None:
+    schema = enum_fan_out()
+    assert 50_000 < len(json.dumps(schema, separators=(",", ":"))) < rf.MAX_BYTES
+    # At submit its weighted cost is the visits (802) and its enum's values hashed once
+    # (9,001 nodes, a step for every 16): accepted, since an answer's check is now cheap.
+    assert rf._evaluation_cost(json.dumps(schema)) == 802 + 9_001 // 16
+    ready = input_ready(organization, b'{"custom_id":"r1","body":{}}\n')
+    response = api.post(JOBS, {"input_id": str(ready.pk), "model": "qwen3.8-27b",
+                               "response_format": json_schema(schema)}, format="json")
+    assert response.status_code == 200, response.content
+    # An answer's check: each enum a set of hashed values, built once per answer, then a
+    # lookup per visit. Within 5,000 steps (a hundredth of an answer's budget), and a few
+    # milliseconds of CPU where it took seconds.
+    for answer, satisfied in (([-1] * 20, False), ([1000, 9999] * 10, True)):
+        result, took = cpu_seconds(lambda a=answer: rf.json_schema_satisfied(a, schema,
+                                                                             steps=5_000))
+        assert result is satisfied
+        assert took < 1.0
+    # The engine's own check of the answer as generated text, the same
+    assert _satisfies(json.dumps([-1] * 20), json_schema(schema)) is False
+
+
+@pytest.mark.django_db
+def test_a_schema_whose_long_list_is_visited_400_times_is_400_at_submit(
+        api: APIClient, organization: Organization) -> None:
+    schema = required_fan_out()
+    assert len(json.dumps(schema, separators=(",", ":"))) < rf.MAX_BYTES
+    # 400 visits of a 6,000-name list: 375 steps each, far past the bound, where the old
+    # count (one per subschema visited) said 802
+    assert rf._evaluation_cost(json.dumps(schema)) > rf.MAX_EVALUATION_COST
+    ready = input_ready(organization, b'{"custom_id":"r1","body":{}}\n')
+    response = api.post(JOBS, {"input_id": str(ready.pk), "model": "qwen3.8-27b",
+                               "response_format": json_schema(schema)}, format="json")
+    assert response.status_code == 400
+    assert response.json()["detail"].startswith(
+        "response_format.json_schema.schema would take more than 10,000 steps to check one "
+        "answer")
+    assert "a long required or type list or properties object counts a step for every 16 " \
+        "entries" in response.json()["detail"]
+    assert not Job.objects.exists()
+
+
+def test_the_evaluator_handed_such_a_schema_stops_within_its_budget() -> None:
+    # As if the schema had reached the engine without the submit check: every name but
+    # the last present, so each of the 400 branches goes over all of them, and fails
+    answer = [{f"p{i}": 0 for i in range(NAMES - 1)}, 1]
+    result, took = cpu_seconds(lambda: evaluate(answer, required_fan_out(),
+                                                steps=rf.MAX_EVALUATION_STEPS, seconds=None))
+    assert isinstance(result, rf.EvaluationBudgetSpent)
+    assert took < 1.0
+
+
+def test_an_answers_check_stops_at_its_cpu_time_whatever_its_steps() -> None:
+    # The clock is the backstop: with steps to spare, the recursive schema's deep answer
+    # (2**40 steps) stops at the time given
+    answer = json.loads(nested(40))
+    result, took = cpu_seconds(lambda: evaluate(answer, deep_recursion(), steps=10**12,
+                                                seconds=0.2))
+    assert isinstance(result, rf.EvaluationBudgetSpent)
+    assert "more than 0.2 s" in str(result)
+    assert took < 1.0
+    # and by default an answer gets a second of its thread's CPU
+    assert rf.MAX_EVALUATION_SECONDS == 1.0
+
+
+# Random a's and b's: RE2's DFA gives up on the pattern below over them.
+LONG = "".join(random.Random(1).choice("ab") for _ in range(128 * 1024))
+
+
+@pytest.mark.parametrize("schema,answer", [
+    # each branch's failing `false` printed the whole answer into its error (minutes)
+    ({"anyOf": [False] * 3_000}, [{f"k{i}": "v" * 20 for i in range(5)}] * 2_000),
+    # ... and so did each failing `type` (minutes)
+    ({"anyOf": [{"type": "string"}] * 3_000}, [{f"k{i}": "v" * 20 for i in range(5)}] * 2_000),
+    # a pattern RE2 runs without its DFA on a 128 KiB answer, 100 times (0.3 s each)
+    ({"$defs": {"p": {"pattern": "[ab]*a[ab]{500}c"}}, "anyOf": [{"$ref": "#/$defs/p"}] * 100},
+     LONG),
+    # 300 patterns matched against 6,000 keys: 1.8 million searches in one keyword (2.5 s)
+    ({"patternProperties": {f"^k{i}": {"type": "string"} for i in range(300)}},
+     {f"k{i}": "v" for i in range(6_000)}),
+    # jsonschema looked each index up in a list: quadratic in a long array (2.5 s)
+    ({"contains": {"type": "integer"}, "unevaluatedItems": False},
+     [*range(24_000), "x"]),
+    # a whole-array hash, 500 times (2.3 s)
+    ({"$defs": {"u": {"uniqueItems": True, "maxItems": 0}},
+      "anyOf": [{"$ref": "#/$defs/u"}] * 500}, list(range(16_000))),
+])
+def test_each_keyword_pays_for_its_work_so_the_steps_alone_bound_an_answer(
+        schema: dict[str, Any], answer: Any) -> None:
+    # given no clock, only the step budget: each of these took seconds to minutes within
+    # it when a keyword was a step whatever it did
+    result, took = cpu_seconds(lambda: evaluate(answer, schema,
+                                                steps=rf.MAX_EVALUATION_STEPS, seconds=None))
+    # then the check ends (answered, or its budget spent) within about half a second of
+    # CPU here (generous: 2 s), and with the clock as well, as the engine checks, within
+    # its second
+    assert isinstance(result, bool | rf.EvaluationBudgetSpent), result
+    assert took < 2.0
+    result, took = cpu_seconds(lambda: evaluate(answer, schema,
+                                                steps=rf.MAX_EVALUATION_STEPS,
+                                                seconds=rf.MAX_EVALUATION_SECONDS))
+    assert isinstance(result, bool | rf.EvaluationBudgetSpent), result
+    assert took < rf.MAX_EVALUATION_SECONDS + 0.25
+
+
+def test_enum_and_const_keep_json_equality() -> None:
+    # the hashed enum decides as jsonschema's `equal`: 1 == 1.0, true is not 1, key order
+    # is free, arrays compare in order, a string is not a number
+    values = [1, True, None, "1", [1, 2], {"a": 1, "b": [True]}, 2.5]
+    schema = {"enum": values}
+    for answer, satisfied in ((1.0, True), (True, True), (False, False), (0, False),
+                              ("1", True), (None, True), ([1, 2], True), ([2, 1], False),
+                              ({"b": [True], "a": 1.0}, True), ({"a": 1, "b": [1]}, False),
+                              (2.5, True), ("2.5", False), ([1.0, 2.0], True)):
+        assert rf.json_schema_satisfied(answer, schema) is satisfied, answer
+        assert rf.json_schema_satisfied(answer, {"const": answer}) is True
+    assert rf.json_schema_satisfied(1, {"const": True}) is False
+    assert rf.json_schema_satisfied({"a": [1]}, {"const": {"a": [1.0]}}) is True

@@ -91,6 +91,36 @@ def test_a_refused_row_fails_alone_while_another_chunk_runs(chat_engine: ChatEng
                for outcome in outcomes + others)
 
 
+def test_a_chunk_whose_every_row_fails_the_step_fails_its_rows_not_the_engine(
+        chat_engine: ChatEngine) -> None:
+    """Issue 40, M6: alone in the engine, a chunk whose every request fails the step (a
+    fault injected into the real engine's step whenever a long prompt is in it). The
+    feed's own one-token request, a real vLLM request, is answered, so each row fails in
+    its row, and the engine serves the next chunk."""
+    feed = chat_engine.feed
+    engine = chat_engine.llm.llm_engine
+    step = engine.step
+
+    def faulty_step() -> Any:
+        held = [batch.prompts[position]["prompt_token_ids"]
+                for batch, position in feed._waiting.values()]
+        if any(len(prompt) > 300 for prompt in held):
+            raise RuntimeError("an illegal memory access was encountered")
+        return step()
+
+    poisoned = [ChatRow(messages=[{"role": "user", "content": "Repeat: zebra. " * 80}],
+                        chat_template_kwargs=OFF) for _ in range(4)]
+    engine.step = faulty_step
+    try:
+        outcomes = chat_engine.generate(poisoned, ChatSettings(max_tokens=8))
+        after = chat_engine.generate(rows_of(4, "kiwis"), ChatSettings(max_tokens=8))
+    finally:
+        engine.step = step
+    assert [outcome.error.code if outcome.error else None for outcome in outcomes] == \
+        ["engine_error"] * 4
+    assert all(outcome.error is None and outcome.completion_tokens > 0 for outcome in after)
+
+
 @pytest.mark.parametrize("kwargs", [OFF, {}, {"enable_thinking": True,
                                               "reasoning_effort": "low"}])
 def test_a_text_rows_estimate_is_the_prompt_the_engine_serves(
