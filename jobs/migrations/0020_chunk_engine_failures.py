@@ -4,7 +4,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("jobs", "0017_job_sample_rows"),
+        ("jobs", "0019_job_merge_claim"),
     ]
 
     operations = [
