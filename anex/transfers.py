@@ -201,7 +201,14 @@ class TransferStream:
         return self
 
     def __next__(self) -> bytes:
-        return next(self._chunks)
+        try:
+            return next(self._chunks)
+        except BaseException:
+            # Its last byte handed on (or its read failed): the places are free now, not
+            # when the server gets round to close() - a WSGI client that reads a response
+            # to its end and never closes it (Schemathesis' in-process calls) holds none.
+            self._places.release()
+            raise
 
     def close(self) -> None:
         try:

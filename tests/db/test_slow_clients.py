@@ -187,6 +187,18 @@ def test_a_downloads_places_are_held_until_its_response_is_closed(
     assert b"".join(again.streaming_content)  # type: ignore[attr-defined]
 
 
+def test_a_download_read_to_its_end_gives_its_places_back_unclosed() -> None:
+    # A WSGI client that reads a response to its end and never closes it (Schemathesis'
+    # in-process calls did: after four such downloads every transfer was a 503).
+    places = transfers.transfer_places_take(direction=DOWNLOAD, organization_id="org-read")
+    stream = transfers.TransferStream(iter([b"a", b"b"]), places)
+    assert transfers_in_process() == 1
+    assert b"".join(stream) == b"ab"
+    assert transfers_in_process() == 0
+    stream.close()  # and a close after it gives back nothing twice
+    assert transfers_in_process() == 0
+
+
 def test_the_local_storage_caps_its_downloads_as_s3_says_it(
         settings: Settings, tmp_path: Any) -> None:
     settings.ANEX_STORAGE_BACKEND, settings.ANEX_STORAGE_ROOT = "local", tmp_path
