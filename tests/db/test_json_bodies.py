@@ -72,10 +72,14 @@ def test_a_26_mib_embedding_request_of_empty_objects_is_refused_before_it_is_par
     assert len(body) <= size
     parsed: list[int] = []
     real_loads = json.loads
-    monkeypatch.setattr(json, "loads", lambda text, *a, **k: (
-        parsed.append(len(text)), real_loads(text, *a, **k))[1])
+
+    def loads(text: str | bytes, *args: Any, **kwargs: Any) -> Any:
+        parsed.append(len(text))
+        return real_loads(text, *args, **kwargs)
+
+    monkeypatch.setattr(json, "loads", loads)
     # when it is sent (from a stream over the body: the test client copies nothing)
-    environ = {"CONTENT_LENGTH": str(len(body)), "wsgi.input": io.BytesIO(body)}
+    environ: dict[str, Any] = {"CONTENT_LENGTH": str(len(body)), "wsgi.input": io.BytesIO(body)}
     tracemalloc.start()
     try:
         response = api.post(EMBED, content_type="application/json", **environ)

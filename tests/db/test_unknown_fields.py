@@ -113,7 +113,9 @@ def test_the_openai_sdks_default_embedding_request_has_no_field_refused(
             "usage": {"prompt_tokens": 1, "total_tokens": 1}})
 
     client = openai.OpenAI(base_url="http://anex.test/realtime/v1", api_key="sk-x",
-                           http_client=httpx.Client(transport=httpx.MockTransport(transport)))
+                           # the SDK's own httpx, under the name its stubs give it
+                           http_client=httpx.Client(  # type: ignore[arg-type]
+                               transport=httpx.MockTransport(transport)))
     client.embeddings.create(model="m", input="x")
     client.embeddings.create(model="m", input=["x"], dimensions=64, encoding_format="float",
                              user="u")
