@@ -31,7 +31,7 @@ SCHEDULE = (
     Periodic("jobs.tasks.recover_task", 30),
     Periodic("jobs.tasks.inputs_expire_task", 600),
     Periodic("jobs.tasks.results_purge_expired_task", 600),
-    # Realtime usage into the ledger, in whole credits (realtime.services).
+    # Realtime usage into the ledger, in whole credits (realtime.services.settlement).
     Periodic("realtime.tasks.realtime_charges_settle_task", 30),
     # Idempotency-Key records past their 24 hours (jobs.idempotency).
     Periodic("jobs.tasks.idempotency_records_purge_task", 600),

@@ -271,7 +271,7 @@ def main() -> None:
     from console.services import api_key_create, organization_create
     from realtime.concurrency import reservations_in_flight, slots_in_flight
     from realtime.models import RealtimeSettlement, RealtimeUsage
-    from realtime.services import realtime_charges_settle_all
+    from realtime.services.settlement import realtime_charges_settle_all
 
     system = Actor(system="load test")
     organization = organization_create(name=f"load test {int(time.time())}", actor=system)

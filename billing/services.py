@@ -413,7 +413,7 @@ def hold_settle(*, job: HeldJob, cost_cents: int) -> int:
 def realtime_charge_write(*, organization: Organization, api_key: ApiKey, cents: int,
                           through_cents: int, reason: str) -> LedgerEntry:
     """Charge `cents` of a key's realtime usage, inside the caller's transaction with the
-    organization already locked (realtime.services.realtime_charges_settle). Realtime
+    organization already locked (realtime.services.settlement.realtime_charges_settle). Realtime
     usage is metered exactly and charged in whole credits as its running total passes
     them; `through_cents` is that total after this charge, unique per key, so a repeat
     writes nothing twice."""

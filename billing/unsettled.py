@@ -41,7 +41,7 @@ from anex.redis import redis_client
 # for every realtime rate in the catalog, and in a Lua number (a double) up to $9M.
 NANO_PER_CREDIT = 10_000_000
 MOST_NANO = 2**53 - 1
-# A realtime process keeps its read of a key's balance this long (realtime.services).
+# A realtime process keeps its read of a key's balance this long (realtime.services.admission).
 CREDITS_READ_EVERY_SECONDS = 1.0
 # How long an approval's holding mark is counted once its hold has committed: past every
 # balance read a realtime process may still keep from before the commit, with a margin for

@@ -12,13 +12,13 @@ from django.db.models.functions import TruncDate
 from django.utils import timezone
 
 from anex.crypto import secret_decrypt
-from anex.errors import NotFound
+from anex.errors import Malformed, NotFound
 from billing.constants import EntryKind
 from billing.models import LedgerEntry
 from billing.services import key_spend_cents
 from console.models import ApiKey, AuditEvent, Invitation, Membership, Organization
 from console.tenancy import scoped_get
-from inference.catalog import CatalogModel, catalog, local_models
+from inference.catalog import CatalogModel, catalog, local_models, model_get
 
 
 def api_key_get(*, organization: Organization, id: uuid.UUID | str) -> ApiKey:
@@ -127,6 +127,18 @@ def spend_per_day(*, organization: Organization, days: int = 30) -> list[tuple[d
     spent = {row["day"]: -row["spent"] for row in rows}
     return [(first + timedelta(days=n), spent.get(first + timedelta(days=n), 0))
             for n in range(days)]
+
+
+def model_for_key(model_id: str, key: ApiKey | None) -> CatalogModel:
+    """The catalog model, if this key may use it (ApiKey.allows; the console acts without
+    a key): a model outside a key's scopes is neither listed nor accepted, so it reads
+    exactly like an unknown id. The batch submit, a preflight check and the realtime API
+    all admit a model here."""
+    model = model_get(model_id)
+    if model is None or (key is not None and not key.allows(model_id)):
+        raise Malformed(f"Unknown model '{model_id}': pass a model id from the models "
+                        "table, verbatim.")
+    return model
 
 
 def console_models() -> list[CatalogModel]:

@@ -1,5 +1,5 @@
 """The realtime API in the admin: the operator's freeze switch (written through
-realtime.services), and the metered usage and its settlements, read-only."""
+realtime.services.admission), and the metered usage and its settlements, read-only."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from realtime.models import (
     RealtimeUsage,
     RealtimeUsageDaily,
 )
-from realtime.services import realtime_settlement_lag_seconds, realtime_switch_set
+from realtime.services.admission import realtime_switch_set
+from realtime.services.settlement import realtime_settlement_lag_seconds
 
 
 @admin.register(RealtimeSwitch)

@@ -26,12 +26,11 @@ from realtime.serializers import (
     decision_out,
     embeddings_out,
 )
-from realtime.services import (
+from realtime.services.admission import realtime_place_give, realtime_place_take
+from realtime.services.requests import (
     EmbeddingsRequest,
     realtime_decision_create,
     realtime_embeddings_create,
-    realtime_place_give,
-    realtime_place_take,
 )
 
 AUTH_ERRORS = {401: "Invalid or inactive key", 422: "Malformed request",

@@ -14,9 +14,9 @@ from typing import TypeVar
 
 from anex.errors import Invalid, NotServed
 from console.models import ApiKey
+from console.selectors import model_for_key
 from inference.catalog import CatalogModel
 from inference.kinds import AnyKind, kind_for, kinds_all
-from jobs.services.submission import model_for_key
 from realtime.constants import ENCODING_FORMATS
 from realtime.selectors import realtime_engine_urls
 

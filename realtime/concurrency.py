@@ -12,7 +12,7 @@ their own SLOT_SECONDS after they were taken, well past the engine timeout, swep
 next request that looks.
 
 What a request may spend is what the ledger said was available (read at most once a
-second per process, realtime.services) less what realtime has metered and the ledger has
+second per process, realtime.services.admission) less what realtime has metered and the ledger has
 not yet charged (the metered total less the settled total, which the settlement raises
 as it charges the ledger: realtime_settled_add) less every reservation in flight, less
 what the jobs approved in the last seconds hold (their marks: the ledger read may be from
@@ -146,7 +146,7 @@ def settled_read(*, key: ApiKey) -> tuple[int, int]:
 
 def realtime_settled_add(*, organization_id: object, key_id: object, amount: int) -> None:
     """A settlement charged the ledger for `amount` nano-dollars of metered usage (less any
-    fraction carried, realtime.services): that much is no longer unsettled."""
+    fraction carried, realtime.services.settlement): that much is no longer unsettled."""
     org, key = settled_keys(organization_id, key_id)
     client = redis_client()
     with client.pipeline(transaction=True) as pipe:

@@ -75,9 +75,10 @@ class EngineRefused(Exception):
     does not serve, never the customer's input, which is checked before it is sent."""
 
 
-class EngineBusy(Exception):
+class EngineAtCapacity(Exception):
     """The engine did not take the request (its queue is full, or the request's deadline
-    passed while it waited): nothing was computed, the request gets a 503."""
+    passed while it waited: realtime.serving NotTaken): nothing was computed, the request
+    gets a 503."""
 
 
 class EngineTimedOut(Exception):
@@ -305,7 +306,7 @@ def engine_call(*, urls: tuple[str, ...], path: str, body: dict[str, Any]) -> di
     if not isinstance(answer, dict):
         raise EngineUnavailable(f"status {status}, not a JSON object")
     if status == 503:
-        raise EngineBusy(str(answer.get("detail")))
+        raise EngineAtCapacity(str(answer.get("detail")))
     if status >= 500:
         raise EngineUnavailable(str(answer.get("detail", status)))
     if status != 200:

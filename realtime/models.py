@@ -33,7 +33,7 @@ class RealtimeUsage(models.Model):
     """One answered realtime request: what it read, and what it cost exactly at the model's
     realtime rate. Append-only, one INSERT per request (no lock, no read), so requests of
     one key never wait on each other; the ledger is charged from these rows in whole
-    credits by realtime.services.realtime_charges_settle."""
+    credits by realtime.services.settlement.realtime_charges_settle."""
 
     id = models.BigAutoField(primary_key=True)
     organization = models.ForeignKey("console.Organization", on_delete=models.PROTECT,

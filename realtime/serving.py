@@ -96,13 +96,15 @@ WARM_UP: dict[str, Any] = {
 }
 
 
-class EngineFailed(Exception):
-    pass
+class BatchFailed(Exception):
+    """The engine call of a request's batch failed (or answered a different number of
+    items): every request in the batch is answered 500, which the web tier answers 502."""
 
 
-class EngineBusy(Exception):
-    """The request was not taken: the engine's queue is full, or its deadline passed while
-    it waited. Nothing was computed; the web tier answers 503 with Retry-After."""
+class NotTaken(Exception):
+    """The request was not taken: the engine's queue is full, its deadline passed while it
+    waited, or its nonce cannot be remembered. Nothing was computed; the web tier answers
+    503 with Retry-After (realtime.engine_client EngineAtCapacity)."""
 
 
 @dataclass
@@ -119,9 +121,9 @@ class Batcher:
     waiting (up to max_items items) and answers each with its own slice.
 
     The queue is bounded: a request that would put more than max_queued items in it is
-    refused at once (EngineBusy), so a slow engine sheds load instead of piling up work
+    refused at once (NotTaken), so a slow engine sheds load instead of piling up work
     nobody will wait for. A request whose deadline passes while it waits is dropped when
-    its turn comes, uncomputed (EngineBusy): the web tier has given up on it by then."""
+    its turn comes, uncomputed (NotTaken): the web tier has given up on it by then."""
 
     def __init__(self, name: str, run: Callable[[list[Any]], list[Any]],
                  max_items: int, max_queued: int | None = None) -> None:
@@ -143,14 +145,14 @@ class Batcher:
         with self._lock:
             if self.queued and self.queued + len(items) > self.max_queued:
                 self.refused += 1
-                raise EngineBusy(f"the engine's queue is full ({self.queued} items waiting)")
+                raise NotTaken(f"the engine's queue is full ({self.queued} items waiting)")
             self.queued += len(items)
         self.queue.put(pending)
         pending.done.wait()
-        if isinstance(pending.error, EngineBusy):
+        if isinstance(pending.error, NotTaken):
             raise pending.error
         if pending.error is not None:
-            raise EngineFailed(str(pending.error)) from pending.error
+            raise BatchFailed(str(pending.error)) from pending.error
         return pending.results
 
     def _take(self, block: bool) -> _Pending | None:
@@ -165,7 +167,7 @@ class Batcher:
             if pending.deadline is None or time.monotonic() < pending.deadline:
                 return pending
             self.expired += 1
-            pending.error = EngineBusy("the request's deadline passed while it waited")
+            pending.error = NotTaken("the request's deadline passed while it waited")
             pending.done.set()
 
     def _loop(self) -> None:
@@ -188,7 +190,7 @@ class Batcher:
         try:
             results = self.run([item for pending in batch for item in pending.items])
             if len(results) != sum(len(pending.items) for pending in batch):
-                raise EngineFailed("the engine answered a different number of items")
+                raise BatchFailed("the engine answered a different number of items")
         except Exception as exc:  # the engine's failure is every waiting request's
             logger.error("engine call failed for %d requests: %s", len(batch),
                          exception_summary(exc))
@@ -252,7 +254,7 @@ class _Nonces:
 
     def first_use(self, nonce: str, *, lapses: float) -> bool:
         """Whether this is the nonce's first use (it is then remembered until `lapses`);
-        EngineBusy when MAX_NONCES are remembered, none lapsed."""
+        NotTaken when MAX_NONCES are remembered, none lapsed."""
         now = time.time()
         with self._lock:
             while self._order and self._order[0][0] <= now:
@@ -261,7 +263,7 @@ class _Nonces:
             if nonce in self._lapses:
                 return False
             if len(self._lapses) >= self.most:
-                raise EngineBusy("too many signed requests in the replay window")
+                raise NotTaken("too many signed requests in the replay window")
             self._lapses[nonce] = lapses
             heapq.heappush(self._order, (lapses, nonce))
             return True
@@ -313,7 +315,7 @@ class EngineServer(ThreadingHTTPServer):
     def refusal(self, method: str, path: str, headers: Message) -> str | None:
         """Why this request is not the web tier's (403), or None: judged on its head alone,
         before its body is read (the body's digest is signed; body_refusal checks it).
-        EngineBusy when its nonce cannot be remembered."""
+        NotTaken when its nonce cannot be remembered."""
         host = headers.get("Host") or ""
         if host not in self.hosts:
             return "this engine server answers only requests for its own address"
@@ -387,9 +389,9 @@ class EngineServer(ThreadingHTTPServer):
             return 200, model.kind.realtime_reply(model.batcher.submit(rows, deadline))
         except ValueError as exc:
             return 400, {"detail": str(exc)}
-        except EngineBusy as exc:
+        except NotTaken as exc:
             return 503, {"detail": str(exc)}
-        except EngineFailed as exc:
+        except BatchFailed as exc:
             return 500, {"detail": f"the engine failed: {exc}"}
 
 
@@ -476,7 +478,7 @@ class _Handler(BaseHTTPRequestHandler):
         remembered), or None."""
         try:
             refusal = self.server.refusal(self.command, self.path, self.headers)
-        except EngineBusy as exc:
+        except NotTaken as exc:
             return 503, {"detail": str(exc)}
         return None if refusal is None else (403, {"detail": refusal})
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dramatiq
 
-from realtime.services import realtime_charges_settle_all, realtime_usage_purge
+from realtime.services.settlement import realtime_charges_settle_all, realtime_usage_purge
 
 QUEUE = "realtime"
 SETTLE_TIME_LIMIT_MS = 5 * 60 * 1000

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, F, OuterRef, Q
+from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
 from django.utils import timezone
 
 from anex.crypto import secret_encrypt
@@ -33,8 +33,7 @@ from console.models import Organization
 from inference.constants import InputFormat
 from jobs import dispatch
 from jobs.constants import TERMINAL_STATUSES, InputStatus
-from jobs.models import Input, Job
-from jobs.services.purge import input_data_purge
+from jobs.models import Input, Job, PreflightCheck
 from jobs.services.quota import (
     stored_quota_failure,
     stored_quota_require,
@@ -457,3 +456,29 @@ def inputs_expire() -> int:
                                           | Q(upload_expires_at__lte=now))
     ).filter(~Exists(unfinished))
     return sum(input_data_purge(item=item) for item in due.iterator())
+
+
+def input_data_purge(*, item: Input) -> bool:
+    """Delete an input's object (its expiry, DELETE /jobs/{id}/data, DELETE
+    /openai/v1/files/{id}); False when it is kept for now. It reads expired at once, so a
+    later submit against it is the reference's 410, and its checks' quoted rows go. Its
+    object is not deleted under a job that still reads it (issue 40 L11): the input may be
+    shared by jobs, and one unfinished keeps the bytes until it ends; then the expiry sweep
+    (inputs_expire) deletes them."""
+    # Expired first: a submit that reads the input from here on is refused, so no job
+    # starts on it between the look at its jobs below and the delete.
+    Input.objects.filter(pk=item.pk, deleted_at__isnull=True).update(
+        status=Case(When(status=InputStatus.READY, then=Value(InputStatus.EXPIRED)),
+                    default=F("status")))
+    input_quotes_purge(input_id=item.pk)
+    if Job.objects.filter(input_id=item.pk).exclude(status__in=TERMINAL_STATUSES).exists():
+        return False
+    storage_for(item.data_residency).delete(item.object_key)
+    Input.objects.filter(pk=item.pk, deleted_at__isnull=True).update(deleted_at=timezone.now())
+    return True
+
+
+def input_quotes_purge(*, input_id: uuid.UUID) -> None:
+    """A deleted input's rows are not kept elsewhere: its checks' `errors` quote them (a
+    reason names a row's custom_id and its content), so they go with it; the counts stay."""
+    PreflightCheck.objects.filter(input_id=input_id).exclude(errors=[]).update(errors=[])

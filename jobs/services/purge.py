@@ -1,19 +1,18 @@
 """A stopped job's data removed from storage: on request (DELETE /jobs/{id}/data, a cancel
 that asked for it) and 30 days after it ended. The job record (statuses, counts, cost,
 dates) stays; its input object, result object and every intermediate (chunk results) go,
-and so do the failing rows quoted by the checks of its input (input_quotes_purge).
+and so does its input's (jobs.services.inputs input_data_purge: the input's status is
+written there alone).
 """
 
 from __future__ import annotations
 
-import uuid
-
-from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
-from jobs.constants import TERMINAL_STATUSES, InputStatus
-from jobs.models import Input, Job, PreflightCheck
+from jobs.constants import TERMINAL_STATUSES
+from jobs.models import Job
 from jobs.results import chunk_key
+from jobs.services.inputs import input_data_purge
 from jobs.services.rows import parquet_cache_purge
 from jobs.storage import storage_for
 
@@ -51,32 +50,6 @@ def job_data_purge(*, job: Job) -> Job:
         data_deleted_at=timezone.now())
     job.refresh_from_db()
     return job
-
-
-def input_data_purge(*, item: Input) -> bool:
-    """Delete an input's object (its expiry, DELETE /jobs/{id}/data, DELETE
-    /openai/v1/files/{id}); False when it is kept for now. It reads expired at once, so a
-    later submit against it is the reference's 410, and its checks' quoted rows go. Its
-    object is not deleted under a job that still reads it (issue 40 L11): the input may be
-    shared by jobs, and one unfinished keeps the bytes until it ends; then the expiry sweep
-    (jobs.services.inputs inputs_expire) deletes them."""
-    # Expired first: a submit that reads the input from here on is refused, so no job
-    # starts on it between the look at its jobs below and the delete.
-    Input.objects.filter(pk=item.pk, deleted_at__isnull=True).update(
-        status=Case(When(status=InputStatus.READY, then=Value(InputStatus.EXPIRED)),
-                    default=F("status")))
-    input_quotes_purge(input_id=item.pk)
-    if Job.objects.filter(input_id=item.pk).exclude(status__in=TERMINAL_STATUSES).exists():
-        return False
-    storage_for(item.data_residency).delete(item.object_key)
-    Input.objects.filter(pk=item.pk, deleted_at__isnull=True).update(deleted_at=timezone.now())
-    return True
-
-
-def input_quotes_purge(*, input_id: uuid.UUID) -> None:
-    """A deleted input's rows are not kept elsewhere: its checks' `errors` quote them (a
-    reason names a row's custom_id and its content), so they go with it; the counts stay."""
-    PreflightCheck.objects.filter(input_id=input_id).exclude(errors=[]).update(errors=[])
 
 
 def results_purge_expired() -> int:

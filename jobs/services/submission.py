@@ -17,8 +17,9 @@ from billing.services import credits_require_positive, organization_lock
 from console.actors import Actor
 from console.audit import audit_record
 from console.constants import AuditAction
-from console.models import ApiKey, Organization
-from inference.catalog import CatalogModel, model_get
+from console.models import Organization
+from console.selectors import model_for_key
+from inference.catalog import CatalogModel
 from inference.kinds import AnyKind, kind_for
 from inference.response_format import response_format_problem
 from inference.rows.core import JobOptions
@@ -44,18 +45,6 @@ class JobRequest:
     input_id: str | None = None
     input_s3_uri: str | None = None
     data_residency: str | None = None
-
-
-def model_for_key(model_id: str, key: ApiKey | None) -> CatalogModel:
-    """The catalog model, if this key may use it (ApiKey.allows; the console acts without
-    a key): a model outside a key's scopes is neither listed nor accepted, so it reads
-    exactly like an unknown id. The batch submit, a preflight check and the realtime API
-    all admit a model here."""
-    model = model_get(model_id)
-    if model is None or (key is not None and not key.allows(model_id)):
-        raise Malformed(f"Unknown model '{model_id}': pass a model id from the models "
-                        "table, verbatim.")
-    return model
 
 
 def _input_for(request: JobRequest, organization: Organization) -> Input:

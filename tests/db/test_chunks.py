@@ -5,12 +5,9 @@ that beat meanwhile, and of concurrent claims one wins."""
 
 from __future__ import annotations
 
-import ast
-import functools
 import threading
 from collections.abc import Callable
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,9 +32,8 @@ from jobs.services.chunks import (
 from jobs.services.lifecycle import job_approve
 from tests.dispatched import Sent, dispatch_catch
 from tests.factories import SYSTEM, job_make, organization_make
+from tests.product import writers
 
-ROOT = Path(__file__).resolve().parents[2]
-assert (ROOT / "manage.py").is_file(), "ROOT is the repository: the source checks read it"
 # What a chunk's lease is made of: only jobs.services.chunks writes these, or its status.
 CHUNK_LEASE = {"status", "attempts", "queued_at", "heartbeat_at", "finished_at"}
 
@@ -199,46 +195,12 @@ def test_twenty_workers_claiming_one_chunk_run_it_once(settings: Settings) -> No
     assert (claimed.status, claimed.attempts) == (ChunkStatus.RUNNING, 1)
 
 
-def _writes(model: str, fields: set[str], *, related: str | None = None) -> set[str]:
-    """The product modules with an `….update(…)` on `model` (its manager, or a job's
-    `related` manager) that sets one of `fields`."""
-    return {path for path, names, written in _update_calls()
-            if (model in names or related in names) and written & fields}
-
-
-@functools.cache
-def _update_calls() -> tuple[tuple[str, frozenset[str], frozenset[str]], ...]:
-    """Every `….update(…)` and `….bulk_update(…)` in the product's modules: its module, the
-    names along its receiver, and the fields it sets (read once for the tests here)."""
-    calls = []
-    for app in ("anex", "billing", "console", "inference", "jobs", "realtime"):
-        for path in (ROOT / app).rglob("*.py"):
-            if "migrations" in path.parts:
-                continue
-            for node in ast.walk(ast.parse(path.read_text())):
-                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                        and node.func.attr in ("update", "bulk_update")):
-                    continue
-                receiver, names = node.func.value, []
-                while isinstance(receiver, (ast.Attribute, ast.Call)):
-                    if isinstance(receiver, ast.Attribute):
-                        names.append(receiver.attr)
-                        receiver = receiver.value
-                    else:
-                        receiver = receiver.func
-                if isinstance(receiver, ast.Name):
-                    names.append(receiver.id)
-                calls.append((str(path.relative_to(ROOT)), frozenset(names),
-                              frozenset(str(k.arg) for k in node.keywords)))
-    return tuple(calls)
-
-
 def test_chunk_status_and_lease_are_written_only_by_the_chunks_module() -> None:
     """Chunk.status was written in running, recovery and lifecycle (the cancel)."""
-    assert _writes("Chunk", CHUNK_LEASE, related="chunks") == {"jobs/services/chunks.py"}
+    assert writers("Chunk", CHUNK_LEASE, related="chunks") == {"jobs/services/chunks.py"}
 
 
 def test_a_jobs_lease_is_written_only_by_the_lifecycle() -> None:
     """The job's lease fields were written by sampling and recovery too."""
-    assert _writes("Job", {"leased_at", "claimed", "attempts"}) == {
+    assert writers("Job", {"leased_at", "claimed", "attempts"}) == {
         "jobs/services/lifecycle.py"}

@@ -20,7 +20,7 @@ from anex.api.lean import BROWSER_ONLY, THIS, lean_middleware
 from console.models import ApiKey, Organization
 from realtime.models import RealtimeUsage
 from realtime.selectors import realtime_frozen_forget
-from realtime.services import realtime_credits_forget
+from realtime.services.admission import realtime_credits_forget
 from tests.factories import api_key_make
 from tests.servers import LocalServer, reply
 

@@ -43,11 +43,10 @@ from realtime.concurrency import concurrency_slot, slots_in_flight
 from realtime.constants import Endpoint
 from realtime.models import RealtimeSettlement, RealtimeSwitch, RealtimeUsage
 from realtime.selectors import realtime_frozen_forget
-from realtime.services import (
+from realtime.services.admission import realtime_credits_forget, realtime_switch_set
+from realtime.services.settlement import (
     realtime_charges_settle,
     realtime_charges_settle_all,
-    realtime_credits_forget,
-    realtime_switch_set,
     realtime_usage_record,
 )
 from tests.factories import SYSTEM, api_key_make, organization_make
@@ -642,10 +641,10 @@ def test_an_answered_request_costs_two_queries_and_three_redis_round_trips(
     import redis.connection
 
     import realtime.selectors
-    import realtime.services
+    import realtime.services.admission
 
     # The once-a-second reads stay held however slowly this test runs.
-    monkeypatch.setattr(realtime.services, "CREDITS_READ_EVERY_SECONDS", 3600.0)
+    monkeypatch.setattr(realtime.services.admission, "CREDITS_READ_EVERY_SECONDS", 3600.0)
     monkeypatch.setattr(realtime.selectors, "FROZEN_READ_EVERY_SECONDS", 3600.0)
     assert api.post(path, body, format="json").status_code == 200  # the reads, last_used_at
     sent: list[bytes] = []
@@ -907,7 +906,7 @@ def test_without_redis_a_realtime_request_is_refused_503(
 
 def test_the_settlement_reads_only_unsettled_rows(organization: Organization,
                                                   api_key: ApiKey) -> None:
-    from realtime.services import _SETTLE_SQL
+    from realtime.services.settlement import _SETTLE_SQL
 
     # given a key with 20,000 settled usage rows and a few unsettled ones
     old = timezone.now() - timedelta(hours=1)
@@ -940,7 +939,7 @@ def test_the_settlement_reads_only_unsettled_rows(organization: Organization,
 def test_settled_usage_is_rolled_up_by_day_and_purged_after_its_retention(
         organization: Organization, api_key: ApiKey) -> None:
     from realtime.models import RealtimeUsageDaily
-    from realtime.services import realtime_settlement_lag_seconds, realtime_usage_purge
+    from realtime.services.settlement import realtime_settlement_lag_seconds, realtime_usage_purge
 
     model = model_get(MINILM)
     assert model is not None

@@ -26,7 +26,7 @@ from pytest_django import Settings
 from rest_framework.test import APIClient
 
 import billing.unsettled
-import realtime.services
+import realtime.services.admission
 from anex.errors import DomainError
 from billing.models import LedgerEntry
 from billing.services import credits_summary, key_spend_cents
@@ -38,7 +38,8 @@ from jobs.models import Job
 from jobs.services.lifecycle import job_approve
 from realtime.models import RealtimeSettlement, RealtimeUsage
 from realtime.selectors import realtime_frozen_forget
-from realtime.services import realtime_charges_settle_all, realtime_credits_forget
+from realtime.services.admission import realtime_credits_forget
+from realtime.services.settlement import realtime_charges_settle_all
 from tests.factories import api_key_make, job_make, organization_make
 from tests.race import run_before
 from tests.servers import LocalServer, free_port, reply
@@ -214,7 +215,7 @@ def test_a_hold_approved_after_a_realtime_process_read_the_balance_is_counted(
         settings: Settings, engine: LocalServer, monkeypatch: pytest.MonkeyPatch) -> None:
     # given a process that read the organization's 3 credits (a realtime request), and
     # keeps that read however slowly this test runs
-    monkeypatch.setattr(realtime.services, "CREDITS_READ_EVERY_SECONDS", 3600.0)
+    monkeypatch.setattr(realtime.services.admission, "CREDITS_READ_EVERY_SECONDS", 3600.0)
     monkeypatch.setattr(billing.unsettled, "HOLD_SEEN_SECONDS", 3600.0)
     organization = funded(settings, 3)
     _, plaintext = api_key_make(organization)

@@ -39,7 +39,7 @@ from inference.tokens import checkpoint_tokens
 from realtime.concurrency import reservations_in_flight, slots_in_flight
 from realtime.models import RealtimeUsage
 from realtime.selectors import realtime_frozen_forget
-from realtime.services import realtime_credits_forget
+from realtime.services.admission import realtime_credits_forget
 from realtime.serving import Batcher, EngineServer, Served
 
 pytestmark = [

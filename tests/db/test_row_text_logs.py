@@ -71,8 +71,8 @@ def test_an_engine_refusal_logs_no_row_text(caplog: pytest.LogCaptureFixture) ->
 def test_a_realtime_engine_failure_logs_no_request_text(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     from anex.errors import EngineFailed
-    from realtime import services
     from realtime.engine_client import EngineRefused
+    from realtime.services import requests as services
 
     def refused(**kwargs: object) -> None:
         raise EngineRefused(f"400: the prompt {ROW_TEXT} is too long")

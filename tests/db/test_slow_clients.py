@@ -23,7 +23,7 @@ from anex import transfers
 from anex.transfers import DOWNLOAD, UPLOAD, transfer_held, transfers_in_process
 from console.models import ApiKey, Organization
 from jobs.storage import storage_for
-from realtime import services as realtime_services
+from realtime.services import admission as realtime_services
 from tests.factories import api_key_make, organization_make
 from tests.servers import LocalServer, reply
 

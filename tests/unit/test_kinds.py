@@ -23,11 +23,10 @@ from inference.kinds.embed import (
 )
 from inference.rows.decisions import question_text, state_text
 from inference.tokens import token_counter
+from tests.product import product_sources, relative
 from tests.unit.test_validation_support import model
 
-REPO = Path(__file__).resolve().parents[2]
-# The packages that must ask a kind rather than compare the task string themselves.
-ASKING = ("anex", "billing", "console", "inference", "jobs", "realtime")
+# Every module of the product must ask a kind rather than compare the task string itself.
 SWITCH = re.compile(r"""task(_type)? *(==|!=) *["']|task(_type)? +(not +)?in +\(""")
 
 
@@ -39,9 +38,8 @@ def test_every_catalog_task_has_exactly_one_kind() -> None:
 
 
 def test_nothing_outside_the_kinds_switches_on_the_task_string() -> None:
-    found = [f"{path.relative_to(REPO)}:{number}"
-             for package in ASKING for path in sorted((REPO / package).rglob("*.py"))
-             if "kinds" not in path.relative_to(REPO).parts
+    found = [f"{relative(path)}:{number}"
+             for path in product_sources() if "kinds" not in path.parts
              for number, line in enumerate(path.read_text().splitlines(), start=1)
              if SWITCH.search(line)]
     assert found == []

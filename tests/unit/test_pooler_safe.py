@@ -8,10 +8,9 @@ that turn Django's own off are held by tests/e2e/test_pgbouncer.py."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-APPS = ("anex", "billing", "console", "inference", "jobs", "openai_api", "realtime")
+from tests.product import product_sources, relative
+
 SESSION_STATE = {
     "a session-level advisory lock": re.compile(r"pg_(try_)?advisory_lock(_shared)?\s*\("),
     # SQL is written in capitals here; a sentence starting "Set ..." is not a statement.
@@ -25,13 +24,8 @@ SESSION_STATE = {
 }
 
 
-def product_sources() -> list[Path]:
-    return [path for app in APPS for path in (ROOT / app).rglob("*.py")
-            if "migrations" not in path.parts]
-
-
 def test_the_product_keeps_no_state_on_a_database_session() -> None:
-    found = [f"{path.relative_to(ROOT)}:{number}: {what}: {line.strip()}"
+    found = [f"{relative(path)}:{number}: {what}: {line.strip()}"
              for path in product_sources()
              for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
              for what, pattern in SESSION_STATE.items() if pattern.search(line)]

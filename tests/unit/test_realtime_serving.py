@@ -22,7 +22,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from inference.kinds.embed import EmbedKind
-from realtime.serving import Batcher, EngineBusy, EngineFailed, EngineServer, Served
+from realtime.serving import Batcher, BatchFailed, EngineServer, NotTaken, Served
 
 # The servers' serve_forever polls for its shutdown this often (by default every half a
 # second, paid at each server's stop).
@@ -94,7 +94,7 @@ def test_an_engine_failure_reaches_every_request_of_its_batch() -> None:
     engine.fail = True
     engine.release.set()
     batcher = Batcher("test", engine.run, max_items=10)
-    with pytest.raises(EngineFailed, match="out of memory"):
+    with pytest.raises(BatchFailed, match="out of memory"):
         batcher.submit([1])
     engine.fail = False
     assert batcher.submit([2]) == [4]  # and the queue goes on
@@ -112,7 +112,7 @@ def test_a_full_queue_refuses_at_once_and_the_engine_never_sees_it() -> None:
         thread.start()
     while batcher.queued < 3:
         threading.Event().wait(0.01)
-    with pytest.raises(EngineBusy, match="queue is full"):
+    with pytest.raises(NotTaken, match="queue is full"):
         batcher.submit([4])
     engine.release.set()
     for thread in [first, *waiting]:
@@ -132,7 +132,7 @@ def test_work_whose_deadline_passed_while_it_waited_is_dropped_uncomputed() -> N
     def late() -> None:
         try:
             batcher.submit([7], deadline=time.monotonic() + 0.05)
-        except EngineBusy as exc:
+        except NotTaken as exc:
             outcome.append(exc)
 
     waiter = threading.Thread(target=late)

@@ -19,7 +19,7 @@ from realtime.serializers import (
     decision_out,
     embeddings_out,
 )
-from realtime.services import base64_vector
+from realtime.services.requests import base64_vector
 
 
 def _same(built: dict[str, Any], serialized: Any) -> None:
