@@ -1,4 +1,4 @@
-"""The layering of docs/architecture.md, held to the code: every import (at the top of a
+"""The layering of docs/dev/architecture.md, held to the code: every import (at the top of a
 module, inside a function, or for types only) runs down the layers, never up, and no two
 modules import each other at run time, however indirectly (a type-only import back, under
 TYPE_CHECKING, is no circle: nothing runs it). Read from the source, no module imported."""
