@@ -83,8 +83,8 @@ class Constrained:
 
 class Closed(Constrained):
     """A request body of its declared fields and no other (every body of the batch and
-    realtime APIs, docs/decisions.md "Unknown body fields"). DRF drops a field it does not
-    declare without a word, so a misspelt `max_ouput_tokens` ran the job with the default
+    realtime APIs, docs/dev/decisions/2026-12-06-unknown-body-fields.md). DRF drops a field it does
+    not declare without a word, so a misspelt `max_ouput_tokens` ran the job with the default
     it meant to change: here it is refused, 422 naming it (beside any other field's
     problem), as OpenAI ("Unrecognized request argument supplied") and Stripe refuse one.
     Its schema says so: additionalProperties false (anex/api/schema.py)."""
