@@ -1,5 +1,5 @@
 """Every write to the credit ledger, shared by the API, the console, the admin and the
-workers (STYLE.md rules 1, 4 and 5).
+workers (docs/dev/style.md rules 1, 4 and 5).
 
 Locking: every function that reads a balance to decide a write locks the organization row
 first (`organization_lock`), and callers that also lock a job lock the organization before

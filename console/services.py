@@ -1,4 +1,4 @@
-"""Every write to organizations, members, keys and the audit log (STYLE.md rule 1)."""
+"""Every write to organizations, members, keys and the audit log (docs/dev/style.md rule 1)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The one place work is sent: queue names, the queues a worker declares, and messages sent
-by actor name, after the commit that made their row (STYLE.md rule 6; readthedocs'
+by actor name, after the commit that made their row (docs/dev/style.md rule 6; readthedocs'
 `send_task` by name).
 
     dispatch.send_on_commit("job_estimate_task", str(job.pk))

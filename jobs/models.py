@@ -31,7 +31,7 @@ from jobs.constants import (
 
 class Job(models.Model):
     """A batch job: an input run through one model. Its status changes only through
-    jobs.services, each change a guarded transition (STYLE.md rule 3)."""
+    jobs.services, each change a guarded transition (docs/dev/style.md rule 3)."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     organization = models.ForeignKey(

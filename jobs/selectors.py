@@ -1,4 +1,4 @@
-"""Every scoped read in the jobs app (STYLE.md rule 2)."""
+"""Every scoped read in the jobs app (docs/dev/style.md rule 2)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The jobs app's Dramatiq actors. Each takes ids, is sent after commit (jobs/dispatch.py,
-by name), and is safe to run twice (STYLE.md rule 6): the service it calls claims its work
+by name), and is safe to run twice (docs/dev/style.md rule 6): the service it calls claims its work
 with a guarded update. Each actor is its service's name plus `_task` (`job_start` /
 `job_start_task`), on the queue jobs.dispatch.ACTOR_QUEUES names. An actor, not its
 service, decides what an unexpected failure of claimed work means (jobs/failures.py)."""

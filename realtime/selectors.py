@@ -1,5 +1,5 @@
 """Every read the realtime API makes: the operator's switch, and which models this
-deployment serves to a key (STYLE.md rule 2: the key's scopes are applied here, once)."""
+deployment serves to a key (docs/dev/style.md rule 2: the key's scopes are applied here, once)."""
 
 from __future__ import annotations
 

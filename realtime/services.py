@@ -1,4 +1,4 @@
-"""Every write and every realtime request's path (STYLE.md rule 1): the operator's switch,
+"""Every write and every realtime request's path (docs/dev/style.md rule 1): the operator's switch,
 the two requests, the meter that records each answered one, and the settlement that
 charges metered usage to the ledger.
 

@@ -1,7 +1,7 @@
 """The wire pieces both APIs share: the error envelope every error answer carries
 (anex/api/errors.py), and what lets a serializer's OpenAPI say what is checked after it.
 
-An input serializer checks shape only (STYLE.md rule 7); the reference's 400s are the
+An input serializer checks shape only (docs/dev/style.md rule 7); the reference's 400s are the
 views' and the services' to raise, and the task kinds' rules the services'. So that
 /openapi.json still says every rule a request is held to, a field can carry the rest of
 its schema (`Documented`) and a body the rules between its fields (`Constrained`), which

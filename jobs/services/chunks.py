@@ -1,4 +1,4 @@
-"""The chunk state machine (STYLE.md rule 3): every write of Chunk.status and of a chunk's
+"""The chunk state machine (docs/dev/style.md rule 3): every write of Chunk.status and of a chunk's
 lease is here, and nowhere else.
 
 The moves a chunk can make are data (jobs.constants CHUNK_TRANSITIONS). Each is one
