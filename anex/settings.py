@@ -1,4 +1,4 @@
-"""Django settings, read strictly from the environment (README, "Configuration").
+"""Django settings, read strictly from the environment (docs/deploy.md, "Settings").
 
 `make run` and `make test` set DATABASE_URL, REDIS_URL and SECRET_KEY themselves when they
 start the embedded services; a deployment sets them explicitly.
