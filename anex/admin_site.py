@@ -1,5 +1,5 @@
 """The Django admin site: staff sign in through allauth, and the admin is served on one
-host when ANEX_ADMIN_HOST is set (docs/decisions.md, "Other facts")."""
+host when ANEX_ADMIN_HOST is set (docs/dev/decisions/2026-12-01-other-facts.md)."""
 
 from __future__ import annotations
 

@@ -51,12 +51,12 @@ class DbConnectionsMiddleware(dramatiq.Middleware):
 
 
 class RequestIdMiddleware(dramatiq.Middleware):
-    """The request id travels with the work it causes (docs/decisions.md, "Logs that follow
-    a job"): a message sent while one is current (an API call, or an actor that itself runs
-    for one) carries it in its options, and the worker that runs the message makes it
-    current again around the actor, so the actor's log lines and the messages it sends in
-    turn carry it too. Between messages a worker thread is about no request, job or
-    chunk."""
+    """The request id travels with the work it causes
+    (docs/dev/decisions/2026-12-02-logs-that-follow-a-job.md): a message sent while one is current
+    (an API call, or an actor that itself runs for one) carries it in its options, and the worker
+    that runs the message makes it current again around the actor, so the actor's log lines and the
+    messages it sends in turn carry it too. Between messages a worker thread is about no request,
+    job or chunk."""
 
     OPTION = "request_id"
 
@@ -84,10 +84,11 @@ class RequestIdMiddleware(dramatiq.Middleware):
 
 class Doorbell:
     """A sent message rings its queue's bell; an idle consumer of that queue in any worker
-    process wakes on it instead of at the end of its poll (docs/decisions.md, "The broker's
-    doorbell"). Dramatiq's Redis broker has no blocking fetch: an idle consumer backs off to
-    the worker's timeout (a second by default) between fetches, so each hop of a job
-    (approve -> start -> chunks -> finalize) waited up to a second for its worker to look.
+    process wakes on it instead of at the end of its poll
+    (docs/dev/decisions/2026-12-02-the-brokers-doorbell.md). Dramatiq's Redis broker has no blocking
+    fetch: an idle consumer backs off to the worker's timeout (a second by default) between fetches,
+    so each hop of a job (approve -> start -> chunks -> finalize) waited up to a second for its
+    worker to look.
 
     The bell is a Redis publish of the queue's name on the broker's channel (one per Redis
     database: the channels of a server are shared by its databases). A worker process

@@ -1,5 +1,5 @@
-"""The Content-Security-Policy every response is sent with (issue 22, L5; docs/decisions.md,
-"The console's Content-Security-Policy").
+"""The Content-Security-Policy every response is sent with (issue 22, L5;
+docs/dev/decisions/2026-12-02-the-console-hardened.md, "Content-Security-Policy").
 
 Scripts and styles come only from this site's own files: no inline `<script>`, no `on*=`
 handler, no `style=` attribute or `<style>` block runs or applies, so an injected tag does

@@ -272,7 +272,8 @@ def manage(env: dict[str, str], *args: str, capture: bool = False) -> str:
 # after everything else here: on one machine the CPU engines share the cores with the web
 # tier, the CPU worker and PostgreSQL, where a deployment gives each engine its own GPU. At
 # the default niceness a saturated engine made the batch API's job reads wait seconds
-# (docs/decisions.md, "make run's engines yield the CPU").
+# (docs/dev/decisions/2026-12-01-realtime-counted-reserved-and-isolated.md, "make run's engines
+# yield the CPU").
 ENGINE_ROLES = ("worker-gpu", "realtime")
 ENGINE_NICENESS = 10
 

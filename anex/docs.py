@@ -1,13 +1,15 @@
-"""The docs pages under /docs/, rendered from the Markdown files in docs/.
+"""The docs pages under /docs/: the customer pages, rendered from their Markdown in docs/.
 
-Every page answers `Accept: text/markdown` (or a `.md` suffix) with its Markdown source,
-and HTML otherwise (the reference's overview: "Every page of these docs also answers
-Accept: text/markdown with a Markdown rendering of itself").
+Only the pages PAGES names are served: docs/ also holds what customers do not read (the
+operators' docs/deploy.md; docs/dev/, the developers' architecture, style guide and
+decision records, which quote internal profiling and hardening), and no file there is
+published by being there. Every page answers `Accept: text/markdown` (or a `.md` suffix)
+with its Markdown source, and HTML otherwise (the reference's overview: "Every page of
+these docs also answers Accept: text/markdown with a Markdown rendering of itself").
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -22,8 +24,19 @@ from django.views.decorators.http import require_GET
 from django.views.decorators.vary import vary_on_headers
 
 DOCS_DIR = Path(settings.BASE_DIR) / "docs"
-_SLUG = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 MARKDOWN_TYPE = "text/markdown"
+
+# The customer pages, each docs/<slug>.md: adding one is a line here (the index links it).
+PAGES = (
+    "index",
+    "estimates",
+    "output-format",
+    "webhooks",
+    "errors",
+    "realtime",
+    "openai",
+    "cli",
+)
 
 
 @dataclass(frozen=True)
@@ -65,19 +78,16 @@ def _page(slug: str, source: str) -> DocPage:
 
 
 def doc_page(slug: str) -> DocPage:
-    if not _SLUG.match(slug):
-        raise Http404("No such docs page.")
     if slug in GENERATED_PAGES:
         return _generated(slug)
-    path = DOCS_DIR / f"{slug}.md"
-    if not path.is_file():
+    if slug not in PAGES:
         raise Http404("No such docs page.")
+    path = DOCS_DIR / f"{slug}.md"
     return _render(path, path.stat().st_mtime_ns)
 
 
 def doc_pages() -> list[DocPage]:
-    slugs = [path.stem for path in DOCS_DIR.glob("*.md")] + list(GENERATED_PAGES)
-    pages = [doc_page(slug) for slug in slugs]
+    pages = [doc_page(slug) for slug in (*PAGES, *GENERATED_PAGES)]
     return sorted(pages, key=lambda page: (page.slug != "index", page.slug))
 
 

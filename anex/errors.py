@@ -1,5 +1,5 @@
 """The domain's refusals: what a service raises when it will not do what it was asked
-(STYLE.md rule 7; the idea of HackSoft's core/exceptions.py).
+(docs/dev/style.md rule 7; the idea of HackSoft's core/exceptions.py).
 
 A service names what went wrong - not found, a wrong state, no credits, a limit - with
 the reference's exact message and any field the reference shows beside it (421's

@@ -2,7 +2,7 @@
 `--worker-class anex.gunicorn_hooks.BoundedThreadWorker`).
 
 The worker is gunicorn's threaded one with every connection's socket bounded (issue 40 M2;
-docs/decisions.md, "Slow clients and the web tier"): gunicorn waits for a connection's
+docs/dev/decisions/2026-12-06-slow-clients-and-the-web-tier.md): gunicorn waits for a connection's
 first bytes without a thread, but once they come it reads the rest of the request line, the
 headers and (through the application) the body with blocking reads that never time out, so
 a client that sends a few bytes and stops held a thread for good, and a handful held a
@@ -19,7 +19,7 @@ transformers with them), collects the garbage, and moves what is left out of the
 collector's reach (gc.freeze): some 205,000 objects that live as long as the process.
 Without that, each full collection walked them all with every thread of the process
 stopped, 140-470 ms under load, about every five seconds, and a job read that met one
-waited it out (docs/decisions.md, "The web process's heap"). What requests make later is
+waited it out (docs/dev/decisions/2026-12-02-the-web-processs-heap.md). What requests make later is
 collected as before.
 """
 

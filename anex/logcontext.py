@@ -1,5 +1,5 @@
 """What a log line is about, so one job's lines can be followed across processes
-(docs/decisions.md, "Logs that follow a job").
+(docs/dev/decisions/2026-12-02-logs-that-follow-a-job.md).
 
 Three context variables: the request id (anex.requestid, set by the web tier's middleware
 and restored in a worker from the message that the request caused: anex.broker), and the

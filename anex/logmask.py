@@ -1,7 +1,8 @@
 """Secrets kept out of log lines: an invitation's token travels in its link's path
 (/console/invitations/<token>), which the web server's access log and Django's request log
-write out. Every such token is replaced by "…" in a log line (docs/decisions.md, issue 22
-L7); the link itself keeps working."""
+write out. Every such token is replaced by "…" in a log line
+(docs/dev/decisions/2026-12-01-invitation-tokens-out-of-the-logs-invitations-bounded.md); the link
+itself keeps working."""
 
 from __future__ import annotations
 

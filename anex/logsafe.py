@@ -3,7 +3,7 @@
 An exception raised while a customer's row is in hand (an engine refusing a prompt, a
 tokenizer, a JSON reader) often quotes the row in its message, and `logger.exception`
 writes that message and every chained one into the logs, which keep no customer data
-(docs/decisions.md, "Row text out of the logs"). `exception_summary` keeps what an
+(docs/dev/decisions/2026-12-02-row-text-out-of-the-logs.md). `exception_summary` keeps what an
 operator needs to find the fault: each exception's class, chained causes included, and
 where it was raised, frame by frame."""
 

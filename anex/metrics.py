@@ -1,4 +1,5 @@
-"""GET /metrics: the web tier's Prometheus exposition (docs/decisions.md, "Metrics").
+"""GET /metrics: the web tier's Prometheus exposition
+(docs/dev/decisions/2026-12-02-fleet-figures-are-read-from-the-database-at-scrape-time.md).
 
 Two sources:
 

@@ -67,7 +67,7 @@ def window_hit(limiter: str, subject: object, *,
     (a key, a client address). When Redis cannot be reached a limiter that fails open gets
     None and lets the request through; one that fails closed raises Unavailable (503 with
     Retry-After: nothing done).
-    Each caller says which (docs/decisions.md, "Limiters when Redis fails")."""
+    Each caller says which (docs/dev/decisions/2026-12-02-limiters-when-redis-fails.md)."""
     hits = windows_hit([(limiter, subject)], fail=fail)
     return None if hits is None else hits[0]
 

@@ -1,4 +1,4 @@
-"""Data residency (docs/decisions.md, "Data residency"; the reference's 403 and 421).
+"""Data residency (docs/dev/decisions/2026-12-01-data-residency.md; the reference's 403 and 421).
 
 One deployment answers both API hosts. The host a request reached is its region; data
 kept in the other region is refused with 421 naming the API to use.
@@ -18,7 +18,8 @@ from anex.errors import Forbidden, WrongRegion
 
 
 class Region(models.TextChoices):
-    """Where an object's data is stored and processed (docs/decisions.md, "Data residency")."""
+    """Where an object's data is stored and processed
+    (docs/dev/decisions/2026-12-01-data-residency.md)."""
 
     WORLD = "world", "World"
     EU = "eu", "EU (EEA)"

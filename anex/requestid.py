@@ -1,4 +1,4 @@
-"""Request ids (docs/decisions.md, "Adopted from the peer API").
+"""Request ids (docs/dev/decisions/2026-12-01-adopted-from-the-peer-api.md).
 
 Every response carries X-Anex-Request-ID, ours, quoted to support. A caller's own
 X-Request-ID is echoed back unchanged when it is well formed; one that is not (too long,

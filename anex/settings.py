@@ -1,4 +1,4 @@
-"""Django settings, read strictly from the environment (README, "Configuration").
+"""Django settings, read strictly from the environment (docs/deploy.md, "Settings").
 
 `make run` and `make test` set DATABASE_URL, REDIS_URL and SECRET_KEY themselves when they
 start the embedded services; a deployment sets them explicitly.
@@ -32,8 +32,8 @@ ANEX_ENCRYPTION_KEY = env.optional_str("ANEX_ENCRYPTION_KEY")
 if ANEX_ENCRYPTION_KEY is not None:
     env.secret("ANEX_ENCRYPTION_KEY", min_length=32)
 
-# Region API origins (docs/decisions.md, "Data residency"): one deployment answers both hosts,
-# and the host a request reached decides which region's data it may read or store.
+# Region API origins (docs/dev/decisions/2026-12-01-data-residency.md): one deployment answers both
+# hosts, and the host a request reached decides which region's data it may read or store.
 ANEX_API_ORIGIN = env.origin("ANEX_API_ORIGIN", "https://api.anex.sh")
 ANEX_EU_API_ORIGIN = env.origin("ANEX_EU_API_ORIGIN", "https://api-eu.anex.sh")
 if urlsplit(ANEX_API_ORIGIN).hostname == urlsplit(ANEX_EU_API_ORIGIN).hostname:
@@ -177,7 +177,8 @@ ACCOUNT_EMAIL_SUBJECT_PREFIX = "[anex] "
 ACCOUNT_LOGOUT_REDIRECT_URL = "/"
 # What a recent re-authentication may be (within allauth's ACCOUNT_REAUTHENTICATION_TIMEOUT,
 # 300 s): allauth's three methods, and a sign-in that just completed, which
-# console.accounts records as "sign-in" (issue 40; docs/decisions.md).
+# console.accounts records as "sign-in" (issue 40;
+# docs/dev/decisions/2026-12-06-a-sign-in-is-a-recent-authentication.md).
 ACCOUNT_REAUTHENTICATION_METHODS = ("password", "code", "mfa", "sign-in")
 MFA_SUPPORTED_TYPES = ["totp", "recovery_codes"]
 # A staff account's authenticator app needs a one-time code issued from a shell besides the
@@ -203,8 +204,9 @@ STORAGES = {
 # first `make run`), so the admin and the docs are styled either way.
 WHITENOISE_USE_FINDERS = True
 
-# Object storage for inputs and results (docs/decisions.md, "Inputs and results"): "local" is
-# the embedded default's signed-link backend, "s3" the production one, one bucket a region.
+# Object storage for inputs and results (docs/dev/decisions/2026-12-01-inputs-and-results.md):
+# "local" is the embedded default's signed-link backend, "s3" the production one, one bucket a
+# region.
 ANEX_STORAGE_BACKEND = env.choice("ANEX_STORAGE_BACKEND", "local", ("local", "s3"))
 ANEX_STORAGE_ROOT = Path(env.string("ANEX_STORAGE_ROOT", str(BASE_DIR / ".run" / "storage")))
 ANEX_S3_BUCKETS: dict[str, str] = {}
@@ -259,9 +261,10 @@ if not DEBUG:
                    "the storage at (docs/deploy.md)." if _name == "ANEX_S3_ENDPOINT_URL"
                    else " (docs/deploy.md)."))
 
-# Which checkpoint serves which model id (docs/decisions.md, "Models, limits and pricing"):
-# "model-id=/path/to/checkpoint;…". A checkpoint directory holds the model's tokenizer.json,
-# which the estimator counts input tokens with.
+# Which checkpoint serves which model id
+# (docs/dev/decisions/2026-12-01-models-limits-and-pricing.md): "model-id=/path/to/checkpoint;…". A
+# checkpoint directory holds the model's tokenizer.json, which the estimator counts input tokens
+# with.
 ANEX_CHECKPOINTS = env.path_mapping("ANEX_CHECKPOINTS")
 # What a worker process serves: its models (default: every configured checkpoint) and its
 # regions. A GPU worker sets one model; the embedded default's one worker serves all.
@@ -290,11 +293,12 @@ ANEX_RESULT_RETENTION_DAYS = env.integer("ANEX_RESULT_RETENTION_DAYS", 30, minim
 # Rows per chunk: one engine call each. Larger chunks batch better on a GPU; smaller ones
 # lose less to a dead worker and deliver more on cancel.
 ANEX_CHUNK_ROWS = env.integer("ANEX_CHUNK_ROWS", 256, minimum=1)
-# Fair dispatch (jobs.services.chunks.chunks_release, docs/decisions.md "Fair dispatch"):
-# the chunks of one model in one region that may be sent or running at once, fleet-wide,
-# and of those at most this many of one job. Set the first to about the model's GPU
-# workers times their threads plus a few: the queue then holds no more than those few, so
-# a new job's first chunk is sent as the next chunk ends, however large the running jobs.
+# Fair dispatch (jobs.services.chunks.chunks_release,
+# docs/dev/decisions/2026-12-01-fair-dispatch.md): the chunks of one model in one region that may be
+# sent or running at once, fleet-wide, and of those at most this many of one job. Set the first to
+# about the model's GPU workers times their threads plus a few: the queue then holds no more than
+# those few, so a new job's first chunk is sent as the next chunk ends, however large the running
+# jobs.
 ANEX_DISPATCH_IN_FLIGHT = env.integer("ANEX_DISPATCH_IN_FLIGHT", 8, minimum=1)
 ANEX_DISPATCH_JOB_IN_FLIGHT = env.integer("ANEX_DISPATCH_JOB_IN_FLIGHT",
                                           ANEX_DISPATCH_IN_FLIGHT, minimum=1)
@@ -316,7 +320,7 @@ STRIPE_API_BASE = env.optional_str("STRIPE_API_BASE")
 if STRIPE_API_BASE is not None:
     env.origin("STRIPE_API_BASE", STRIPE_API_BASE)
 
-# Credits every new organization is granted (docs/decisions.md, "Credits and billing").
+# Credits every new organization is granted (docs/dev/decisions/2026-12-01-credits-and-billing.md).
 ANEX_FREE_GRANT_CENTS = env.integer("ANEX_FREE_GRANT_CENTS", 100, minimum=0)
 
 # The SSRF-safe fetcher (anex/net.py). Loopback is for tests only; a CA bundle path lets
@@ -324,7 +328,8 @@ ANEX_FREE_GRANT_CENTS = env.integer("ANEX_FREE_GRANT_CENTS", 100, minimum=0)
 ANEX_FETCH_ALLOW_LOOPBACK = env.boolean("ANEX_FETCH_ALLOW_LOOPBACK", False)
 ANEX_FETCH_CA_BUNDLE = env.optional_str("ANEX_FETCH_CA_BUNDLE")
 
-# The per-key request rate when a key sets none (docs/decisions.md, "Adopted from the peer API").
+# The per-key request rate when a key sets none
+# (docs/dev/decisions/2026-12-01-adopted-from-the-peer-api.md).
 ANEX_DEFAULT_RATE_LIMIT_PER_MINUTE = env.integer(
     "ANEX_DEFAULT_RATE_LIMIT_PER_MINUTE", 600, minimum=1
 )
@@ -492,8 +497,8 @@ if not ANEX_WEB_BIND.rpartition(":")[2].isdigit() \
         f"ANEX_WEB_BIND={ANEX_WEB_BIND!r} is not host:port (such as 0.0.0.0:8000).")
 ANEX_WEB_WORKERS = env.integer("ANEX_WEB_WORKERS", 2, minimum=1, maximum=64)
 ANEX_WEB_THREADS = env.integer("ANEX_WEB_THREADS", 16, minimum=1, maximum=256)
-# Slow clients (issue 40 M2; docs/decisions.md, "Slow clients and the web tier"). Every read
-# and write on a web connection waits at most this long (anex.gunicorn_hooks), so a client
+# Slow clients (issue 40 M2; docs/dev/decisions/2026-12-06-slow-clients-and-the-web-tier.md). Every
+# read and write on a web connection waits at most this long (anex.gunicorn_hooks), so a client
 # that stops sending or reading mid-request frees its thread: gunicorn's own threads wait
 # without a bound once a request's first byte has come.
 ANEX_WEB_SOCKET_TIMEOUT_SECONDS = env.integer("ANEX_WEB_SOCKET_TIMEOUT_SECONDS", 30,
@@ -528,7 +533,8 @@ ANEX_TENSOR_PARALLEL_SIZE = env.integer("ANEX_TENSOR_PARALLEL_SIZE", 1, minimum=
                                         maximum=64)
 # Placement: the regions a worker serves are named, never assumed. A worker that names
 # none serves the world region only, so EU data runs only on workers that name "eu"
-# (docs/decisions.md, "Worker roles and placement"); `make run`'s one machine names both.
+# (docs/dev/decisions/2026-12-02-worker-roles-and-placement.md); `make run`'s one machine names
+# both.
 ANEX_WORKER_REGIONS = env.csv_list("ANEX_WORKER_REGIONS", ["world"])
 if not ANEX_WORKER_REGIONS or set(ANEX_WORKER_REGIONS) - {"world", "eu"}:
     raise ImproperlyConfigured(
@@ -558,9 +564,9 @@ if not loopback_host(ANEX_WORKER_METRICS_HOST) and not ANEX_METRICS_TOKEN:
 # Outermost, so a request's latency counts every middleware and a refusal by one is counted.
 MIDDLEWARE.insert(0, "anex.metrics.RequestMetricsMiddleware")
 
-# Security round 2 (issue 22 M4, M5; docs/decisions.md "Heavy free work" and "Roles and
-# offboarding"). Preflight checks one organization may have reading at once: each reads
-# and tokenizes a whole input, for free.
+# Security round 2 (issue 22 M4, M5; docs/dev/decisions/2026-12-02-heavy-free-work.md and
+# docs/dev/decisions/2026-12-02-roles-and-offboarding.md). Preflight checks one organization may
+# have reading at once: each reads and tokenizes a whole input, for free.
 ANEX_CHECKS_IN_FLIGHT = env.integer("ANEX_CHECKS_IN_FLIGHT", 3, minimum=1)
 # Active API keys one organization may hold: each has its own request rate.
 ANEX_API_KEYS_MAX = env.integer("ANEX_API_KEYS_MAX", 25, minimum=1)

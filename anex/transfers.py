@@ -1,5 +1,5 @@
-"""Caps on the file transfers the web tier streams itself (issue 40 M2; docs/decisions.md,
-"Slow clients and the web tier").
+"""Caps on the file transfers the web tier streams itself (issue 40 M2;
+docs/dev/decisions/2026-12-06-slow-clients-and-the-web-tier.md).
 
 An upload of up to the input cap (2 GiB) or a file's content streamed back holds a web
 thread for as long as the client takes to send or read it; a few slow clients of one

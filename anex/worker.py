@@ -23,7 +23,7 @@ from jobs.dispatch import gpu_prefetch_install, run_queues_declare  # noqa: E402
 # A bare multi-process `dramatiq anex.worker` taking model queues stops here (anex.roles).
 engine_processes_refuse(sys.argv)
 
-# Each app keeps its actors in tasks.py (STYLE.md); importing them declares them.
+# Each app keeps its actors in tasks.py (docs/dev/style.md); importing them declares them.
 autodiscover_modules("tasks")
 
 # The chunks of the models this worker serves, in the regions it serves (ANEX_WORKER_*).

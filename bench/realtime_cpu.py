@@ -52,7 +52,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-# The commit before the realtime fast path (docs/decisions.md, "The realtime fast path").
+# The commit before the realtime fast path
+# (docs/dev/decisions/2026-12-02-the-realtime-fast-path.md).
 BASELINE = "65ecd33"
 CLIENTS = 4
 THREADS = 16  # a make run web worker's
@@ -69,7 +70,8 @@ CASES: tuple[tuple[str, str, dict[str, Any] | None], ...] = (
     ("embeddings", "/realtime/v1/embeddings", EMBEDDING),
     ("systemone", "/realtime/v1/systemone", DECISION),
     ("job read", "/batch/v1/jobs/{job}", None))
-# The commit before GET /jobs/{id}'s prepared read (docs/decisions.md, "The job poll").
+# The commit before GET /jobs/{id}'s prepared read
+# (docs/dev/decisions/2026-12-03-the-job-poll-compiled-once.md).
 JOB_READ_BASELINE = "36f0bd3"
 
 

@@ -1,5 +1,7 @@
 """A job's charge spread over its rows: each result row says what it cost, and the rows'
-costs add up to the charge exactly (docs/decisions.md, "Per-row cost").
+costs add up to the charge exactly
+(docs/dev/decisions/2026-12-01-preflight-checks-per-row-cost-re-runs-and-progress-events.md,
+"Per-row cost").
 
 The job is priced once, at the end (inference.pricing.price: its exact cost rounded up to a
 whole credit, floored at 1 credit and at the model's minimum job price). Each row's share

@@ -10,7 +10,7 @@ from console.tenancy import OrgScopedQuerySet
 
 class LedgerEntry(models.Model):
     """One movement of credits (1 credit = 1 US cent). Append-only: the database refuses
-    UPDATE and DELETE, and every total is a SUM over these rows (STYLE.md rule 4).
+    UPDATE and DELETE, and every total is a SUM over these rows (docs/dev/style.md rule 4).
 
     balance_delta moves the balance (grants and top-ups in, charges out); held_delta moves
     the part of it reserved by approved jobs (holds in, releases and charges out). What an

@@ -1,5 +1,5 @@
 """Every write to the credit ledger, shared by the API, the console, the admin and the
-workers (STYLE.md rules 1, 4 and 5).
+workers (docs/dev/style.md rules 1, 4 and 5).
 
 Locking: every function that reads a balance to decide a write locks the organization row
 first (`organization_lock`), and callers that also lock a job lock the organization before
@@ -110,8 +110,8 @@ def credits_require_positive(*, organization: Organization) -> None:
     It differs from Credits.covers on purpose: nothing is spent until the job is approved,
     and approval asks the available balance (less what approved jobs hold) to cover the
     estimate, so holds are not counted here. A realtime request spends at once, with no
-    approval after it, so realtime asks Credits.covers (docs/decisions.md, "Credits and
-    billing")."""
+    approval after it, so realtime asks Credits.covers
+    (docs/dev/decisions/2026-12-01-credits-and-billing.md)."""
     if credits_summary(organization=organization).balance <= 0:
         raise PaymentRequired(NO_CREDITS_DETAIL)
 
@@ -194,7 +194,7 @@ def _topup_reversal_write(*, topup: LedgerEntry, cents: int, idempotency_key: st
     Taking back is capped so a top-up is never reversed by more than it credited (a
     partial refund and then a dispute of the rest, or a redelivery of either, cannot
     overlap). The balance may go below zero: uploads, submits and approvals then answer
-    402 until a top-up covers it (docs/decisions.md, "Credits and billing").
+    402 until a top-up covers it (docs/dev/decisions/2026-12-01-credits-and-billing.md).
     """
     payment_intent = topup.stripe_payment_intent
     existing = LedgerEntry.objects.filter(idempotency_key=idempotency_key).first()

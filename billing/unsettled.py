@@ -3,7 +3,7 @@ counts before it holds a job's estimate (billing.services.hold_place), and what 
 request counts before it spends (realtime.concurrency).
 
 A realtime request is metered by one INSERT and charged to the ledger by the settlement,
-30 to 60 seconds later (docs/decisions.md, "Realtime: counted, reserved and isolated").
+30 to 60 seconds later (docs/dev/decisions/2026-12-01-realtime-counted-reserved-and-isolated.md).
 Until then its money lives here, per organization and per key, in nano-dollars:
 
 - metered: what answered requests cost (each adds its cost as it gives its slot back);

@@ -1,4 +1,4 @@
-"""Every scoped read of organizations, members and keys (STYLE.md rule 2)."""
+"""Every scoped read of organizations, members and keys (docs/dev/style.md rule 2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Every write to organizations, members, keys and the audit log (STYLE.md rule 1)."""
+"""Every write to organizations, members, keys and the audit log (docs/dev/style.md rule 1)."""
 
 from __future__ import annotations
 
@@ -319,7 +319,8 @@ DOTLESS_DOMAINS = {"gmail.com": "gmail.com", "googlemail.com": "gmail.com"}
 
 def mailbox_normalize(email: str) -> str:
     """The mailbox an address delivers to, as far as the free grant is concerned: lower
-    case, without a +tag, and for Gmail without dots (docs/decisions.md, "The free grant")."""
+    case, without a +tag, and for Gmail without dots
+    (docs/dev/decisions/2026-12-02-the-free-grant-after-verification-once-per-mailbox.md)."""
     local, _, domain = email.strip().lower().rpartition("@")
     local = local.split("+", 1)[0]
     domain = DOTLESS_DOMAINS.get(domain, domain)
@@ -432,8 +433,8 @@ def api_key_create(*, organization: Organization, actor: Actor, name: str = "",
                    rate_limit_per_minute: int | None = None) -> tuple[ApiKey, str]:
     """Create a key; returns it with its plaintext, which is never available again. An
     organization has at most ANEX_API_KEYS_MAX active keys (each has its own request
-    rate); a member's key carries a spend budget (docs/decisions.md, "Roles and
-    offboarding")."""
+    rate); a member's key carries a spend budget
+    (docs/dev/decisions/2026-12-02-roles-and-offboarding.md)."""
     member = not _staff_or_system(actor) and not _is_owner(organization=organization,
                                                             actor=actor)
     if spend_budget_cents is None and member:
@@ -494,8 +495,8 @@ def api_key_revoke(*, key: ApiKey, actor: Actor) -> ApiKey:
     return key
 
 
-# How long a staff enrolment code works (docs/decisions.md, "Staff authenticators enrolled
-# with a one-time code (L10)").
+# How long a staff enrolment code works
+# (docs/dev/decisions/2026-12-06-the-admin-on-a-host-of-its-own.md).
 STAFF_ENROLMENT_VALIDITY = timedelta(hours=24)
 
 

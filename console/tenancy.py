@@ -1,4 +1,4 @@
-"""Tenancy in one place (STYLE.md rule 2).
+"""Tenancy in one place (docs/dev/style.md rule 2).
 
 Every organization-owned model's manager is built from OrgScopedQuerySet, and every read
 of one object by id goes through scoped_get: an id that is malformed, unknown, or owned by

@@ -1,4 +1,5 @@
-"""The embedded default's local checkpoints (docs/decisions.md, "Inference").
+"""The embedded default's local checkpoints
+(docs/dev/decisions/2026-12-01-the-embedded-defaults-local-checkpoints.md).
 
 Machines here reach package registries only, so nothing is downloaded at run time:
 - `tiny-qwen3`: a Qwen3 causal LM small enough to load in seconds on 2 CPU cores, with a
@@ -58,7 +59,8 @@ TRAIN_BATCH = 16
 TRAIN_LR = 5e-3
 TRAIN_MAX_TOKENS = 256
 
-# head_dim 64: vLLM's CPU attention takes 32/64/80/…, not 16 (docs/decisions.md, "Inference").
+# head_dim 64: vLLM's CPU attention takes 32/64/80/…, not 16
+# (docs/dev/decisions/2026-12-01-installing-vllm-on-a-cpu-machine.md).
 TINY_QWEN3_CONFIG: dict[str, Any] = {
     "hidden_size": 256,
     "intermediate_size": 512,

@@ -2,10 +2,10 @@
 
 The estimate (est_cost_cents) and the final charge both come from `price`, so they can
 never disagree about a rate; a realtime request's exact cost comes from the same
-`usage_cost_usd`, at the model's realtime rates. The rules (docs/decisions.md, "Credits
-and billing"): 1 credit is 1 US cent; a job's charge is its exact cost rounded up to a
-whole credit, at least 1 credit when it did any work, and at least the model's minimum job
-price; a job that did no work is not charged.
+`usage_cost_usd`, at the model's realtime rates. The rules
+(docs/dev/decisions/2026-12-01-credits-and-billing.md): 1 credit is 1 US cent; a job's charge is its
+exact cost rounded up to a whole credit, at least 1 credit when it did any work, and at least the
+model's minimum job price; a job that did no work is not charged.
 """
 
 from __future__ import annotations

@@ -7,14 +7,14 @@ output-format.txt: two shapes are accepted, {"type": "json_object"} and {"type":
 own contents are not validated against the JSON Schema spec, so a well-formed but
 unsatisfiable schema still reaches the model (and its rows may end as format errors).
 
-A schema is also customer code that the worker runs (docs/decisions.md, "Customer JSON
-schemas"), so besides its shape the check refuses what would let it reach outside the
-schema or run without bound: a size and a nesting cap, a `$ref` that does not start with
-`#` (another document: a URL or a file), a pattern RE2 cannot compile, and a schema whose
-evaluation would cost more than a bound (CWE-407: a few KB of `oneOf` over `$ref`s can
-visit 2**41 subschemas; one `required` list of 9,000 names, referred to 400 times, makes
-each visit go over 9,000 names). The evaluator never retrieves a document, matches every
-pattern with RE2, in linear time, and stops at a step budget and a CPU time per answer.
+A schema is also customer code that the worker runs
+(docs/dev/decisions/2026-12-01-customer-json-schemas.md), so besides its shape the check refuses
+what would let it reach outside the schema or run without bound: a size and a nesting cap, a `$ref`
+that does not start with `#` (another document: a URL or a file), a pattern RE2 cannot compile, and
+a schema whose evaluation would cost more than a bound (CWE-407: a few KB of `oneOf` over `$ref`s
+can visit 2**41 subschemas; one `required` list of 9,000 names, referred to 400 times, makes each
+visit go over 9,000 names). The evaluator never retrieves a document, matches every pattern with
+RE2, in linear time, and stops at a step budget and a CPU time per answer.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The evaluation of one answer against a customer's JSON schema, bounded by the work it does
-(docs/decisions.md, "The work a customer's schema may cost").
+(docs/dev/decisions/2026-12-01-the-work-a-customers-schema-may-cost.md).
 
 jsonschema evaluates; this module decides what each keyword it evaluates costs. A keyword
 evaluated spends a step; one more for each subschema it descends into (an `anyOf` branch

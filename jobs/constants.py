@@ -6,7 +6,7 @@ from inference.constants import RowOutcome
 
 
 class JobStatus(models.TextChoices):
-    """The lifecycle (docs/decisions.md, "Job lifecycle")."""
+    """The lifecycle (docs/dev/decisions/2026-12-01-job-lifecycle.md)."""
 
     SUBMITTED = "submitted"
     ESTIMATING = "estimating"
@@ -54,8 +54,8 @@ def job_state_fields(state: JobState | str) -> dict[str, str]:
 
 TERMINAL_STATUSES = frozenset({JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCELLED})
 
-# Every move a job's status can make, from -> to (docs/decisions.md, "Job lifecycle"). The
-# one writer of Job.status (jobs.services.lifecycle.job_transition) refuses any other.
+# Every move a job's status can make, from -> to (docs/dev/decisions/2026-12-01-job-lifecycle.md).
+# The one writer of Job.status (jobs.services.lifecycle.job_transition) refuses any other.
 JOB_TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
     JobStatus.SUBMITTED: frozenset({JobStatus.ESTIMATING, JobStatus.FAILED,
                                     JobStatus.CANCELLED}),

@@ -1,5 +1,5 @@
 """The one place work is sent: queue names, the queues a worker declares, and messages sent
-by actor name, after the commit that made their row (STYLE.md rule 6; readthedocs'
+by actor name, after the commit that made their row (docs/dev/style.md rule 6; readthedocs'
 `send_task` by name).
 
     dispatch.send_on_commit("job_estimate_task", str(job.pk))
@@ -91,8 +91,8 @@ def model_queue(queue: str) -> bool:
 
 class GpuPrefetch(dramatiq.Middleware):
     """A worker that consumes model queues takes at most one message more per queue than
-    it has threads (docs/decisions.md, "Fair dispatch": every GPU fed). Dramatiq's default
-    is twice its threads: under the model's in-flight cap one worker then holds chunks it
+    it has threads (docs/dev/decisions/2026-12-01-fair-dispatch.md: every GPU fed). Dramatiq's
+    default is twice its threads: under the model's in-flight cap one worker then holds chunks it
     cannot start while another's engine runs dry, and an idle worker's consumer, backed off
     to its poll timeout, keeps losing the race for each chunk released. With one spare a
     worker's thread starts its next chunk the moment its chunk ends, and every other chunk
@@ -142,8 +142,8 @@ def send_on_commit(actor: str, *args: str, queue: str | None = None,
 def broker_require() -> None:
     """Unavailable (503, Retry-After) when the broker does not answer: called before a
     submit or an approval does anything, so with the broker down they change nothing
-    (docs/decisions.md, "Failover"). The ping fails fast (one retry, no backoff): through
-    the broker's own client, with redis-py's backed-off retries, a broker that is down held
+    (docs/dev/decisions/2026-12-02-failover.md). The ping fails fast (one retry, no backoff):
+    through the broker's own client, with redis-py's backed-off retries, a broker that is down held
     the request and its web thread about 4 s before its 503."""
     broker = dramatiq.get_broker()
     if not isinstance(broker, RedisBroker):

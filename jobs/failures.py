@@ -43,7 +43,7 @@ def claimed_work(what: str, *, job_id: uuid.UUID) -> Iterator[None]:
 
 
 class FailureClass(StrEnum):
-    """Why a chunk's run failed (docs/decisions.md, "Failure classes and the breaker").
+    """Why a chunk's run failed (docs/dev/decisions/2026-12-02-failure-classes-and-the-breaker.md).
 
     infrastructure  storage, the database or the broker did not answer: the chunk waits,
                     backing off with jitter, and keeps its attempt

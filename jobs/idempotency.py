@@ -1,5 +1,5 @@
-"""Idempotency-Key on the batch API's POSTs, with Stripe's semantics (docs/decisions.md,
-"Idempotency keys, progress and the CLI").
+"""Idempotency-Key on the batch API's POSTs, with Stripe's semantics
+(docs/dev/decisions/2026-12-01-idempotency-keys-progress-and-the-cli.md).
 
 A POST that carries `Idempotency-Key: <key>` does its work in one transaction that first
 inserts the organization's record of that key, and stores the response in it before

@@ -31,7 +31,7 @@ from jobs.constants import (
 
 class Job(models.Model):
     """A batch job: an input run through one model. Its status changes only through
-    jobs.services, each change a guarded transition (STYLE.md rule 3)."""
+    jobs.services, each change a guarded transition (docs/dev/style.md rule 3)."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     organization = models.ForeignKey(
@@ -59,7 +59,7 @@ class Job(models.Model):
     # The lease on the work the job's status waits for (its estimate, its sample, its
     # start, its finalize): when it was last handed out, whether a worker has taken it, and
     # how many times the recovery pass has had to hand it out again. Every transition resets
-    # them; jobs.services.recovery reads them (docs/decisions.md, "Job lifecycle").
+    # them; jobs.services.recovery reads them (docs/dev/decisions/2026-12-01-job-lifecycle.md).
     leased_at = models.DateTimeField(default=timezone.now)
     claimed = models.BooleanField(default=False)
     attempts = models.PositiveSmallIntegerField(default=0)
@@ -86,7 +86,7 @@ class Job(models.Model):
     est_processing_seconds = models.PositiveIntegerField(null=True, blank=True)
     # The input usage the rows were counted to (inference.pricing.Usage, output excluded),
     # media kept apart, so the sampled estimate prices media at the media rates and adds
-    # the per-item and per-minute charges (docs/decisions.md, "Credits and billing").
+    # the per-item and per-minute charges (docs/dev/decisions/2026-12-01-credits-and-billing.md).
     est_usage = models.JSONField(null=True, blank=True)
     # The sampled estimate's tokens (prompt and generated), reserved when it is queued and
     # replaced by what it used; they count against the organization's hourly allowance of
@@ -343,7 +343,7 @@ class Chunk(models.Model):
     deferrals = models.PositiveSmallIntegerField(default=0)
     # Runs that ended with the engine failing after it had been answering (the chunk's rows
     # may be what brought it down): the first is the engine's, a second the chunk's
-    # (jobs.services.running, docs/decisions.md "Failure classes and the breaker").
+    # (jobs.services.running, docs/dev/decisions/2026-12-02-failure-classes-and-the-breaker.md).
     engine_failures = models.PositiveSmallIntegerField(default=0)
     # When its message was last sent: a pending chunk whose message a dead worker had
     # taken is sent again once this is stale.

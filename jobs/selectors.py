@@ -1,4 +1,4 @@
-"""Every scoped read in the jobs app (STYLE.md rule 2)."""
+"""Every scoped read in the jobs app (docs/dev/style.md rule 2)."""
 
 from __future__ import annotations
 
@@ -49,8 +49,8 @@ def check_get(*, organization: Organization, id: uuid.UUID | str) -> PreflightCh
 
 @dataclass(frozen=True)
 class Progress:
-    """GET /jobs/{id}/progress (docs/decisions.md, "Idempotency keys, progress and the
-    CLI")."""
+    """GET /jobs/{id}/progress
+    (docs/dev/decisions/2026-12-01-idempotency-keys-progress-and-the-cli.md)."""
 
     done_rows: int
     total_rows: int | None

@@ -1,4 +1,5 @@
-"""Object storage, one per region (docs/decisions.md, "Inputs and results"; "Data residency").
+"""Object storage, one per region (docs/dev/decisions/2026-12-01-inputs-and-results.md;
+docs/dev/decisions/2026-12-01-data-residency.md).
 
 Two backends with one contract:
 - "s3": django-storages' S3Storage (boto3): presigned POST upload targets whose policy
@@ -12,8 +13,8 @@ Objects are addressed by key; `uri` is the s3:// form the API shows (input_s3_ur
 An input is frozen when it becomes ready: `fingerprint` names the exact bytes that were
 checked (S3: the object's VersionId, else its ETag; local: its SHA-256, size and mtime),
 and every later read passes it as `pin`, so a file swapped under the same key (a replayed
-upload form) is refused with StorageChanged instead of being read (docs/decisions.md,
-"Inputs and results").
+upload form) is refused with StorageChanged instead of being read
+(docs/dev/decisions/2026-12-01-inputs-and-results.md).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ region) and signed, expiring download links.
 The upload is read as a stream, in the order the reference prescribes (the fields, then
 the file, last): the client's rate, the declared length and the policy are all checked
 before a byte of the file is read, and the file goes straight to storage under its cap,
-once per input (docs/decisions.md, "Inputs and results")."""
+once per input (docs/dev/decisions/2026-12-01-inputs-and-results.md)."""
 
 from __future__ import annotations
 

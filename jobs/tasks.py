@@ -1,5 +1,5 @@
 """The jobs app's Dramatiq actors. Each takes ids, is sent after commit (jobs/dispatch.py,
-by name), and is safe to run twice (STYLE.md rule 6): the service it calls claims its work
+by name), and is safe to run twice (docs/dev/style.md rule 6): the service it calls claims its work
 with a guarded update. Each actor is its service's name plus `_task` (`job_start` /
 `job_start_task`), on the queue jobs.dispatch.ACTOR_QUEUES names. An actor, not its
 service, decides what an unexpected failure of claimed work means (jobs/failures.py)."""
@@ -162,10 +162,10 @@ def job_finalize_task(job_id: str) -> None:
 # Samples go first: a sampled estimate is small (at most 64 rows, bounded by each
 # organization's hourly allowance) and its rows join the engine's running batch beside the
 # chunks (inference/engines/feed.py), so it costs paid work little; behind the chunks, on a
-# busy model it would wait for the whole backlog (docs/decisions.md, "Samples"). Being
-# free, samples are capped instead: a worker runs one at a time, and the others go back to
-# their queue for a few seconds (jobs.services.sampling SAMPLES_AT_ONCE), their threads
-# free for the chunks.
+# busy model it would wait for the whole backlog (docs/dev/decisions/2026-12-01-fair-dispatch.md,
+# "Samples never wait behind paid chunks"). Being free, samples are capped instead: a worker runs
+# one at a time, and the others go back to their queue for a few seconds (jobs.services.sampling
+# SAMPLES_AT_ONCE), their threads free for the chunks.
 CHUNK_PRIORITY = 10
 SAMPLE_PRIORITY = 0
 

@@ -119,5 +119,6 @@ def file_upload(*, organization: Organization, actor: Actor, host_region: Region
     except QuotaExceeded as refused:
         # OpenAI answers its own organization file-storage limit 400 invalid_request_error
         # (its SDK's BadRequestError, never retried): so does this surface, with the
-        # anex API's message (docs/decisions.md, "Stored inputs: a quota per organization").
+        # anex API's message
+        # (docs/dev/decisions/2026-12-06-stored-inputs-a-quota-per-organization.md).
         raise Invalid(refused.detail, retry_after=refused.retry_after) from None

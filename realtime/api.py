@@ -1,4 +1,4 @@
-"""The realtime API's views (/realtime/v1): thin, one per operation (STYLE.md rule 7)."""
+"""The realtime API's views (/realtime/v1): thin, one per operation (docs/dev/style.md rule 7)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,8 @@ from django.db import models
 
 # base64 is what the OpenAI SDK sends when its caller names no encoding_format, and what a
 # caller who wants base64 sends: it is answered in base64, little-endian float32 as OpenAI
-# answers it, which the SDK decodes to floats for the first (docs/decisions.md).
+# answers it, which the SDK decodes to floats for the first
+# (docs/dev/decisions/2026-12-01-realtime-api.md, "encoding_format").
 ENCODING_FORMATS = ("float", "base64")
 
 SWITCH_ID = 1  # the one row of RealtimeSwitch

@@ -1,5 +1,5 @@
 """Every read the realtime API makes: the operator's switch, and which models this
-deployment serves to a key (STYLE.md rule 2: the key's scopes are applied here, once)."""
+deployment serves to a key (docs/dev/style.md rule 2: the key's scopes are applied here, once)."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ class ListedModel:
 def realtime_models(*, key: ApiKey) -> list[ListedModel]:
     """Every model this deployment serves (a checkpoint for its workers, or a realtime
     engine), in catalog order, that the key may use: a model outside the key's scopes is
-    neither listed nor accepted (docs/decisions.md, "Adopted from the peer API")."""
+    neither listed nor accepted (docs/dev/decisions/2026-12-01-adopted-from-the-peer-api.md)."""
     served = set(settings.ANEX_CHECKPOINTS) | set(settings.ANEX_REALTIME_ENGINES)
     return [ListedModel(model=model, realtime=bool(realtime_engine_urls(model)),
                         local=local_stand_in(model))

@@ -50,7 +50,7 @@ CREATES = frozenset({"create", "bulk_create"})
 def writers(model: str, fields: Collection[str], *, related: str | None = None,
             trees: Iterable[tuple[str, ast.Module]] | None = None) -> set[str]:
     """The product modules (or the named `trees`) that write one of `fields` of `model`
-    (docs/architecture.md: each state has one writer), read from the source:
+    (docs/dev/architecture.md: each state has one writer), read from the source:
     - an update through the model's manager, or a `related` manager (`job.chunks`), that
       sets one of them: by keyword, in `defaults`, in bulk_update's field list, or through
       a `**` of a dict made elsewhere (which may hold any field, so it counts);

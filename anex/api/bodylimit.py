@@ -1,6 +1,6 @@
 """The size of every request body sent to /batch/, /realtime/ and /openai/, per endpoint
-(docs/decisions.md, "Submitting a job: what is answered when", and "Request bodies: each
-endpoint's largest valid one").
+(docs/dev/decisions/2026-12-01-submitting-a-job-what-is-answered-when.md and
+docs/dev/decisions/2026-12-06-request-bodies-each-endpoints-largest-valid-one.md).
 
 Each JSON endpoint takes a body up to what its largest valid request needs, in two
 measures: bytes, and items (the values and keys its JSON holds, each of which parsing

@@ -1,4 +1,4 @@
-"""One handler: every API error body is {"detail": …} (STYLE.md rule 7).
+"""One handler: every API error body is {"detail": …} (docs/dev/style.md rule 7).
 
 Services raise the status-less refusals of anex/errors.py; the handler below answers each
 with the status its class has in anex.errors.ANSWERED_WITH, and also maps Django's and

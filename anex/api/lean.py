@@ -1,4 +1,5 @@
-"""The realtime API's lean middleware path (docs/decisions.md, "The realtime fast path").
+"""The realtime API's lean middleware path
+(docs/dev/decisions/2026-12-02-the-realtime-fast-path.md).
 
 A request under LEAN_PREFIXES carries a bearer key and JSON, never a cookie or a form, so
 the middlewares that serve the browser (sessions, CSRF, the signed-in user, messages,

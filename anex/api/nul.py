@@ -3,7 +3,7 @@ PostgreSQL's text cannot store one: a lookup handed one raises psycopg's DataErr
 was a 500 wherever a view passed the value on unparsed (the OpenAI surface's ids and
 cursors, its purpose filter, the admin's object ids and searches). So a request whose
 path or query string carries one is answered here, before any view, on every surface
-(docs/decisions.md, "A NUL character in a URL"): 404 for the path, which names nothing
+(docs/dev/decisions/2026-12-06-a-nul-character-in-a-url.md): 404 for the path, which names nothing
 that can exist, the surface's own not-found answer (anex.api.errors.handler404); 400 for
 a query parameter, naming it, in the surface's envelope."""
 

@@ -1,7 +1,7 @@
 """The wire pieces both APIs share: the error envelope every error answer carries
 (anex/api/errors.py), and what lets a serializer's OpenAPI say what is checked after it.
 
-An input serializer checks shape only (STYLE.md rule 7); the reference's 400s are the
+An input serializer checks shape only (docs/dev/style.md rule 7); the reference's 400s are the
 views' and the services' to raise, and the task kinds' rules the services'. So that
 /openapi.json still says every rule a request is held to, a field can carry the rest of
 its schema (`Documented`) and a body the rules between its fields (`Constrained`), which
@@ -83,8 +83,8 @@ class Constrained:
 
 class Closed(Constrained):
     """A request body of its declared fields and no other (every body of the batch and
-    realtime APIs, docs/decisions.md "Unknown body fields"). DRF drops a field it does not
-    declare without a word, so a misspelt `max_ouput_tokens` ran the job with the default
+    realtime APIs, docs/dev/decisions/2026-12-06-unknown-body-fields.md). DRF drops a field it does
+    not declare without a word, so a misspelt `max_ouput_tokens` ran the job with the default
     it meant to change: here it is refused, 422 naming it (beside any other field's
     problem), as OpenAI ("Unrecognized request argument supplied") and Stripe refuse one.
     Its schema says so: additionalProperties false (anex/api/schema.py)."""

@@ -1,11 +1,11 @@
-"""Per-key request rate limit, and per-client invalid-key limit (docs/decisions.md,
-"Adopted from the peer API").
+"""Per-key request rate limit, and per-client invalid-key limit
+(docs/dev/decisions/2026-12-01-adopted-from-the-peer-api.md).
 
 Fixed one-minute windows counted in Redis, so every web process shares the count. When
-Redis cannot be reached all three fail open (docs/decisions.md, "Limiters when Redis
-fails"): a limiter outage must not take the API down with it; credits and budgets, in
-PostgreSQL, still bound what a key can spend, and a key's 238 random bits, not the
-invalid-key count, are what keep it from being guessed.
+Redis cannot be reached all three fail open
+(docs/dev/decisions/2026-12-02-limiters-when-redis-fails.md): a limiter outage must not take the API
+down with it; credits and budgets, in PostgreSQL, still bound what a key can spend, and a key's 238
+random bits, not the invalid-key count, are what keep it from being guessed.
 
 A request with an invalid key has no key to count against, so its client (the address it
 comes from) is counted instead once its key was not found: past INVALID_KEYS_PER_MINUTE

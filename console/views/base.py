@@ -65,8 +65,9 @@ ANOTHER_ORGANIZATION = ("Nothing was done: that page was opened for another orga
 
 def console_action_allowed(user: User) -> bool:
     """One more console action (a POST) by this user this minute, within
-    ANEX_CONSOLE_ACTIONS_PER_MINUTE. Fails open when Redis is down (docs/decisions.md,
-    "Limiters when Redis fails"): every action has its own bound besides."""
+    ANEX_CONSOLE_ACTIONS_PER_MINUTE. Fails open when Redis is down
+    (docs/dev/decisions/2026-12-02-limiters-when-redis-fails.md): every action has its own bound
+    besides."""
     hit = window_hit("console-actions", user.pk, fail="open")
     return hit is None or hit.count <= settings.ANEX_CONSOLE_ACTIONS_PER_MINUTE
 

@@ -164,7 +164,7 @@ def job_upload_target(request: HttpRequest, console: Console) -> HttpResponse:
         created = input_create(
             organization=organization, actor=console.actor,
             # The console is not a regional API host: it places the upload in the
-            # organization's own region (docs/decisions.md, "The console").
+            # organization's own region (docs/dev/decisions/2026-12-01-the-console.md).
             host_region=organization_region(organization),
             input_format=request.POST.get("format", InputFormat.JSONL))
     except DomainError as error:
@@ -182,7 +182,8 @@ def job_new_page(request: HttpRequest, console: Console) -> HttpResponse:
             job = job_submit(
                 organization=organization, actor=console.actor, request=form.job_request(),
                 # The console is not a regional API host: it acts in the organization's
-                # own region, where its upload was just placed (docs/decisions.md).
+                # own region, where its upload was just placed
+                # (docs/dev/decisions/2026-12-01-the-console.md, "Region").
                 host_region=organization_region(organization))
         except DomainError as error:
             if error.status == 404:

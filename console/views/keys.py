@@ -23,7 +23,7 @@ from console.views.base import Console, console_page, page
 @require_http_methods(["GET", "POST"])
 @console_page()
 # Creating a key asks for a recent re-authentication (allauth's; the form's POST is
-# replayed once it is done): docs/decisions.md, "The console hardened (L5)".
+# replayed once it is done): docs/dev/decisions/2026-12-02-the-console-hardened.md.
 @reauthentication_required(allow_get=True)
 def keys_page(request: HttpRequest, console: Console) -> HttpResponse:
     form = ApiKeyForm(request.POST or None)

@@ -53,11 +53,11 @@ from jobs.services.webhook_endpoint import (
 )
 
 DELIVERIES_SHOWN = 20
-# The Settings actions that ask for a recent re-authentication (allauth's; docs/decisions.md,
-# "The console hardened (L5)" and "Owners' actions re-authenticated and mailed (L1)"): those
-# that show or replace the signing secret, and the one that moves where job events go.
-# Turning auto-approve on asks too (every estimate then spends unattended); turning it off
-# spends nothing and does not.
+# The Settings actions that ask for a recent re-authentication (allauth's;
+# docs/dev/decisions/2026-12-02-the-console-hardened.md and
+# docs/dev/decisions/2026-12-06-owners-actions-re-authenticated-and-mailed.md): those that show or
+# replace the signing secret, and the one that moves where job events go. Turning auto-approve on
+# asks too (every estimate then spends unattended); turning it off spends nothing and does not.
 SENSITIVE_SETTINGS = frozenset({"reveal", "rotate", "rotate_now", "webhook"})
 
 

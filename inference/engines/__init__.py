@@ -1,5 +1,5 @@
-"""The inference engines: what a worker runs a chunk of rows through (docs/decisions.md,
-"Inference").
+"""The inference engines: what a worker runs a chunk of rows through
+(docs/dev/decisions/2026-12-01-inference.md).
 
     engine = kind.engine(job.model)          # inference.kinds: built once per process
     outcomes = engine.generate(rows, settings)   # ChatEngine: list[ChatRow] -> ChatOutcome

@@ -254,8 +254,8 @@ def _structured(response_format: dict[str, Any] | None) -> dict[str, Any] | None
     if not response_format or response_format.get("type") == "text":
         return None
     # The submit and row checks refuse these already; a row that reached the engine some
-    # other way is refused here too, before xgrammar compiles its schema (docs/decisions.md,
-    # "Customer JSON schemas").
+    # other way is refused here too, before xgrammar compiles its schema
+    # (docs/dev/decisions/2026-12-01-customer-json-schemas.md).
     problem = response_format_problem(response_format)
     if problem:
         raise RowRefused(RowError.invalid_request(problem, param="response_format"))

@@ -153,9 +153,10 @@ class DecisionEngine:
                                                                       strict=True))
         answers: dict[int, dict[str, dict[str, Any]]] = {index: {} for index in plans}
         # Rows a question of which the engine failed on alone, and that question: the row
-        # fails closed (docs/decisions.md, "A failed engine step"): none of its questions is
-        # answered and nothing of it is billed, in a batch result row as in a realtime
-        # request (502), as a question the model refuses fails its whole row.
+        # fails closed (docs/dev/decisions/2026-12-02-failure-classes-and-the-breaker.md, "A failed
+        # engine step"): none of its questions is answered and nothing of it is billed, in a batch
+        # result row as in a realtime request (502), as a question the model refuses fails its whole
+        # row.
         failed: dict[int, str] = {}
         for key, batch in batches.items():
             reader = readers[key]

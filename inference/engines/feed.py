@@ -1,5 +1,5 @@
 """One thread keeps a generate engine fed: requests from every caller flow into one running
-batch (docs/decisions.md, "Feeding the engine").
+batch (docs/dev/decisions/2026-12-01-feeding-the-engine.md).
 
 vLLM's LLM.generate adds a call's requests and steps the engine until they are all done,
 so a chunk per call drains the batch at the end of every chunk and leaves the engine idle
@@ -15,11 +15,11 @@ the same vLLM engine (the decision engine on a shared checkpoint) waits, as befo
 quiet engine. A request the engine refuses as it is added fails alone (its slot carries the
 exception).
 
-A failed step (docs/decisions.md, "A failed engine step"): every request it held is taken
-out and run again apart, in halves, the feed's other callers waiting meanwhile; a half that
-finishes delivers its outputs, one that fails again is halved, and a request that fails
-alone is the one at fault: its slot carries RequestFailed, its row's error. So the other
-requests in that batch (other chunks, other tenants') are answered as if nothing happened,
+A failed step (docs/dev/decisions/2026-12-02-failure-classes-and-the-breaker.md, "A failed engine
+step"): every request it held is taken out and run again apart, in halves, the feed's other callers
+waiting meanwhile; a half that finishes delivers its outputs, one that fails again is halved, and a
+request that fails alone is the one at fault: its slot carries RequestFailed, its row's error. So
+the other requests in that batch (other chunks, other tenants') are answered as if nothing happened,
 and no chunk is failed, deferred or charged an attempt for another's row. When every request
 fails alone, a request of nobody's (one token in, one out) tells the rows from the engine:
 answered, the requests are at fault, each its row's error (a chunk of poisoned rows alone in

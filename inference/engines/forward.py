@@ -1,5 +1,5 @@
-"""One forward pass at a time in a process, whichever engine runs it (docs/decisions.md,
-"Two engines in one process").
+"""One forward pass at a time in a process, whichever engine runs it
+(docs/dev/decisions/2026-12-02-two-engines-in-one-process.md).
 
 vLLM keeps the running forward pass's context, and the config of the engine being built, in
 process-wide globals. Two engines of different checkpoints stepping at once in one

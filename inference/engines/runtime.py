@@ -1,4 +1,4 @@
-"""One vLLM engine per checkpoint per worker process (docs/decisions.md, "Inference").
+"""One vLLM engine per checkpoint per worker process (docs/dev/decisions/2026-12-01-inference.md).
 
 Engines are built on first use and kept for the life of the process: a worker loads its
 model once and runs every chunk through it. The cache is keyed by the checkpoint directory
@@ -32,8 +32,8 @@ logger = logging.getLogger(__name__)
 CPU_KVCACHE_GIB = "1"
 CPU_GPU_MEMORY_UTILIZATION = 0.1
 # The CPU features (Linux's /proc/cpuinfo flags: x86 `flags`, Arm `Features`) under which a
-# CPU computes float16 itself rather than converting each value (decisions.md, "A pooling
-# engine's precision on a CPU").
+# CPU computes float16 itself rather than converting each value
+# (docs/dev/decisions/2026-12-03-a-pooling-engines-precision-on-a-cpu.md).
 CPU_FLOAT16_FLAGS = frozenset({"avx512_fp16", "amx_fp16", "asimdhp"})
 CPUINFO = Path("/proc/cpuinfo")
 BUDGET_PROCESSOR = "inference.engines.budget:ThinkingBudgetProcessor"
@@ -61,7 +61,8 @@ def on_cpu() -> bool:
 def _prepare_environment() -> bool:
     """Set what vLLM reads when an engine is built (a deployment's own value wins); True on
     a CPU machine."""
-    # Weights come from local directories only, never a hub (docs/decisions.md, "Inference").
+    # Weights come from local directories only, never a hub
+    # (docs/dev/decisions/2026-12-01-inference.md).
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

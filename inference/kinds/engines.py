@@ -1,7 +1,7 @@
 """The process's engines, one per served model id, each built by its model's task kind.
 
 Which checkpoint serves which id is deployment configuration (ANEX_CHECKPOINTS); what kind
-of engine, and its limits, come from the catalog (STYLE.md rule 9): the model's task kind
+of engine, and its limits, come from the catalog (docs/dev/style.md rule 9): the model's task kind
 builds it (TaskKind.engine_build). Engines are built once per process and kept
 (inference/engines/runtime.py shares one vLLM engine between ids on one checkpoint).
 

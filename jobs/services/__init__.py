@@ -1,2 +1,2 @@
-"""Every write in the jobs app (STYLE.md rule 1), by topic: lifecycle (job transitions),
+"""Every write in the jobs app (docs/dev/style.md rule 1), by topic: lifecycle (job transitions),
 inputs (uploads and ingests), webhooks (signed deliveries)."""

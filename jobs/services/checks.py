@@ -119,7 +119,7 @@ def check_run(*, check_id: uuid.UUID | str) -> CheckStatus | None:
         errors.add(RowError(INPUT_CHANGED), row=False)
     except Exception as error:
         # Without the message or a traceback's: the rows being read may be quoted in them
-        # (anex.logsafe, docs/decisions.md "Row text out of the logs").
+        # (anex.logsafe, docs/dev/decisions/2026-12-02-row-text-out-of-the-logs.md).
         logger.error("preflight check %s failed: %s", check.pk, exception_summary(error))
         errors.add(RowError(CHECK_FAILED_INTERNALLY), row=False)
     status = CheckStatus.FAILED if errors.count else CheckStatus.PASSED

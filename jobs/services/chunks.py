@@ -1,4 +1,4 @@
-"""The chunk state machine (STYLE.md rule 3): every write of Chunk.status and of a chunk's
+"""The chunk state machine (docs/dev/style.md rule 3): every write of Chunk.status and of a chunk's
 lease is here, and nowhere else.
 
 The moves a chunk can make are data (jobs.constants CHUNK_TRANSITIONS). Each is one
@@ -174,9 +174,9 @@ def chunk_send(*, chunk: Chunk, delay_ms: int | None = None) -> bool:
 # --- fair dispatch ------------------------------------------------------------------------
 #
 # A job's chunks are planned at its start, all pending, but sent to the model's run queue
-# only as room frees (docs/decisions.md, "Fair dispatch"): a pending chunk with no queued_at
-# is waiting its turn, not lost. At most ANEX_DISPATCH_IN_FLIGHT chunks of one model in one
-# region are sent or running at once, at most ANEX_DISPATCH_JOB_IN_FLIGHT of them one
+# only as room frees (docs/dev/decisions/2026-12-01-fair-dispatch.md): a pending chunk with no
+# queued_at is waiting its turn, not lost. At most ANEX_DISPATCH_IN_FLIGHT chunks of one model in
+# one region are sent or running at once, at most ANEX_DISPATCH_JOB_IN_FLIGHT of them one
 # job's, and each free place goes to the organization with the fewest chunks in flight on
 # that model (then its job with the fewest, then the job approved first). The database is
 # the only record: a release is one transaction under a lock per model and region, so two

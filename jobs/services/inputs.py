@@ -58,7 +58,7 @@ COPY_DEADLINE_SECONDS = COPY_TIME_LIMIT.total_seconds() * 0.9
 # source does: a source too slow to answer is accepted and refused by the copy (reference).
 PROBE_DEADLINE_SECONDS = 3.0
 # Ingests an organization may have pending or copying at once: the copies share the ingest
-# workers with every other customer (docs/decisions.md, "Inputs and results").
+# workers with every other customer (docs/dev/decisions/2026-12-01-inputs-and-results.md).
 INGEST_CONCURRENCY_LIMIT = 10
 INGEST_RETRY_AFTER = 30
 SNIFF_BYTES = 512

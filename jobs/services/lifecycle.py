@@ -1,4 +1,4 @@
-"""The job state machine (STYLE.md rules 1 and 3). `job_transition` is the one writer of
+"""The job state machine (docs/dev/style.md rules 1 and 3). `job_transition` is the one writer of
 Job.status (and of Job.substate, the internal step of a status: the sampling wait); the
 named services below (created, cost_ready, approve, cancel, finish) are a few lines each
 around it, called alike by the API, the console and the workers.

@@ -1,5 +1,5 @@
-"""The stored-input quota of an organization (issue 40 M4; docs/decisions.md, "Stored
-inputs: a quota per organization").
+"""The stored-input quota of an organization (issue 40 M4;
+docs/dev/decisions/2026-12-06-stored-inputs-a-quota-per-organization.md).
 
 An input (an upload, an ingest, an OpenAI file, a re-run's rows) is kept 7 days whatever it
 costs to keep, so an organization keeps at most so many inputs, and so many bytes of them,

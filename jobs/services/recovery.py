@@ -1,4 +1,4 @@
-"""The one recovery pass (docs/decisions.md, "Job lifecycle"). Every piece of background
+"""The one recovery pass (docs/dev/decisions/2026-12-01-job-lifecycle.md). Every piece of background
 work holds a lease; the table below says, for each, which rows, which field dates the
 lease, how old it may get, what is done when it runs out, and how many times before giving
 up. Past the cap a job fails with internal_error and a reason in plain words (nothing is

@@ -2,7 +2,7 @@
 region, each chunk's rows fed to the engine's running batch beside the worker's other
 chunks (inference/engines/feed.py), results kept per chunk, then one result file.
 
-Safe to run twice everywhere (STYLE.md rule 6): a chunk is claimed by a guarded move and
+Safe to run twice everywhere (docs/dev/style.md rule 6): a chunk is claimed by a guarded move and
 its counts are recorded by the guarded move to done (every chunk move is
 jobs.services.chunks'); its results object is keyed by the chunk, so a re-run overwrites.
 A heartbeat on running chunks lets the recovery pass (jobs.services.recovery) re-queue the

@@ -8,14 +8,14 @@ P(Binomial(n, 0.95) < k) >= 0.95; the smallest such k is used. Distribution-free
 n >= 59; a file with fewer rows than the sample size is generated whole, and then the
 largest length is exact for every row.
 
-Samples are free to the customer, so they are bounded (docs/decisions.md, "Job lifecycle"):
-an organization may use ANEX_SAMPLE_TOKENS_PER_HOUR sampled tokens an hour. A sample's
-worst case is reserved when it is queued and replaced by what it used; once the hour's
-allowance is spent, a submit that would need a sample answers 429 and a job already
-waiting for one fails unbilled, both saying how to skip the sample. Samples go to their
-own queue per region and model, and a worker holding both runs a sample before its chunks
-(jobs.tasks SAMPLE_PRIORITY: a sample waits for no backlog). But a sample is free and holds
-a worker's thread for as long as its rows generate, so a worker runs SAMPLES_AT_ONCE of
+Samples are free to the customer, so they are bounded
+(docs/dev/decisions/2026-12-01-job-lifecycle.md): an organization may use
+ANEX_SAMPLE_TOKENS_PER_HOUR sampled tokens an hour. A sample's worst case is reserved when it is
+queued and replaced by what it used; once the hour's allowance is spent, a submit that would need a
+sample answers 429 and a job already waiting for one fails unbilled, both saying how to skip the
+sample. Samples go to their own queue per region and model, and a worker holding both runs a sample
+before its chunks (jobs.tasks SAMPLE_PRIORITY: a sample waits for no backlog). But a sample is free
+and holds a worker's thread for as long as its rows generate, so a worker runs SAMPLES_AT_ONCE of
 them at a time: a sample that finds the place taken goes back to its queue for a few
 seconds, its thread free for paid chunks, and a flood of samples holds at most one thread
 of each worker serving the model.

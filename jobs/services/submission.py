@@ -61,8 +61,8 @@ def _require_ready(item: Input) -> None:
     failed, which never becomes ready: its file is not the format it claims, empty or over
     the cap, or its copy failed (the reference's 400: "a file that is not JSONL"); 410 for
     one that expired (the reference: "a submit against it is refused - create a new input
-    instead"): its file is deleted, as a purged result's is (docs/decisions.md, "Inputs and
-    results")."""
+    instead"): its file is deleted, as a purged result's is
+    (docs/dev/decisions/2026-12-01-inputs-and-results.md)."""
     if item.status == InputStatus.READY:
         return
     if item.status == InputStatus.FAILED:

@@ -115,7 +115,7 @@ def organization_webhook_test(*, organization: Organization, actor: Actor) -> We
     """Queue the test event to the current endpoint (the Settings page's test button), at
     most ANEX_WEBHOOK_TESTS_PER_MINUTE a minute per organization: each is a delivery, with
     retries, to an address the owner chose. Fails closed when Redis is down (a 503 and
-    nothing sent; docs/decisions.md, "Limiters when Redis fails")."""
+    nothing sent; docs/dev/decisions/2026-12-02-limiters-when-redis-fails.md)."""
     _webhook_owner_require(organization=organization, actor=actor)
     limit = settings.ANEX_WEBHOOK_TESTS_PER_MINUTE
     hit = window_hit("webhook-tests", organization.pk, fail="closed")

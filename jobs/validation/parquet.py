@@ -1,5 +1,5 @@
-"""Parquet inputs (docs/decisions.md, "Inputs and results"): chat rows from a `prompt` column
-(text) or a `messages` column (JSON text, or a native list of message structs), embedding
+"""Parquet inputs (docs/dev/decisions/2026-12-01-inputs-and-results.md): chat rows from a `prompt`
+column (text) or a `messages` column (JSON text, or a native list of message structs), embedding
 rows from an `input` column (each kind's ParquetReading, inference.kinds); an `id` column is
 the row identity, else the row's row_index.
 
@@ -11,7 +11,7 @@ A few kilobytes of parquet can declare billions of rows, or one 10 MB dictionary
 every row repeats: what a file declares is checked against the input cap before anything is
 read (rows, row groups), strings are read dictionary-encoded so a repeated value is held
 once, and each row's decoded size is measured from the arrays before any Python value is
-made (docs/decisions.md, "Inputs and results").
+made (docs/dev/decisions/2026-12-01-inputs-and-results.md).
 """
 
 from __future__ import annotations

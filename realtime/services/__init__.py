@@ -1,4 +1,4 @@
-"""Every write and every realtime request's path (STYLE.md rule 1), in three modules, one
+"""Every write and every realtime request's path (docs/dev/style.md rule 1), in three modules, one
 per stage a request passes through:
 
 - admission: whether it may be answered at all, before any engine reads it: the operator's

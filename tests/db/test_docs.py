@@ -1,13 +1,15 @@
-"""Docs pages render from docs/*.md and answer Accept: text/markdown with their Markdown."""
+"""Docs pages render from docs/*.md and answer Accept: text/markdown with their Markdown;
+only the customer pages are served."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 from django.test import Client
 
-from anex.docs import wants_markdown
+from anex.docs import GENERATED_PAGES, PAGES, wants_markdown
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 pytestmark = pytest.mark.django_db
@@ -30,13 +32,48 @@ def test_every_page_answers_markdown_when_asked(path: str, source: str) -> None:
     assert response.content.decode() == (DOCS / source).read_text(encoding="utf-8")
 
 
-def test_every_docs_file_is_served_both_ways() -> None:
+def test_every_customer_page_is_served_both_ways() -> None:
     client = Client()
-    for source in DOCS.glob("*.md"):
-        path = "/docs/" if source.stem == "index" else f"/docs/{source.stem}"
+    for slug in PAGES:
+        source = DOCS / f"{slug}.md"
+        path = "/docs/" if slug == "index" else f"/docs/{slug}"
         assert client.get(path).status_code == 200, path
         assert client.get(path, HTTP_ACCEPT="text/markdown").content.decode() == \
             source.read_text(encoding="utf-8")
+
+
+# What docs/ holds for the people who run and build anex, never served: the operators'
+# guide at the top, the developers' notes (architecture, style, decision records) in dev/.
+NOT_SERVED = {"deploy"}
+
+
+def test_a_docs_file_is_a_customer_page_or_named_as_not_one() -> None:
+    # A page added to docs/ is not published by being there, nor forgotten: it is listed
+    # in anex.docs.PAGES or here.
+    assert {source.stem for source in DOCS.glob("*.md")} == set(PAGES) | NOT_SERVED
+
+
+@pytest.mark.parametrize("path", [
+    "/docs/decisions", "/docs/architecture", "/docs/deploy", "/docs/style", "/docs/dev",
+    "/docs/dev/architecture", "/docs/dev/decisions", "/docs/README",
+])
+def test_developer_and_operator_notes_are_not_served(path: str) -> None:
+    client = Client()
+    assert client.get(path).status_code == 404
+    assert client.get(path, HTTP_ACCEPT="text/markdown").status_code == 404
+    assert client.get(f"{path}.md").status_code == 404
+
+
+def test_the_customer_pages_link_only_served_pages() -> None:
+    client = Client()
+    served = set(PAGES) | set(GENERATED_PAGES)
+    for slug in PAGES:
+        text = (DOCS / f"{slug}.md").read_text(encoding="utf-8")
+        for linked in re.findall(r"\(/docs/([a-z0-9-]*)(?:#[^)]*)?\)", text):
+            assert (linked or "index") in served, (slug, linked)
+        assert "docs/dev/" not in text and "decisions.md" not in text, slug
+    page = client.get("/docs/").content.decode()
+    assert "/docs/decisions" not in page and "/docs/deploy" not in page
 
 
 def test_a_md_suffix_is_markdown_too() -> None:

@@ -1,9 +1,9 @@
-"""Logs that follow a job (issue 24 item 3; docs/decisions.md, "Logs that follow a job"):
-the request id of POST /jobs travels in the messages it causes, through the real Redis
-broker and an in-process Dramatiq worker, to the estimate, the chunk and the webhook
-deliveries' lines, each one JSON object with request_id and job_id; an exception's
-message (which may quote a row) is never written. Only the engine step is replaced (this
-tier has no vLLM)."""
+"""Logs that follow a job (issue 24 item 3;
+docs/dev/decisions/2026-12-02-logs-that-follow-a-job.md): the request id of POST /jobs travels in
+the messages it causes, through the real Redis broker and an in-process Dramatiq worker, to the
+estimate, the chunk and the webhook deliveries' lines, each one JSON object with request_id and
+job_id; an exception's message (which may quote a row) is never written. Only the engine step
+is replaced (this tier has no vLLM)."""
 
 from __future__ import annotations
 

@@ -255,8 +255,8 @@ def test_row_checks_come_before_pricing_on_a_model_with_no_tokenizer(
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("model_id,text_rate,media_rate,per_image,per_clip", [
-    # "Embedding jobs", which wins over the models table (docs/decisions.md, "Models, limits
-    # and pricing").
+    # "Embedding jobs", which wins over the models table
+    # (docs/dev/decisions/2026-12-01-models-limits-and-pricing.md).
     ("qwen3-vl-embedding-8b", "0.03", "0.08", "4", "60"),
     ("qwen3-vl-embedding-2b", "0.007", "0.02", "2", "20"),
 ])

@@ -1,7 +1,7 @@
-"""Issue 22, L9: what each limiter does when Redis cannot be reached (docs/decisions.md,
-"Limiters when Redis fails"). Each test takes Redis away from the limiters (a client on a
-closed port) and performs the limited action: a limiter that fails open lets it through,
-one that fails closed refuses it with nothing done."""
+"""Issue 22, L9: what each limiter does when Redis cannot be reached
+(docs/dev/decisions/2026-12-02-limiters-when-redis-fails.md). Each test takes Redis away from
+the limiters (a client on a closed port) and performs the limited action: a limiter that fails
+open lets it through, one that fails closed refuses it with nothing done."""
 
 from __future__ import annotations
 
@@ -77,14 +77,14 @@ def test_console_actions_fail_open(organization: Organization, redis_down: None)
 
 
 def test_each_limiter_says_how_it_fails() -> None:
-    """window_hit takes no default: every caller decides (and the decisions page says so)."""
+    """window_hit takes no default: every caller decides (and its decision record says so)."""
     import inspect
 
     from anex.redis import window_hit
 
     assert inspect.signature(window_hit).parameters["fail"].default is inspect.Parameter.empty
-    decisions = (Path(__file__).parents[2] / "docs" / "decisions.md").read_text()
-    section = decisions.split("### Limiters when Redis fails")[1].split("\n### ")[0]
+    section = (Path(__file__).parents[2] / "docs" / "dev" / "decisions"
+               / "2026-12-02-limiters-when-redis-fails.md").read_text()
     for limiter in ("ratelimit", "ratelimit-org", "invalid-keys", "checks", "uploads",
                     "console-actions", "webhook-tests"):
         assert f"`{limiter}`" in section, limiter

@@ -35,9 +35,9 @@ def test_qwen3_embedding_8b_is_three_cents_per_million_tokens() -> None:
 
 
 @pytest.mark.parametrize("model_id,text,media", [
-    # "Embedding jobs", which wins over the models table (docs/decisions.md, "Models, limits and
-    # pricing"): "$0.03 per 1M input tokens on text-only rows and $0.08 on rows carrying any
-    # media", "$0.007 and $0.02".
+    # "Embedding jobs", which wins over the models table
+    # (docs/dev/decisions/2026-12-01-models-limits-and-pricing.md): "$0.03 per 1M input tokens on
+    # text-only rows and $0.08 on rows carrying any media", "$0.007 and $0.02".
     ("qwen3-vl-embedding-8b", "0.03", "0.08"),
     ("qwen3-vl-embedding-2b", "0.007", "0.02"),
 ])

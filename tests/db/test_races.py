@@ -1,4 +1,4 @@
-"""Race tests (STYLE.md rule 10): concurrent callers on real connections, one outcome."""
+"""Race tests (docs/dev/style.md rule 10): concurrent callers on real connections, one outcome."""
 
 from __future__ import annotations
 

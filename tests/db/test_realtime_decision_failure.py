@@ -1,7 +1,7 @@
 """Issue 40, L14: a realtime decision whose engine step fails on one question fails closed,
-as its batch row does (docs/decisions.md, "A failed engine step"): the request is 502
-naming the question, no question is answered, nothing is billed and nothing stays
-reserved; another request answered in the same engine call is answered and billed.
+as its batch row does (docs/dev/decisions/2026-12-02-failure-classes-and-the-breaker.md, "A failed
+engine step"): the request is 502 naming the question, no question is answered, nothing is billed
+and nothing stays reserved; another request answered in the same engine call is answered and billed.
 
 The decision engine here is the real one (DecisionEngine: its questions, prompts, scoring
 and outcomes; DecideKind's realtime_run and reply) behind the real engine server and the

@@ -1,4 +1,4 @@
-"""One rule, one place, held to the code (docs/architecture.md, "The rules the layers
+"""One rule, one place, held to the code (docs/dev/architecture.md, "The rules the layers
 give"): an input's status has one writer, and every message sent names an actor that
 exists. Read from the source of every product app (tests/product.py), each check tried on
 a synthetic case first, so none of them passes while it misreads the code."""

@@ -1,4 +1,4 @@
-"""The layering of docs/architecture.md, held to the code: every module of the product is
+"""The layering of docs/dev/architecture.md, held to the code: every module of the product is
 on a named floor, and every import (at the top of a module, inside a function, or for types
 only) runs down the floors, never up; no two modules import each other at run time, however
 indirectly (a type-only import back, under TYPE_CHECKING, is no circle: nothing runs it).
@@ -22,7 +22,7 @@ from tests.product import NOT_PRODUCT, PRODUCT_APPS, ROOT, parsed
 
 # Lowest first. Every module of the product is listed on exactly one floor (a pattern with
 # `*` takes a whole package): a new module fails test_every_module_is_on_one_named_floor
-# until it is listed here, on the floor docs/architecture.md shows it on.
+# until it is listed here, on the floor docs/dev/architecture.md shows it on.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ground", ("anex", "anex.api", "anex.env", "anex.settings", "anex.net", "anex.crypto",
                 "anex.db", "anex.redis", "anex.requestid", "anex.logcontext", "anex.broker",
@@ -92,7 +92,7 @@ def layer_of(module: str) -> int:
 
 
 UNLISTED = ("is on no floor: list it in LAYERS in tests/unit/test_layers.py, on the floor "
-            "docs/architecture.md shows it on (its views, serializers, URLs, admin and "
+            "docs/dev/architecture.md shows it on (its views, serializers, URLs, admin and "
             "commands on entry points; its models, services, selectors and tasks below)")
 
 

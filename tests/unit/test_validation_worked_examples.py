@@ -1,5 +1,6 @@
 """The reference's worked examples (batch-api-reference.txt, GET /jobs/{id} and Errors;
-docs/decisions.md, "Models, limits and pricing"), reproduced word for word from the one catalog."""
+docs/dev/decisions/2026-12-01-models-limits-and-pricing.md), reproduced word for word from the one
+catalog."""
 
 from __future__ import annotations
 
