@@ -120,23 +120,24 @@ def gpu_prefetch_install() -> None:
         broker.add_middleware(GpuPrefetch())
 
 
-def send(actor: str, *args: str, queue: str | None = None,
-         delay_ms: int | None = None) -> None:
-    """Send one message to `actor` now (on its own queue unless `queue` is given)."""
+def send(actor: str, *args: str, queue: str | None = None, delay_ms: int | None = None,
+         time_limit_ms: int | None = None) -> None:
+    """Send one message to `actor` now (on its own queue unless `queue` is given; run
+    within `time_limit_ms` when given, in place of the actor's own limit)."""
     message: dramatiq.Message[Any] = dramatiq.Message(
         queue_name=queue or ACTOR_QUEUES[actor], actor_name=actor, args=args, kwargs={},
-        options={})
+        options={} if time_limit_ms is None else {"time_limit": time_limit_ms})
     dramatiq.get_broker().enqueue(message, delay=delay_ms)
 
 
 def send_on_commit(actor: str, *args: str, queue: str | None = None,
-                   delay_ms: int | None = None) -> None:
+                   delay_ms: int | None = None, time_limit_ms: int | None = None) -> None:
     """send() once the current transaction commits (at once outside one), so the worker
     finds the row the message names. The work is committed by then: a broker that fails
     here is logged (robust), never a 500 for work that was done, and the recovery pass
     sends the message again from the row's lease (jobs.services.recovery)."""
-    transaction.on_commit(lambda: send(actor, *args, queue=queue, delay_ms=delay_ms),
-                          robust=True)
+    transaction.on_commit(lambda: send(actor, *args, queue=queue, delay_ms=delay_ms,
+                                       time_limit_ms=time_limit_ms), robust=True)
 
 
 def broker_require() -> None:
@@ -215,3 +216,26 @@ def sample_send(*, job_id: uuid.UUID, region: str, model: str,
                 delay_ms: int | None = None) -> None:
     """A job's sampled estimate to its model's sample queue in its region."""
     send("job_sample_task", str(job_id), queue=sample_queue(region, model), delay_ms=delay_ms)
+
+
+# A finalize's time limit, from its job's rows: the merge streams every row once
+# (jobs.results.result_write), so its time grows with them. Sized on a rate below the
+# slowest merge measured (bench/RESULTS.md, "Finalize merge"), doubled, over a floor for
+# the claim, the pricing and the settlement: an honest merge is never cut off, and a hung
+# one is, for the recovery pass to hand out again (jobs.services.recovery FINALIZE).
+FINALIZE_ROWS_PER_SECOND = 1_000
+FINALIZE_MARGIN = 2
+FINALIZE_FLOOR_MS = 10 * 60 * 1000
+
+
+def finalize_time_limit_ms(rows: int) -> int:
+    """The time limit of the finalize of a job of `rows` rows."""
+    return FINALIZE_FLOOR_MS + FINALIZE_MARGIN * 1000 * rows // FINALIZE_ROWS_PER_SECOND
+
+
+def finalize_send(*, job_id: uuid.UUID, rows: int) -> None:
+    """A job's finalize to the CPU workers' jobs queue, after the commit, within the time
+    its `rows` need (finalize_time_limit_ms). Never run where it is decided (a GPU
+    worker's chunk thread, the recovery pass): the merge of a large job takes hours at the
+    slowest rate, and the work that decided it has its own, shorter, limit."""
+    send_on_commit("job_finalize_task", str(job_id), time_limit_ms=finalize_time_limit_ms(rows))

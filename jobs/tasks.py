@@ -44,6 +44,9 @@ ESTIMATE_TIME_LIMIT_MS = 30 * 60 * 1000
 # worker that dies is caught sooner by the heartbeat lease.
 CHUNK_TIME_LIMIT_MS = 60 * 60 * 1000
 START_TIME_LIMIT_MS = 15 * 60 * 1000
+# A finalize's limit is its message's, sized for its job's merge (jobs.dispatch
+# finalize_send), and its lease is beaten while it runs; this serves one sent without.
+FINALIZE_TIME_LIMIT_MS = 60 * 60 * 1000
 
 
 @contextmanager
@@ -150,9 +153,10 @@ def job_start_task(job_id: str) -> None:
         outcome.append(job_start(job_id=job_id))
 
 
-# A job whose last chunk settled without a worker's chunk_run to finalize it (a cancel
-# that skipped its unsent chunks); a failure is left to the recovery pass's finalize lease.
-@dramatiq.actor(queue_name=dispatch.JOBS, max_retries=0, time_limit=CHUNK_TIME_LIMIT_MS)
+# Every finalize runs here, on a CPU worker: sent by the chunk that settles last, by a
+# start with no rows, by a cancel with nothing in flight, and by the recovery pass. A
+# failure is left to the recovery pass's finalize lease.
+@dramatiq.actor(queue_name=dispatch.JOBS, max_retries=0, time_limit=FINALIZE_TIME_LIMIT_MS)
 def job_finalize_task(job_id: str) -> None:
     with _about("finalize", job_id, job_id=job_id) as outcome:
         outcome.append(job_finalize(job_id=job_id))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -10,6 +11,7 @@ import dramatiq
 from django.db import connection
 from django.utils.module_loading import autodiscover_modules
 from dramatiq.brokers.redis import RedisBroker
+from dramatiq.middleware import TimeLimit
 from dramatiq.worker import _WorkerMiddleware
 
 from jobs.dispatch import run_queues_declare
@@ -66,3 +68,15 @@ def fresh_worker(threads: int = 1) -> Iterator[Callable[..., None]]:
     run_queues_declare()
     with running_worker(threads):
         yield until
+
+
+def time_limits_enforced() -> None:
+    """Dramatiq's time limits enforced in this process, as in a worker's: its TimeLimit
+    middleware starts the thread that stops an actor past its limit at the process's boot,
+    which an in-process worker (running_worker) has none of. Started once; it then stops
+    only what runs past its limit (each actor's own, or its message's)."""
+    for middleware in dramatiq.get_broker().middleware:
+        manager = getattr(middleware, "manager", None)
+        if isinstance(middleware, TimeLimit) and isinstance(manager, threading.Thread) \
+                and manager.ident is None:
+            manager.start()

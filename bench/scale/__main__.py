@@ -5,9 +5,10 @@
     python -m bench.scale --scenario S4 S6 --rows 20000
 
 A deployment on this machine (bench/scale/cluster.py: PostgreSQL through PgBouncer in
-transaction pooling, Redis on TCP with AOF, moto S3, gunicorn, two clocks, a CPU worker and
-four SIMULATED GPU workers running the product's real worker with the simulated engine of
-bench/scale/simengine.py) driven through the public batch API, one scenario at a time:
+transaction pooling, Redis on TCP with AOF, moto S3, gunicorn, two clocks, a CPU worker
+(estimates, starts and every job's finalize) and four SIMULATED GPU workers running the
+product's real worker with the simulated engine of bench/scale/simengine.py) driven through
+the public batch API, one scenario at a time:
 
   S1  a big chat job (--rows, default 1,000,000): every line, in order, the simulated
       answer; one charge equal to the price of the rows' summed usage; rows/s against the
@@ -22,7 +23,8 @@ bench/scale/simengine.py) driven through the public batch API, one scenario at a
   S7  S3 unreachable for 60 s at 70 %
   S8  a poison row that makes the simulated step raise (S8a), and a worker whose simulated
       engine dies at 40 % (S8b)
-  S9  the big job's finalize on moto: merges, seconds, done, billed
+  S9  the big job's finalize on moto, run by the CPU worker (job_finalize_task, sent by its
+      last chunk's settle): merges, seconds within its time limit, done, billed
   S12 REAL engine, not simulated (--rows, default 20,000): on a cluster of its own whose
       GPU workers are the product's worker-gpu role with the real tiny-qwen3 vLLM engine,
       the job (greedy, max_output_tokens 8) run on one worker, then again on two with one

@@ -1,7 +1,8 @@
 """The scale harness's deployment on one machine (benchmark code, never part of the product):
 one PostgreSQL behind PgBouncer (transaction pooling), one Redis on TCP with AOF, one moto
 S3 server behind a TCP relay (stopping the relay is an S3 outage that keeps the objects),
-gunicorn, two clocks, one CPU worker and N GPU workers, each started in a process group of
+gunicorn, two clocks, one CPU worker (estimates, starts and every job's finalize, on its
+jobs queue) and N GPU workers (chunks and samples only), each started in a process group of
 its own so a scenario can SIGKILL one whole worker. The GPU workers are SIMULATED
 (bench/scale/simworker.py) unless the cluster is a REAL-engine one (engine="real", S12):
 then each is the product's worker-gpu role unchanged, loading the real tiny-qwen3 vLLM

@@ -429,10 +429,11 @@ def spans(h: Harness, job_id: str) -> str:
     if not finished or not {"in_progress", "finalizing", "done"} <= set(at):
         return "(no complete record of its run)"
     first, last = finished[0], finished[-1]
+    # The last chunk's settle sends the finalize; the CPU worker entering finalizing took it.
     return (f"approve -> first chunk done {(first - at['in_progress']).total_seconds():.1f} s, "
             f"first -> last chunk done {(last - first).total_seconds():.1f} s, last chunk -> "
-            f"finalizing {(at['finalizing'] - last).total_seconds():.1f} s, finalizing -> done "
-            f"{(at['done'] - at['finalizing']).total_seconds():.1f} s")
+            f"finalize taken by the CPU worker {(at['finalizing'] - last).total_seconds():.1f} "
+            f"s, finalizing -> done {(at['done'] - at['finalizing']).total_seconds():.1f} s")
 
 
 def _status(job_id: str) -> str:
@@ -692,8 +693,11 @@ def s8(h: Harness) -> bool:
 
 
 def s9(h: Harness) -> bool:
-    """S9: the big job's finalize on moto: merges, seconds, done, billed."""
+    """S9: the big job's finalize on moto, run by the CPU worker (job_finalize_task, sent by
+    the last chunk's settle; the GPU workers take only chunks and samples): merges,
+    seconds within the time limit its message carried, done, billed."""
     from billing.models import LedgerEntry
+    from jobs.dispatch import finalize_time_limit_ms
     from jobs.models import JobEvent
 
     run = h.last_big or h.big_job("S9", [])
@@ -707,12 +711,14 @@ def s9(h: Harness) -> bool:
     # The merge streams every row once: a smaller job is held to the 1M-row figure scaled
     # down to its rows (linear), never to the 1M-row 90 s itself.
     at_million = seconds * 1_000_000 / run.rows
+    limit = finalize_time_limit_ms(run.rows) / 1000
     return verdict("S9 finalize", len(finalizing) == 1 and bool(done) and charges == 1
-                   and 0 <= at_million <= 90,
+                   and 0 <= at_million <= 90 and seconds <= limit,
                    f"{run.rows:,}-row job: finalizing entered {len(finalizing)} time(s), "
                    f"finalizing -> done {seconds:.1f} s ({run.rows / max(seconds, 1e-3):,.0f} "
-                   f"rows/s; {at_million:,.0f} s at 1M rows at that rate, 90 s asked), "
-                   f"{'done' if done else 'not done'}, {charges} charge(s)")
+                   f"rows/s; {at_million:,.0f} s at 1M rows at that rate, 90 s asked; its "
+                   f"time limit {limit:,.0f} s), {'done' if done else 'not done'}, "
+                   f"{charges} charge(s)")
 
 
 # S12's output cap: a few greedy tokens a row keep two real CPU engines' run to minutes.

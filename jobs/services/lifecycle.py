@@ -168,6 +168,14 @@ def job_lease_renew(*, job: Job) -> bool:
         leased_at=timezone.now(), claimed=False, attempts=F("attempts") + 1) == 1
 
 
+def job_finalize_send(*, job: Job) -> None:
+    """Send the job's finalize (jobs.tasks.job_finalize_task: every chunk has settled, or
+    it has none) once the current transaction commits, within the time its rows' merge
+    needs (jobs.dispatch.finalize_time_limit_ms). The claim is the finalize's own
+    (finalizing entered, or its lease taken), so a repeat sends a no-op."""
+    dispatch.finalize_send(job_id=job.pk, rows=job.row_count or 0)
+
+
 @transaction.atomic
 def job_created(*, job: Job, actor: Actor) -> None:
     """A new job's first event (the submit's transaction): created in submitted."""
@@ -316,7 +324,7 @@ def job_cancel(*, job: Job, actor: Actor) -> Job:
         moved = job_transition(job=locked, to=JobStatus.CANCELLING, actor=actor)
         chunks_skip_waiting(job_id=locked.pk)
         if not locked.chunks.filter(IN_FLIGHT).exists():
-            dispatch.send_on_commit("job_finalize_task", str(locked.pk))
+            job_finalize_send(job=locked)
     else:
         # No work in flight: it stops now, and any hold is released in full.
         chunks_skip_pending(job_id=locked.pk)

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet, Subquery
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from jobs import dispatch
@@ -45,9 +46,15 @@ from jobs.services.inputs import (
     input_copy_resend,
     input_copy_revive,
 )
-from jobs.services.lifecycle import RECOVERY, job_fail, job_finish, job_lease_renew
+from jobs.services.lifecycle import (
+    RECOVERY,
+    job_fail,
+    job_finalize_send,
+    job_finish,
+    job_lease_renew,
+)
 from jobs.services.purge import job_data_purge
-from jobs.services.running import CHUNK_ATTEMPTS, chunk_settle, heartbeat_stale, job_finalize
+from jobs.services.running import CHUNK_ATTEMPTS, chunk_settle, finalize_stale, heartbeat_stale
 from jobs.services.sampling import sample_send
 from jobs.services.webhooks import deliveries_sweep
 
@@ -113,8 +120,10 @@ def _send_start(job: Job) -> None:
     dispatch.send("job_start_task", str(job.pk))
 
 
-def _finalize(job: Job) -> None:
-    job_finalize(job_id=job.pk)
+def _send_finalize(job: Job) -> None:
+    # Sent, never run here: a large job's merge takes longer than this pass's own time
+    # limit (jobs.tasks.SWEEP_TIME_LIMIT_MS), which would stop it at every attempt.
+    job_finalize_send(job=job)
 
 
 def _expire(job: Job) -> None:
@@ -142,10 +151,19 @@ def _chunk_resend(chunk: Chunk) -> None:
     chunk_send(chunk=chunk)
 
 
+_ITS_CHUNKS = Chunk.objects.filter(job=OuterRef("pk"))
+# Every chunk of a running job settled: its finalize is due (sent by the last to settle).
+_ALL_SETTLED = Q(status__in=[JobStatus.IN_PROGRESS, JobStatus.CANCELLING]) & Q(
+    Exists(_ITS_CHUNKS)) & ~Q(Exists(_ITS_CHUNKS.exclude(status__in=CHUNK_SETTLED)))
+
+
 def _chunks_all_settled() -> QuerySet[Job]:
-    unsettled = Chunk.objects.filter(job=OuterRef("pk")).exclude(status__in=CHUNK_SETTLED)
-    return Job.objects.filter(status__in=[JobStatus.IN_PROGRESS, JobStatus.CANCELLING],
-                              chunks__isnull=False).filter(~Exists(unsettled)).distinct()
+    """The jobs whose finalize was sent and not taken, with when it was last sent: when
+    the last chunk settled, or when this pass sent it again (the lease renewed)."""
+    last_settled = _ITS_CHUNKS.filter(finished_at__isnull=False).order_by(
+        "-finished_at").values("finished_at")[:1]
+    return Job.objects.filter(_ALL_SETTLED).annotate(
+        finalize_sent_at=Greatest("leased_at", Subquery(last_settled)))
 
 
 # --- the table ----------------------------------------------------------------------------
@@ -178,12 +196,17 @@ START = Lease(
     "leased_at", _minutes(16), _job_resend(_send_start), attempts=3,
     give_up=_job_give_up("We could not start running this job. " + NOTHING_BILLED))
 FINALIZE_UNCLAIMED = Lease(
-    # Every chunk settled, but the worker that settled the last one died before it
-    # could claim the finalize: finalized here (the claim makes this happen once).
-    "finalize, never taken", _chunks_all_settled, "leased_at", heartbeat_stale, _finalize)
+    # Every chunk settled, and the finalize the last one sent was not taken: its message
+    # went with the broker, or with a CPU worker that died holding it. Sent again (the
+    # claim makes it run once); waiting behind other finalizes on the jobs queue is not a
+    # failure, so it is never given up.
+    "finalize, never taken", _chunks_all_settled, "finalize_sent_at", finalize_stale,
+    _job_resend(_send_finalize))
 FINALIZE = Lease(
+    # The finalize's own lease (running.finalize_stale), beaten by the worker merging:
+    # stale, that worker died or its time limit stopped it.
     "finalize", lambda: Job.objects.filter(status=JobStatus.FINALIZING),
-    "leased_at", heartbeat_stale, _job_resend(_finalize), attempts=3,
+    "leased_at", finalize_stale, _job_resend(_send_finalize), attempts=3,
     give_up=_job_give_up("We could not assemble this job's result. " + NOTHING_BILLED))
 CHUNK = Lease(
     "chunk", lambda: Chunk.objects.filter(status=ChunkStatus.RUNNING),
@@ -255,6 +278,8 @@ _WAITING_JOBS: tuple[tuple[str, Callable[[], QuerySet[Job]], Callable[[Job], obj
         claimed=False, **job_state_fields(JobSubstate.SAMPLING)), sample_send),
     ("job_start_task", lambda: Job.objects.filter(status=JobStatus.IN_PROGRESS,
                                                   chunks__isnull=True), _send_start),
+    ("job_finalize_task", lambda: Job.objects.filter(
+        _ALL_SETTLED | Q(claimed=False, status=JobStatus.FINALIZING)), _send_finalize),
 )
 
 

@@ -6,7 +6,9 @@ Safe to run twice everywhere (docs/dev/style.md rule 6): a chunk is claimed by a
 its counts are recorded by the guarded move to done (every chunk move is
 jobs.services.chunks'); its results object is keyed by the chunk, so a re-run overwrites.
 A heartbeat on running chunks lets the recovery pass (jobs.services.recovery) re-queue the
-work of a worker that died; finalizing is claimed once and settles the money once.
+work of a worker that died. The chunk that settles last sends its job's finalize to the CPU
+workers (jobs.tasks.job_finalize_task), never runs it: finalizing is claimed once, holds a
+lease of its own while it merges, and settles the money once.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from jobs.services.inputs import INPUT_CHANGED
 from jobs.services.lifecycle import (
     WORKER,
     job_fail,
+    job_finalize_send,
     job_finish,
     job_lease_beat,
     job_lease_claim,
@@ -77,6 +80,19 @@ def heartbeat_every() -> timedelta:
 def heartbeat_stale() -> timedelta:
     """A running chunk whose heartbeat is older than this belongs to a dead worker."""
     return timedelta(seconds=settings.ANEX_HEARTBEAT_STALE_SECONDS)
+
+
+# A finalize's lease, apart from the chunks' heartbeat (which operators shorten so that a
+# dead GPU worker's chunks move on soon: the scale harness runs on a minute): a finalize
+# handed out again merges every row of its job once more, so it is handed out only after
+# ten minutes without a beat, which a database failover of a few minutes does not reach.
+# Its running worker beats it every minute (jobs.services.recovery, FINALIZE).
+FINALIZE_LEASE_SECONDS = 600
+
+
+def finalize_stale() -> timedelta:
+    """A finalize whose lease is older than this was lost: its message, or its worker."""
+    return timedelta(seconds=FINALIZE_LEASE_SECONDS)
 
 CHUNK_ATTEMPTS = 3
 # Failures that are not the chunk's (jobs.failures.FailureClass): how many it waits out
@@ -161,7 +177,7 @@ def job_start(*, job_id: uuid.UUID | str) -> int:
             if not Chunk.objects.filter(job=job).exists():  # a concurrent start lost
                 Chunk.objects.bulk_create(planned)
     if not job.chunks.exists():  # an input with no rows left to run: finish at once
-        job_finalize(job_id=job.pk)
+        job_finalize_send(job=job)
         return 0
     # Sent as room frees on its model, fairly across organizations (chunks_release).
     chunks_release(region=job.data_residency, model=job.model)
@@ -192,16 +208,17 @@ def hold_reached(job: Job, usage: Usage | None = None) -> bool:
 
 class _Heartbeat:
     """Beats (`beat`: a chunk's heartbeat, a finalize's lease) while the work it guards
-    runs, from its own thread and connection."""
+    runs, from its own thread and connection, every `every` (by default a chunk's)."""
 
-    def __init__(self, beat: Callable[[], object]) -> None:
+    def __init__(self, beat: Callable[[], object], every: timedelta | None = None) -> None:
         self.beat = beat
+        self.every = every
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._beat, daemon=True)
 
     def _beat(self) -> None:
         try:
-            while not self.stopped.wait(heartbeat_every().total_seconds()):
+            while not self.stopped.wait((self.every or heartbeat_every()).total_seconds()):
                 try:
                     self.beat()
                 except DatabaseError:
@@ -328,9 +345,9 @@ def chunk_settle(*, chunk: Chunk, to: ChunkStatus, reaped: bool = False,
                  counts: dict[RowOutcome, int] | None = None, usage: Usage | None = None) -> bool:
     """The one way a running chunk ends: it settles (`to` done, with its rows' `counts`
     and `usage`; failed, its attempts spent or its job's hold reached, or `reaped` by the
-    recovery pass; skipped, its job cancelled), and its job finalizes once its last chunk
-    has. False when the move was not made (a repeat, or a worker that beat the recovery
-    pass to it), and then nothing follows: whoever made it finalizes."""
+    recovery pass; skipped, its job cancelled), and its job's finalize is sent once its
+    last chunk has. False when the move was not made (a repeat, or a worker that beat the
+    recovery pass to it), and then nothing follows: whoever made it sends the finalize."""
     if to == ChunkStatus.DONE:
         assert counts is not None and usage is not None
         moved = chunk_complete(chunk_id=chunk.pk, counts=counts, usage=usage)
@@ -343,11 +360,16 @@ def chunk_settle(*, chunk: Chunk, to: ChunkStatus, reaped: bool = False,
     else:
         raise ValueError(f"{to} is not a state a chunk settles in")
     if moved:
-        # Its place on the model goes to the next chunk first: a long merge below must
-        # not hold the fleet's work back.
         job = chunk.job
         chunks_release(region=job.data_residency, model=job.model)
-        job_finalize(job_id=chunk.job_id)
+        # Read after this chunk's move committed: of two chunks settling last at once, the
+        # one committing second sees both settled (both may: a second finalize is a
+        # no-op). The merge runs on a CPU worker, within a time limit sized for it, never
+        # here: a GPU worker's chunk thread goes back to its chunks, and the recovery
+        # pass (a reaped chunk) to its other leases.
+        if not Chunk.objects.filter(job_id=job.pk).exclude(
+                status__in=CHUNK_SETTLED).exists():
+            job_finalize_send(job=job)
     return moved
 
 
@@ -379,8 +401,9 @@ CHUNKS_FAILED = ("Some rows could not be run after repeated attempts; the rows t
 
 
 def job_finalize(*, job_id: uuid.UUID | str) -> JobStatus | None:
-    """Once every chunk has settled: merge the results, count, charge, and end the job.
-    Claimed by one caller (in_progress/cancelling -> finalizing); one whose worker died is
+    """Once every chunk has settled: merge the results, count, charge, and end the job
+    (jobs.tasks.job_finalize_task, on a CPU worker). Claimed by one caller (in_progress/
+    cancelling -> finalizing), so a duplicate message is a no-op; one whose worker died is
     handed out again by the recovery pass, and taken here once."""
     if Chunk.objects.filter(job_id=job_id).exclude(status__in=CHUNK_SETTLED).exists():
         return None
@@ -401,9 +424,11 @@ def job_finalize(*, job_id: uuid.UUID | str) -> JobStatus | None:
     # what the result's per-row costs add up to.
     cost = min(price(model, usage).cents if model is not None else 0,
                hold_open_cents(job=job))
-    # The merge streams every row once (10M rows take minutes on S3): its lease is renewed
-    # meanwhile, so the recovery pass hands the finalize out only when this worker died.
-    with _Heartbeat(lambda: job_lease_beat(job_id=job.pk, state=JobStatus.FINALIZING)):
+    # The merge streams every row once (a large job's takes hours at the slowest rate):
+    # its lease is renewed meanwhile, so the recovery pass hands the finalize out only
+    # when this worker died or its time limit stopped it.
+    with _Heartbeat(lambda: job_lease_beat(job_id=job.pk, state=JobStatus.FINALIZING),
+                    every=finalize_stale() / 10):
         written = result_write(job, done, charge=cost)
     key, delivered = written.key, written.rows
     totals = Chunk.objects.filter(pk__in=[c.pk for c in done]).aggregate(

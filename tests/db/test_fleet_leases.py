@@ -1,6 +1,7 @@
-"""Leases that hold on a fleet: a finalize whose merge outlasts the stale window keeps its
-lease (the worker renews it while merging), and a heartbeat whose database connection
-dies (PostgreSQL restarting, a failover) reconnects at its next beat instead of stopping."""
+"""Leases that hold on a fleet: a finalize whose merge outlasts its lease's stale window
+keeps its lease (the worker renews it while merging), and a heartbeat whose database
+connection dies (PostgreSQL restarting, a failover) reconnects at its next beat instead of
+stopping."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from jobs.services.chunks import chunk_claim, chunk_heartbeat
 from jobs.services.recovery import FINALIZE, recover
 from jobs.services.running import _Heartbeat, job_finalize, job_start
 from tests.db.test_fair_dispatch import approved_job, finish
-from tests.dispatched import dispatch_catch
+from tests.dispatched import Sent, dispatch_catch, sent_run
 from tests.factories import organization_make
 from tests.workers import until
 
@@ -39,6 +40,11 @@ def short_leases(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_merge_longer_than_the_stale_window_keeps_its_finalize(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    # The finalize's own lease (not the chunks' heartbeat): stale after 1.5 s, beaten
+    # every 0.15 s.
+    monkeypatch.setattr(running, "FINALIZE_LEASE_SECONDS", 1.5)
+    finalizes: list[Sent] = []
+    dispatch_catch(monkeypatch, finalizes.append, "job_finalize_task")
     job = approved_job(organization_make(), rows=2)
     job_start(job_id=job.pk)
     merging, checked = threading.Event(), threading.Event()
@@ -51,17 +57,17 @@ def test_a_merge_longer_than_the_stale_window_keeps_its_finalize(
         return write(*args, **kwargs)
 
     monkeypatch.setattr(running, "result_write", slow_write)
-    for chunk in Chunk.objects.filter(job=job).order_by("index")[:1]:
+    for chunk in Chunk.objects.filter(job=job).order_by("index"):
         finish(str(chunk.pk))
-    last = Chunk.objects.get(job=job, index=1)
+    [finalize] = finalizes  # sent by the last chunk's settle
 
-    def finish_last() -> None:
+    def cpu_worker() -> None:
         try:
-            finish(str(last.pk))
+            sent_run([finalize])
         finally:
             connection.close()
 
-    finisher = threading.Thread(target=finish_last)
+    finisher = threading.Thread(target=cpu_worker)
     finisher.start()
     assert merging.wait(10)
     time.sleep(2.1)  # the lease taken at the claim is stale by now, had it not been renewed
@@ -121,6 +127,8 @@ def test_a_chunk_that_ran_settles_through_a_database_restart(
     from tests.race import run_before
 
     monkeypatch.setattr(running, "SETTLE_RETRY_SECONDS", (0.2, 0.2))
+    finalizes: list[Sent] = []
+    dispatch_catch(monkeypatch, finalizes.append, "job_finalize_task")
     monkeypatch.setattr("jobs.services.running.execute", lambda job, rows: answer(rows))
     job = approved_job(organization_make(), rows=1)
     job_start(job_id=job.pk)
@@ -140,5 +148,6 @@ def test_a_chunk_that_ran_settles_through_a_database_restart(
     assert killed and connection.connection.info.backend_pid != killed[0]
     chunk.refresh_from_db()
     assert (chunk.status, chunk.attempts, chunk.deferrals) == (ChunkStatus.DONE, 1, 0)
+    sent_run(finalizes)  # the finalize its settle sent, on a CPU worker
     job.refresh_from_db()
     assert job.status == JobStatus.DONE

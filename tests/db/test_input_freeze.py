@@ -33,6 +33,7 @@ from jobs.services.inputs import INPUT_CHANGED
 from jobs.services.rows import rows_read
 from jobs.services.running import HOLD_REACHED, chunk_run, hold_reached, job_start
 from jobs.storage import StorageChanged, storage_for
+from tests.dispatched import finalizes_run
 from tests.factories import input_ready
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -166,8 +167,9 @@ def test_chunks_stop_once_the_running_cost_reaches_the_hold(
         raise AssertionError("a chunk past the hold reached the engine")
 
     monkeypatch.setattr("jobs.services.running.execute", engine_called)
-    # when the rest of its chunks come up
-    assert [chunk_run(chunk_id=chunk.pk) for chunk in rest] == [ChunkStatus.FAILED] * 2
+    # when the rest of its chunks come up (and the finalize the last one sends is run)
+    with finalizes_run(monkeypatch):
+        assert [chunk_run(chunk_id=chunk.pk) for chunk in rest] == [ChunkStatus.FAILED] * 2
     # then none ran, and the job ended charged no more than it held
     job.refresh_from_db()
     assert job.status == JobStatus.FAILED

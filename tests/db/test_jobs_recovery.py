@@ -42,7 +42,7 @@ from jobs.services.sampling import job_sample
 from jobs.storage import storage_for
 from jobs.tasks import job_sample_task
 from tests.db.test_running import chat_line, complete
-from tests.dispatched import dispatch_catch
+from tests.dispatched import dispatch_catch, finalizes_run
 from tests.factories import SYSTEM, input_ready, job_make
 
 pytestmark = pytest.mark.django_db
@@ -180,8 +180,8 @@ def test_a_lost_start_is_sent_again_then_fails_with_the_hold_released(
     assert credits_summary(organization=organization).held == 0
 
 
-def test_a_chunk_revived_by_the_reaper_checks_its_attempts(organization: Organization,
-                                                           sent: list[str]) -> None:
+def test_a_chunk_revived_by_the_reaper_checks_its_attempts(
+        organization: Organization, sent: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     item = input_ready(organization, b"".join(chat_line(f"r{i}") for i in range(4)))
     job = job_make(organization, est_cost_cents=100, model="gemma4-12b")
     Job.objects.filter(pk=job.pk).update(input=item, row_count=4, max_output_tokens=50)
@@ -192,7 +192,8 @@ def test_a_chunk_revived_by_the_reaper_checks_its_attempts(organization: Organiz
     Chunk.objects.filter(pk=dying.pk).update(status=ChunkStatus.RUNNING,
                                              attempts=CHUNK_ATTEMPTS,
                                              heartbeat_at=timezone.now())
-    assert lease_out(CHUNK) == 1
+    with finalizes_run(monkeypatch):  # the finalize the reaped chunk's settle sends
+        assert lease_out(CHUNK) == 1
     assert Chunk.objects.get(pk=dying.pk).status == ChunkStatus.FAILED
     job.refresh_from_db()
     assert (job.status, job.partial, job.success_rows) == (JobStatus.FAILED, True, 2)

@@ -19,7 +19,7 @@ from pytest_django import Settings
 from console.models import Organization
 from openai_api.models import OpenAIBatch, OpenAIFile
 from tests.db.test_openai_batches import client_for, jsonl, line, uploaded
-from tests.dispatched import Sent, dispatch_catch
+from tests.dispatched import Sent, dispatch_catch, finalizes_run
 from tests.factories import api_key_make, organization_make
 from tests.lazy import lazy_module
 from tests.unit.test_jsonl_scan import huge_lines
@@ -351,7 +351,7 @@ def test_a_deleted_output_file_is_no_longer_named_by_its_batch(
 
 
 def test_a_batch_past_its_window_expires_as_openais_billing_only_finished_rows(
-        client: OpenAI, sent: list[Sent]) -> None:
+        client: OpenAI, sent: list[Sent], monkeypatch: pytest.MonkeyPatch) -> None:
     from datetime import timedelta
 
     from django.utils import timezone
@@ -377,9 +377,10 @@ def test_a_batch_past_its_window_expires_as_openais_billing_only_finished_rows(
     # the rows running finish: the job is cancelling, and its chunks that the workers take
     # from here are skipped, never run
     assert client.batches.retrieve(late.id).status == "finalizing"
-    for chunk in Chunk.objects.filter(job_id=job_id, status=ChunkStatus.PENDING):
-        assert chunk_run(chunk_id=chunk.pk) == ChunkStatus.SKIPPED
-    # (the last chunk to settle finalized the job)
+    with finalizes_run(monkeypatch):
+        for chunk in Chunk.objects.filter(job_id=job_id, status=ChunkStatus.PENDING):
+            assert chunk_run(chunk_id=chunk.pk) == ChunkStatus.SKIPPED
+    # (the last chunk to settle sent the job's finalize, which a CPU worker ran)
 
     expired = client.batches.retrieve(late.id)
     job = Job.objects.get(pk=job_id)

@@ -32,7 +32,7 @@ from jobs.models import Chunk, Job
 from jobs.services.lifecycle import job_approve
 from jobs.services.running import CHUNK_ATTEMPTS, CHUNKS_FAILED, chunk_run, job_start
 from jobs.storage import storage_for
-from tests.dispatched import Sent, dispatch_catch
+from tests.dispatched import Sent, dispatch_catch, finalizes_run
 from tests.factories import SYSTEM, chat_request_line, input_ready, job_make, organization_make
 
 pytestmark = pytest.mark.django_db
@@ -177,9 +177,11 @@ def test_rows_that_fail_every_step_fail_alone_and_the_engine_keeps_serving(
     a = job_of(a_org, [f"{POISON} {i}" for i in range(6)])
     b = job_of(b_org, [f"hello {i}" for i in range(6)])
     a_before = credits_summary(organization=a_org)
-    # when the worker runs them, A's chunks first, each alone in the engine
-    for chunk_id in chunks_of(a, sent) + chunks_of(b, sent):
-        assert chunk_run(chunk_id=chunk_id) == ChunkStatus.DONE
+    # when the worker runs them, A's chunks first, each alone in the engine (and a CPU
+    # worker each job's finalize)
+    with finalizes_run(monkeypatch):
+        for chunk_id in chunks_of(a, sent) + chunks_of(b, sent):
+            assert chunk_run(chunk_id=chunk_id) == ChunkStatus.DONE
     # then every row of A failed alone, in its row (the engine answered the feed's own
     # request each time, so the rows were at fault, not the engine), each chunk in its
     # first attempt with no deferral, and nothing of A was billed
@@ -238,11 +240,12 @@ def test_a_chunk_that_kills_every_engine_fails_its_job_within_its_attempts(
     # then each time it kills an engine again, after a restart, it spends an attempt, and
     # once they are spent it fails, and with it its job; B runs between, on fresh engines
     outcomes = []
-    for b_chunk in b_chunks:
-        restart()
-        outcomes.append(chunk_run(chunk_id=a_chunk))
-        restart()
-        assert chunk_run(chunk_id=b_chunk) == ChunkStatus.DONE
+    with finalizes_run(monkeypatch):
+        for b_chunk in b_chunks:
+            restart()
+            outcomes.append(chunk_run(chunk_id=a_chunk))
+            restart()
+            assert chunk_run(chunk_id=b_chunk) == ChunkStatus.DONE
     assert outcomes == [ChunkStatus.PENDING] * (CHUNK_ATTEMPTS - 1) + [ChunkStatus.FAILED]
     chunk.refresh_from_db()
     assert (chunk.status, chunk.attempts, chunk.deferrals) == (

@@ -28,6 +28,7 @@ from jobs.services.webhook_endpoint import organization_webhook_set
 from tests.chunks import chunk_done, row_record
 from tests.db.test_console import form, signed_in
 from tests.db.test_webhooks import deliver_all, hooks, receiver, verified  # noqa: F401
+from tests.dispatched import finalizes_run
 from tests.engine_fixtures import checkpoint_dirs  # noqa: F401
 from tests.factories import SYSTEM, input_ready, job_make, organization_make
 from tests.servers import LocalServer
@@ -166,12 +167,13 @@ def test_createorg_takes_progress_webhooks() -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_a_real_run_sends_the_thresholds_before_completed(
-        settings: Settings, sent: list[str],
+        settings: Settings, sent: list[str], monkeypatch: pytest.MonkeyPatch,
         checkpoint_dirs: dict[str, Path]) -> None:  # noqa: F811
     settings.ANEX_CHECKPOINTS = {"all-minilm-l6-v2": checkpoint_dirs["minilm"]}
     job = running(opted_in(), 8, model="all-minilm-l6-v2")
-    for chunk_id in sent:
-        chunk_run(chunk_id=chunk_id)
+    with finalizes_run(monkeypatch):  # the last chunk's finalize, on a CPU worker
+        for chunk_id in sent:
+            chunk_run(chunk_id=chunk_id)
     job.refresh_from_db()
     assert job.status == JobStatus.DONE
     events = [(d.event_type, d.payload["data"].get("percent")) for d in

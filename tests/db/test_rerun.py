@@ -32,6 +32,7 @@ from jobs.services.running import chunk_run, job_finalize, job_start
 from jobs.storage import LocalRegionStorage, storage_for
 from tests.chunks import chunk_done, row_record
 from tests.db.test_cli import anex  # noqa: F401
+from tests.dispatched import finalizes_run
 from tests.engine_fixtures import checkpoint_dirs  # noqa: F401
 from tests.factories import SYSTEM, chat_request_line, input_ready, job_make, organization_make
 
@@ -313,7 +314,7 @@ def test_the_openapi_document_describes_reruns() -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_the_child_runs_its_rows_on_the_real_engine(
-        settings: Settings, client_for: Any, sent: list[str],
+        settings: Settings, client_for: Any, sent: list[str], monkeypatch: pytest.MonkeyPatch,
         checkpoint_dirs: dict[str, Path]) -> None:  # noqa: F811
     settings.ANEX_CHECKPOINTS = {"tiny-qwen3": checkpoint_dirs["tiny-qwen3"]}
     organization = organization_make()
@@ -327,8 +328,9 @@ def test_the_child_runs_its_rows_on_the_real_engine(
     sent.clear()
     assert api.post(f"{JOBS}/{child_id}/approve").json()["status"] == "in_progress"
     job_start(job_id=child_id)
-    for chunk_id in sent:
-        chunk_run(chunk_id=chunk_id)
+    with finalizes_run(monkeypatch):  # the last chunk's finalize, on a CPU worker
+        for chunk_id in sent:
+            chunk_run(chunk_id=chunk_id)
     child = Job.objects.get(pk=child_id)
     assert child.status == JobStatus.DONE and child.success_rows == len(FAILED)
     lines = merged(api, parent)

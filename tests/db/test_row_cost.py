@@ -27,6 +27,7 @@ from jobs.services.lifecycle import job_approve
 from jobs.services.running import chunk_run, job_finalize, job_start, job_usage
 from jobs.storage import storage_for
 from tests.chunks import chunk_done, row_record
+from tests.dispatched import finalizes_run
 from tests.engine_fixtures import checkpoint_dirs  # noqa: F401
 from tests.factories import SYSTEM, chat_request_line, input_ready, job_make
 
@@ -167,7 +168,7 @@ def test_the_allocation_is_exact_and_proportional() -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_a_real_engine_run_prices_every_row(settings: Settings, organization: Organization,
-                                            sent: list[str],
+                                            sent: list[str], monkeypatch: pytest.MonkeyPatch,
                                             checkpoint_dirs: dict[str, Path]) -> None:  # noqa: F811
     # given a 1,000-row embedding job served by the real MiniLM engine
     settings.ANEX_CHECKPOINTS = {"all-minilm-l6-v2": checkpoint_dirs["minilm"]}
@@ -179,8 +180,9 @@ def test_a_real_engine_run_prices_every_row(settings: Settings, organization: Or
     job = approved(organization, 1000, est=100, model="all-minilm-l6-v2", content=content)
     # when its chunks run on the engine
     job_start(job_id=job.pk)
-    for chunk_id in sent:
-        assert chunk_run(chunk_id=chunk_id) == ChunkStatus.DONE
+    with finalizes_run(monkeypatch):  # the last chunk's finalize, on a CPU worker
+        for chunk_id in sent:
+            assert chunk_run(chunk_id=chunk_id) == ChunkStatus.DONE
     job.refresh_from_db()
     assert job.status == JobStatus.DONE
     # then the rows' costs add up to the charge, a longer text costing more
