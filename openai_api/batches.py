@@ -1,11 +1,12 @@
 """OpenAI's batches over anex's jobs: one thin layer (docs/openai.md).
 
 A batch is created at once: its file's first row names the model (OpenAI's rows carry
-it), and the job is submitted through jobs.services.submission like any other, marked
-Job.openai - its rows must all name that model, every failing row is kept, and it has no
-approval step (jobs.services.lifecycle job_approve_at_estimate). The batch's status, counts,
-times and usage are read from the job each time; its output and error files are the job's
-one ordered result file, split by each row's `error`.
+it), and the job is submitted through jobs.services.submission like any other, with the
+policy OpenAI's batches have (Job): its rows must all name that model (row_model), every
+failing row is kept (collect_row_errors), and it has no approval step
+(approve_at_estimate). The batch's status, counts, times and usage are read from the job
+each time; its output and error files are the job's one ordered result file, split by
+each row's `error`.
 """
 
 from __future__ import annotations
@@ -291,10 +292,13 @@ def batch_create(*, organization: Organization, actor: Actor, host_region: Regio
             errors = too_long
         else:
             try:
+                # OpenAI's batch policy: each row names the model, every failing row is
+                # named, and there is no approval step.
                 request = JobRequest(options=JobOptions(model=model_id, row_model=True),
                                      input_id=str(file.input.pk))
                 job = job_submit(organization=organization, actor=actor, host_region=host_region,
-                                 request=request, openai=True)
+                                 request=request, approve_at_estimate=True,
+                                 collect_row_errors=True)
             except PaymentRequired as error:
                 errors = [_error("insufficient_credits", error.detail)]
             except Malformed as error:
