@@ -124,7 +124,7 @@ def _estimate_fields(job: Job, model: CatalogModel, report: FileReport) -> dict[
     kind = kind_for(model)
     usage = kind.estimate_usage(model, report,
                                 max_output_tokens=job.max_output_tokens_requested)
-    input_tokens = usage.input_tokens + usage.media_tokens + usage.media_row_tokens
+    input_tokens = usage.all_input_tokens
     generated = input_tokens + usage.output_tokens
     # Processing time is the start-up the workers measured (inference/warmth.py) plus the
     # tokens at the kind's conservative rate (a chat job's sample measures its own rate).
