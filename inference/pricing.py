@@ -53,6 +53,12 @@ class Usage:
     def is_empty(self) -> bool:
         return not any(getattr(self, f.name) for f in fields(self))
 
+    @property
+    def all_input_tokens(self) -> int:
+        """Every input token, text and media, whatever rate each bills at: a job's
+        est_input_tok, a check's count, an OpenAI batch's usage.input_tokens."""
+        return self.input_tokens + self.media_tokens + self.media_row_tokens
+
 
 @dataclass(frozen=True)
 class Price:

@@ -86,12 +86,12 @@ class JobAdmin(HidingReadOnlyAdmin):
                                       "est_processing_seconds", "est_cost_cents",
                                       "cost_cents", "failure_code", "failure_reason")}),
         ("Who", {"fields": ("created_by_key", "approved_by_key", "approved_by_user",
-                            "parent", "openai")}),
+                            "parent")}),
         ("Options", {"classes": ("collapse",), "fields": (
             "max_output_tokens_requested", "max_output_tokens", "max_tokens_alias",
             "reasoning", "reasoning_budget_requested", "reasoning_budget",
-            "reasoning_effort", "response_format", "dimensions", "video_fps",
-            "rerun_include")}),
+            "reasoning_effort", "response_format", "dimensions", "video_fps", "row_model",
+            "rerun_include", "approve_at_estimate", "collect_row_errors")}),
         ("Internals", {"classes": ("collapse",), "fields": (
             "leased_at", "claimed", "attempts", "est_usage", "sample_tokens", "sampled_at",
             "progress_sent", "data_delete_requested", "cancel_requested", "result_key")}),

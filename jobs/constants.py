@@ -108,8 +108,9 @@ AWAITING_APPROVAL_STATUSES = frozenset({JobStatus.SUBMITTED, JobStatus.ESTIMATIN
 class FailureCode(models.TextChoices):
     INVALID_INPUT = "invalid_input"
     INTERNAL_ERROR = "internal_error"
-    # A job approved at its estimate (Job.openai) whose hold the balance or the key's
-    # budget did not cover, or that its key may no longer approve: cancelled unbilled.
+    # A job approved at its estimate (Job.approve_at_estimate) whose hold the balance or
+    # the key's budget did not cover, or that its key may no longer approve: cancelled
+    # unbilled.
     INSUFFICIENT_CREDITS = "insufficient_credits"
     NOT_APPROVED = "not_approved"
 
@@ -171,7 +172,8 @@ class CheckStatus(models.TextChoices):
     FAILED = "failed"
 
 
-# A job that collects its failing rows (Job.openai) keeps at most this many in input_errors.
+# A job that collects its failing rows (Job.collect_row_errors) keeps at most this many in
+# input_errors.
 INPUT_ERRORS_MAX = 1000
 # A check reports at most this many failing rows (it still reads, and counts, the rest).
 CHECK_ERRORS_MAX = 1000

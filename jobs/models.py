@@ -145,14 +145,21 @@ class Job(models.Model):
     # The highest progress threshold (percent of rows) whose webhook was recorded: each is
     # sent once, whichever chunk (or re-run of one) crosses it (jobs.services.progress).
     progress_sent = models.PositiveSmallIntegerField(default=0)
-    # Submitted through the OpenAI-compatible surface (openai_api, docs/openai.md): its
-    # rows name the model (each must name this one), every failing row is kept in
-    # input_errors, and there is no approval step - it is approved for the submitting key
-    # as soon as it is priced, or cancelled unbilled when the hold is not covered
-    # (failure_code insufficient_credits). Everything else is any job's.
-    openai = models.BooleanField(default=False)
+    # The job's policy, set by whoever submits it (jobs.services.submission job_submit; the
+    # OpenAI surface sets all three, docs/openai.md) and read by the state machine and the
+    # estimate, which never ask which surface a job came from:
+    # - approve_at_estimate: no approval step. It is approved for the submitting key as
+    #   soon as it is priced, or cancelled unbilled when it cannot be (failure_code
+    #   insufficient_credits or not_approved); a cancel before then is kept until it is
+    #   priced (jobs.services.lifecycle job_cost_ready, job_cancel).
+    # - collect_row_errors: its estimate reads on past a failing row and keeps every one
+    #   in input_errors, failing the job on the first (a preflight check's mode).
+    # - row_model: every row's body.model must name the job's model (JobOptions.row_model).
+    approve_at_estimate = models.BooleanField(default=False)
+    collect_row_errors = models.BooleanField(default=False)
+    row_model = models.BooleanField(default=False)
     # The rows its estimate refused, in file order, at most INPUT_ERRORS_MAX:
-    # [{"line", "custom_id", "code", "message"}] (a job that collects them: openai).
+    # [{"line", "custom_id", "code", "message"}] (a job that collects them).
     input_errors = models.JSONField(null=True, blank=True)
 
     objects = OrgScopedQuerySet.as_manager()
@@ -194,7 +201,7 @@ class Job(models.Model):
             reasoning_budget=self.reasoning_budget_requested,
             reasoning_effort=self.reasoning_effort or None,
             response_format=self.response_format, dimensions=self.dimensions,
-            video_fps=self.video_fps, row_model=self.openai)
+            video_fps=self.video_fps, row_model=self.row_model)
 
     @staticmethod
     def options_columns(options: JobOptions, *, generates: bool) -> dict[str, Any]:
@@ -213,6 +220,7 @@ class Job(models.Model):
             "response_format": options.response_format,
             "dimensions": options.dimensions,
             "video_fps": options.video_fps,
+            "row_model": options.row_model,
         }
 
 

@@ -274,6 +274,36 @@ def result_write(job: Job, chunks: list[Chunk], *, charge: int = 0) -> ResultWri
     return ResultWritten(key, count, output_bytes=sizes[False], error_bytes=sizes[True])
 
 
+class _Failed(msgspec.Struct):
+    """What a result line is read for to know its part: its envelope's error, found and
+    not built."""
+
+    error: msgspec.Raw = msgspec.Raw(b"null")
+
+
+_FAILED = msgspec.json.Decoder(_Failed)
+
+
+def result_line_failed(line: bytes) -> bool:
+    """Whether a written JSONL result line's row has an error (the OpenAI surface's error
+    file): the split result_write counts as it writes (lines_costed). Read as the merge
+    reads rows (msgspec; a line it refuses by line_loads, which refuses NaN as it does)."""
+    try:
+        return bytes(_FAILED.decode(line).error) != b"null"
+    except msgspec.DecodeError:
+        return line_loads(line).get("error") is not None
+
+
+def result_lines(job: Job) -> Iterator[tuple[bytes, bool]]:
+    """The finished job's JSONL result file, line by line as written (each ending in its
+    newline; a blank line is no row), each with whether its row has an error."""
+    with storage_for(job.data_residency).open(job.result_key) as stream:
+        for line in stream:
+            if line.strip():
+                line = line if line.endswith(b"\n") else line + b"\n"
+                yield line, result_line_failed(line)
+
+
 def rows_write(job: Job, rows: Iterator[dict[str, Any]], key: str) -> int:
     """Write these records (in input order, "i" the row's index in the job's input) as a
     result file of the job's format at `key`; returns how many rows it holds."""

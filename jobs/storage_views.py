@@ -2,18 +2,18 @@
 the upload form POST (a signed, expiring policy naming the key, the size cap and the
 region) and signed, expiring download links.
 
-The upload is read as a stream, in the order the reference prescribes (the fields, then
-the file, last): the client's rate, the declared length and the policy are all checked
-before a byte of the file is read, and the file goes straight to storage under its cap,
-once per input (docs/dev/decisions/2026-12-01-inputs-and-results.md)."""
+The upload is read as a stream (anex.multipart, the reader the OpenAI upload uses too), in
+the order the reference prescribes (the fields, then the file, last): the client's rate,
+the declared length and the policy are all checked before a byte of the file is read, and
+the file goes straight to storage under its cap, once per input
+(docs/dev/decisions/2026-12-01-inputs-and-results.md)."""
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from django.conf import settings
 from django.core import signing
@@ -28,10 +28,10 @@ from django.http import (
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
-from python_multipart.multipart import MultipartParser, parse_options_header
 
 from anex.api.throttling import client_address
 from anex.errors import RateLimited, Unavailable
+from anex.multipart import FORM_OVERHEAD_BYTES, FormError, StreamedForm, form_boundary
 from anex.redis import window_hit
 from anex.regions import Region
 from anex.transfers import (
@@ -52,134 +52,10 @@ from jobs.storage import (
     storage_for,
 )
 
-# What the form may carry besides the file: its fields (key, policy: a few hundred bytes)
-# and the multipart framing. More than this before the file starts is refused unread.
-FORM_OVERHEAD_BYTES = 64 * 1024
-_READ_BYTES = 1024 * 1024
 REQUEST_TIMEOUT = ("RequestTimeout: the connection was not read from within the timeout "
                    "period; nothing was kept. Upload the file again.")
 USED = ("AccessDenied: this upload target has been used (its input is no longer awaiting "
         "an upload). Create a new input to upload another file.")
-
-
-class _FormError(Exception):
-    pass
-
-
-class _Readable(Protocol):
-    def read(self, size: int = ..., /) -> bytes: ...
-
-    def readline(self, size: int = ..., /) -> bytes: ...
-
-
-class _StreamedForm:
-    """A multipart form read from the request a block at a time: the fields before the
-    file into memory (bounded), then the file part handed out as chunks, never spooled.
-    With `fields_after_file`, the fields after the file are read too (read_rest, bounded
-    alike); otherwise they are ignored, as S3's form POST ignores them."""
-
-    def __init__(self, stream: _Readable, boundary: bytes, *,
-                 fields_after_file: bool = False) -> None:
-        self._stream = stream
-        self.fields: dict[str, str] = {}
-        self.file_started = self._in_file = self._file_ended = self._ended = False
-        self.file_name: str | None = None  # the file part's filename, as the client gave it
-        self._fields_after_file = fields_after_file
-        self._field = False  # the part being read is a field that is kept
-        self._pending: list[bytes] = []
-        self._read = 0
-        self._read_at_file_end = 0
-        self._header_field = self._header_value = self._disposition = b""
-        self._value: list[bytes] = []
-        self._name = ""
-        self._parser = MultipartParser(boundary, callbacks={
-            "on_part_begin": self._part_begin, "on_header_field": self._header_field_data,
-            "on_header_value": self._header_value_data, "on_header_end": self._header_end,
-            "on_headers_finished": self._headers_finished, "on_part_data": self._part_data,
-            "on_part_end": self._part_end, "on_end": self._end,
-        })
-
-    def _part_begin(self) -> None:
-        self._disposition, self._value, self._name = b"", [], ""
-
-    def _header_field_data(self, data: bytes, start: int, end: int) -> None:
-        self._header_field += data[start:end]
-
-    def _header_value_data(self, data: bytes, start: int, end: int) -> None:
-        self._header_value += data[start:end]
-
-    def _header_end(self) -> None:
-        if self._header_field.strip().lower() == b"content-disposition":
-            self._disposition = self._header_value.strip()
-        self._header_field = self._header_value = b""
-
-    def _headers_finished(self) -> None:
-        _kind, options = parse_options_header(self._disposition)
-        self._name = options.get(b"name", b"").decode("utf-8", "replace")
-        # The first file part is the file; anything after it is ignored, as S3 does.
-        self._in_file = not self.file_started and (self._name == "file"
-                                                   or b"filename" in options)
-        if self._in_file and b"filename" in options:
-            self.file_name = options[b"filename"].decode("utf-8", "replace")
-        # A second file is never kept, even as a field.
-        self._field = not self._in_file and (not self.file_started or (
-            self._fields_after_file and b"filename" not in options))
-        self.file_started = self.file_started or self._in_file
-
-    def _part_data(self, data: bytes, start: int, end: int) -> None:
-        if self._in_file:
-            self._pending.append(bytes(data[start:end]))
-        elif self._field:
-            self._value.append(bytes(data[start:end]))
-
-    def _part_end(self) -> None:
-        if self._in_file:
-            self._in_file, self._file_ended = False, True
-            self._read_at_file_end = self._read
-        elif self._name and self._field:
-            self.fields[self._name] = b"".join(self._value).decode("utf-8", "replace")
-
-    def _end(self) -> None:
-        self._ended = True
-
-    def _feed(self, *, line: bool = False) -> bool:
-        # The fields are read a line at a time: a read never waits for bytes the client
-        # has not sent yet, so a refusal is answered as soon as the file's headers arrive.
-        block = (self._stream.readline(FORM_OVERHEAD_BYTES + 1) if line
-                 else self._stream.read(_READ_BYTES))
-        if not block:
-            return False
-        self._read += len(block)
-        self._parser.write(block)
-        return True
-
-    def read_fields(self) -> None:
-        """Read up to the start of the file part (or the end of a form without one)."""
-        while not self.file_started and not self._ended:
-            if self._read > FORM_OVERHEAD_BYTES:
-                raise _FormError("InvalidArgument: the form fields are too large; send the "
-                                 "fields given, then the file, last.")
-            if not self._feed(line=True):
-                return
-
-    def read_rest(self) -> None:
-        """After the file: read the form to its end, the fields after the file kept
-        (fields_after_file), as bounded as the fields before it."""
-        while not self._ended:
-            if self._read - self._read_at_file_end > FORM_OVERHEAD_BYTES:
-                raise _FormError("InvalidArgument: the form fields after the file are too "
-                                 "large.")
-            if not self._feed(line=True):
-                return
-
-    def file_chunks(self) -> Iterator[bytes]:
-        while True:
-            pending, self._pending = self._pending, []
-            yield from pending
-            if self._file_ended or self._ended:
-                return
-            if not self._feed():
-                raise _FormError("InvalidArgument: the request ended inside the file.")
 
 
 def _throttled(request: HttpRequest) -> float | None:
@@ -228,8 +104,7 @@ def upload(request: HttpRequest, region: str) -> HttpResponse:
         response["Retry-After"] = str(max(1, round(wait)))
         return response
     storage = _local(region)
-    _kind, options = parse_options_header(request.META.get("CONTENT_TYPE", ""))
-    boundary = options.get(b"boundary")
+    boundary = form_boundary(request.META.get("CONTENT_TYPE", ""))
     if not boundary:
         return _error(400, "InvalidArgument: send a multipart/form-data form POST.")
     try:
@@ -238,11 +113,11 @@ def upload(request: HttpRequest, region: str) -> HttpResponse:
         return _error(411, "MissingContentLength: send the request's Content-Length.")
     if length > settings.ANEX_INPUT_MAX_BYTES + FORM_OVERHEAD_BYTES:
         return _error(400, "EntityTooLarge: the file is over the input cap.")
-    form = _StreamedForm(request, boundary)
+    form = StreamedForm(request, boundary)
     try:
         form.read_fields()
-    except _FormError as exc:
-        return _error(400, str(exc))
+    except FormError as exc:
+        return _error(400, f"InvalidArgument: {exc}")
     except UnreadablePostError:  # stalled past the web role's socket timeout (S3's code)
         return _error(400, REQUEST_TIMEOUT)
     try:
@@ -274,8 +149,8 @@ def upload(request: HttpRequest, region: str) -> HttpResponse:
         return _error(400, "EntityTooLarge: the file is over the input cap.")
     except StorageExists:
         return _error(403, USED)
-    except _FormError as exc:
-        return _error(400, str(exc))
+    except FormError as exc:
+        return _error(400, f"InvalidArgument: {exc}")
     except UnreadablePostError:
         return _error(400, REQUEST_TIMEOUT)
     return HttpResponse(status=204)

@@ -1,16 +1,17 @@
 """OpenAI's batches over anex's jobs: one thin layer (docs/openai.md).
 
 A batch is created at once: its file's first row names the model (OpenAI's rows carry
-it), and the job is submitted through jobs.services.submission like any other, marked
-Job.openai - its rows must all name that model, every failing row is kept, and it has no
-approval step (jobs.services.lifecycle job_approve_at_estimate). The batch's status, counts,
-times and usage are read from the job each time; its output and error files are the job's
-one ordered result file, split by each row's `error`.
+it), and the job is submitted through jobs.services.submission like any other, with the
+policy OpenAI's batches have (Job): its rows must all name that model (row_model), every
+failing row is kept (collect_row_errors), and it has no approval step
+(approve_at_estimate). The batch's status, counts, times and usage are read from the job
+each time; its output and error files are the job's one ordered result file, split by
+each row's `error` (jobs.results result_lines). The rules are the job machinery's, called
+from here: the input's format check, a line's cap, the usage a job is charged on.
 """
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,12 +33,14 @@ from inference.rows.core import JobOptions, line_max_bytes
 from jobs.constants import TERMINAL_STATUSES, FailureCode, InputStatus, JobStatus
 from jobs.jsonl_scan import lines_body_model
 from jobs.models import Job, JobEvent
+from jobs.results import result_lines
+from jobs.services.inputs import EMPTY_FILE, input_format_problem
 from jobs.services.lifecycle import job_cancel
 from jobs.services.metering import job_usage_recorded
 from jobs.services.purge import input_data_purge
 from jobs.services.submission import JobRequest, job_submit
 from jobs.storage import StorageChanged, storage_for
-from jobs.validation.lines import line_too_long
+from jobs.validation.lines import line_limit, line_too_long
 from openai_api.models import FilePart, FilePurpose, OpenAIBatch, OpenAIFile
 
 COMPLETION_WINDOW = "24h"
@@ -127,11 +130,12 @@ def _event_at(job: Job, status: JobStatus) -> datetime | None:
 
 
 def _usage(job: Job) -> dict[str, Any]:
-    """What the finished chunks used (inference.pricing.Usage, as recorded when the job
-    ended: no chunk is read then): input with media, output with thinking (the chunks keep
-    no separate count of thinking tokens)."""
+    """What the finished chunks used: the usage the job is charged on (jobs.services.metering,
+    as recorded when the job ended: no chunk is read then), in OpenAI's shape - input with
+    media (Usage.all_input_tokens), output with thinking (the chunks keep no separate count
+    of thinking tokens)."""
     usage = job_usage_recorded(job=job)
-    input_tokens = usage.input_tokens + usage.media_tokens + usage.media_row_tokens
+    input_tokens = usage.all_input_tokens
     return {"input_tokens": input_tokens,
             "input_tokens_details": {"cached_tokens": 0},
             "output_tokens": usage.output_tokens,
@@ -220,10 +224,15 @@ class _Named:
 def _first_model(file: OpenAIFile) -> _Named | list[dict[str, Any]]:
     """The model the file's first row that names one names; or the errors that fail the
     batch (an empty file, no model named). Read as the rows are read, never decoded
-    whole in this request (jobs.jsonl_scan: a long line is scanned for its body.model)."""
+    whole in this request (jobs.jsonl_scan: a long line is scanned for its body.model).
+
+    The file is judged by the format check every input passes (jobs.services.inputs): one
+    it finds empty is OpenAI's empty_file, at once. One whose first line is no JSON object
+    is left to the job's checks, which name that line as OpenAI does (invalid_json_line),
+    with every other bad one (docs/dev/decisions/2026-12-06-openai-on-the-shared-rules.md)."""
     item = file.input
     assert item is not None
-    if not item.size_bytes:
+    if input_format_problem(item=item) == EMPTY_FILE:
         return [_error("empty_file", "The input file is empty: a batch needs at least "
                                      "one request.")]
     sizes: list[int] = []
@@ -241,7 +250,7 @@ def _too_long(named: _Named, model: CatalogModel) -> list[dict[str, Any]] | None
     would refuse it (jobs.validation.lines), before a job is made for it."""
     cap = line_max_bytes(model, catalog_limits())
     for number, size in enumerate(named.sizes, start=1):
-        if size > cap + 1:  # a \r before the newline is not counted (chunks_bounded)
+        if size > line_limit(cap):
             return [_error("invalid_request", line_too_long(number, cap).message,
                            line=number)]
     return None
@@ -291,10 +300,13 @@ def batch_create(*, organization: Organization, actor: Actor, host_region: Regio
             errors = too_long
         else:
             try:
+                # OpenAI's batch policy: each row names the model, every failing row is
+                # named, and there is no approval step.
                 request = JobRequest(options=JobOptions(model=model_id, row_model=True),
                                      input_id=str(file.input.pk))
                 job = job_submit(organization=organization, actor=actor, host_region=host_region,
-                                 request=request, openai=True)
+                                 request=request, approve_at_estimate=True,
+                                 collect_row_errors=True)
             except PaymentRequired as error:
                 errors = [_error("insufficient_credits", error.detail)]
             except Malformed as error:
@@ -399,20 +411,13 @@ def file_residency(file: OpenAIFile) -> str:
     return file.batch.job.data_residency
 
 
-def _result_lines(job: Job) -> Iterator[bytes]:
-    with storage_for(job.data_residency).open(job.result_key) as stream:
-        for line in stream:
-            if line.strip():
-                yield line if line.endswith(b"\n") else line + b"\n"
-
-
-def _part_of(line: bytes) -> FilePart:
-    return FilePart.OUTPUT if json.loads(line).get("error") is None else FilePart.ERROR
+def _part(failed: bool) -> FilePart:
+    return FilePart.ERROR if failed else FilePart.OUTPUT
 
 
 def result_part_lines(job: Job, part: FilePart) -> Iterator[bytes]:
     """The result file's lines of one part, in order, byte for byte."""
-    return (line for line in _result_lines(job) if _part_of(line) == part)
+    return (line for line, failed in result_lines(job) if _part(failed) == part)
 
 
 def result_files(batch: OpenAIBatch) -> dict[str, str]:
@@ -428,8 +433,8 @@ def result_files(batch: OpenAIBatch) -> dict[str, str]:
                  FilePart.ERROR: job.result_error_bytes or 0}
     else:  # a job that ended before the sizes were recorded: counted once, here
         sizes = {FilePart.OUTPUT: 0, FilePart.ERROR: 0}
-        for line in _result_lines(job):
-            sizes[_part_of(line)] += len(line)
+        for line, failed in result_lines(job):
+            sizes[_part(failed)] += len(line)
     if not any(sizes.values()):
         return {}
     with transaction.atomic():

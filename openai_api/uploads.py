@@ -1,5 +1,5 @@
 """POST /files: a multipart upload streamed to storage as an anex input, never whole in
-memory (the form is read as the storage's own upload form is, jobs.storage_views), its
+memory (the form is read by anex.multipart, as the storage's own upload form is), its
 fields before or after the file."""
 
 from __future__ import annotations
@@ -9,35 +9,30 @@ from collections.abc import Iterator
 from django.conf import settings
 from django.db import transaction
 from django.http import HttpRequest
-from python_multipart.multipart import parse_options_header
 
 from anex.errors import Invalid, QuotaExceeded, TooLarge
-from anex.regions import Region, region_check, residency_resolve
-from billing.services import credits_require_positive, organization_lock
+from anex.multipart import FormError, StreamedForm, form_boundary
+from anex.regions import Region
+from billing.services import organization_lock
 from console.actors import Actor
 from console.models import Organization
 from inference.constants import InputFormat
-from jobs.services.inputs import input_derived_create
+from jobs.services.inputs import input_admit, input_derived_create
 from jobs.services.quota import stored_quota_require, stored_room
 from jobs.storage import StorageTooLarge, storage_for
-from jobs.storage_views import _FormError, _StreamedForm
 from openai_api.models import FilePurpose, OpenAIFile
 
 PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
 FILENAME_CHARS = 255
 
 
-class _Source:
-    """The form's file part, with its name, as the chunks storage writes."""
-
-    def __init__(self, form: _StreamedForm) -> None:
-        self.form = form
-
-    def chunks(self) -> Iterator[bytes]:
-        try:
-            yield from self.form.file_chunks()
-        except _FormError as exc:
-            raise Invalid(str(exc).removeprefix("InvalidArgument: ")) from None
+def _file_chunks(form: StreamedForm) -> Iterator[bytes]:
+    """The form's file part, as the chunks storage writes; a form that cannot be read is
+    OpenAI's 400."""
+    try:
+        yield from form.file_chunks()
+    except FormError as exc:
+        raise Invalid(str(exc)) from None
 
 
 def _purpose_require(purpose: str | None) -> None:
@@ -50,38 +45,35 @@ def _purpose_require(purpose: str | None) -> None:
 
 def file_upload(*, organization: Organization, actor: Actor, host_region: Region,
                 request: HttpRequest) -> OpenAIFile:
-    """Read the form's fields, check what an input's creation checks (residency, the
-    host, the balance), then stream the file to storage under the input cap: a ready
-    input, frozen on its bytes, kept 7 days. The fields come in any order, as OpenAI takes
-    them: a purpose sent before the file (as the SDK sends it) is checked before a byte of
-    the file is stored; one sent after it (`curl -F file=@… -F purpose=batch`) once the
-    file has streamed to storage, which a refusal then deletes - never held in memory."""
-    _kind, options = parse_options_header(request.META.get("CONTENT_TYPE", ""))
-    boundary = options.get(b"boundary")
+    """Read the form's fields, admit the input as every input is (jobs.services.inputs
+    input_admit: residency, the host, the balance), then stream the file to storage under
+    the input cap: a ready input, frozen on its bytes, kept 7 days. The fields come in any
+    order, as OpenAI takes them: a purpose sent before the file (as the SDK sends it) is
+    checked before a byte of the file is stored; one sent after it (`curl -F file=@… -F
+    purpose=batch`) once the file has streamed to storage, which a refusal then deletes -
+    never held in memory. Its format is checked at its batch's create (input_format_problem
+    there), where OpenAI answers a file that is not JSONL."""
+    boundary = form_boundary(request.META.get("CONTENT_TYPE", ""))
     if not boundary:
         raise Invalid("Send the file as multipart/form-data with the fields 'purpose' and "
                       "'file'.")
-    form = _StreamedForm(request, boundary, fields_after_file=True)
+    form = StreamedForm(request, boundary, fields_after_file=True)
     try:
         form.read_fields()
-    except _FormError as exc:
-        raise Invalid(str(exc).removeprefix("InvalidArgument: ")) from None
+    except FormError as exc:
+        raise Invalid(str(exc)) from None
     purpose = form.fields.get("purpose")
     if purpose is not None or not form.file_started:
         _purpose_require(purpose)
     if not form.file_started:
         raise Invalid("Missing required parameter: 'file'.", extra={"param": "file"})
-    residency = residency_resolve(organization=organization, requested=None)
-    region_check(host_region=host_region, residency=residency, noun="input")
-    credits_require_positive(organization=organization)
+    # What every input is admitted on, before a byte of the file is stored.
+    residency = input_admit(organization=organization, host_region=host_region,
+                            requested=None)
     filename = (form.file_name or "upload.jsonl")[:FILENAME_CHARS]
     storage = storage_for(residency)
     made: list[str] = []
     cap = settings.ANEX_INPUT_MAX_BYTES
-
-    def written() -> Iterator[bytes]:
-        yield from _Source(form).chunks()
-
     try:
         # The file streams into the room the organization's stored-input quota has left,
         # and stops there; once stored, its real size is judged again under the lock.
@@ -90,13 +82,14 @@ def file_upload(*, organization: Organization, actor: Actor, host_region: Region
             with transaction.atomic():
                 item = input_derived_create(organization=organization, actor=actor,
                                             fmt=InputFormat.JSONL, residency=residency,
-                                            chunks=written(), mode="openai", max_bytes=room)
+                                            chunks=_file_chunks(form), mode="openai",
+                                            max_bytes=room)
                 made.append(item.object_key)
                 if purpose is None:  # sent after the file: read now, the file stored
                     try:
                         form.read_rest()
-                    except _FormError as exc:
-                        raise Invalid(str(exc).removeprefix("InvalidArgument: ")) from None
+                    except FormError as exc:
+                        raise Invalid(str(exc)) from None
                     _purpose_require(form.fields.get("purpose"))
                 assert item.size_bytes is not None
                 organization_lock(organization.pk)

@@ -34,6 +34,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, UnreadablePostE
 
 from anex.api.errors import API_PREFIXES, BODY_TIMED_OUT_DETAIL, OPENAI_PREFIX, openai_error_body
 from anex.errors import TimedOut
+from anex.multipart import FORM_OVERHEAD_BYTES
 from inference.catalog import catalog_all
 from inference.kinds import kind_for
 from inference.kinds.decide import DEFAULT_OPTION_BUDGET, DecideKind
@@ -46,9 +47,9 @@ REALTIME_DECISIONS_PATH = "/realtime/v1/systemone"
 # A submit and a preflight check take the same body: a job's fields and its response_format.
 SUBMIT_PATHS = ("/batch/v1/jobs", "/batch/v1/checks")
 # The OpenAI surface's file upload: an input file streamed to storage (openai_api.api),
-# up to the input cap and its form's framing; the surface's other bodies are small.
+# up to the input cap and its form's framing (anex.multipart); the surface's other bodies
+# are small.
 OPENAI_FILES_PATH = "/openai/v1/files"
-FORM_OVERHEAD_BYTES = 64 * 1024
 
 # Every other body is a few short fields: an input's source_url (8,192 characters) and
 # callback_url (2,000), an OpenAI batch's metadata (16 pairs of 64 + 512), a re-run's

@@ -111,8 +111,7 @@ def check_run(*, check_id: uuid.UUID | str) -> CheckStatus | None:
             if not checked.counted:
                 errors.add(RowError(CANNOT_PRICE), row=False)
             else:
-                usage = checked.report.usage
-                tokens = usage.input_tokens + usage.media_tokens + usage.media_row_tokens
+                tokens = checked.report.usage.all_input_tokens
     except InputRejected as rejected:  # a fault of the whole file: no rows, not parquet
         errors.add(RowError(rejected.message), row=False)
     except StorageChanged:

@@ -124,7 +124,7 @@ def _estimate_fields(job: Job, model: CatalogModel, report: FileReport) -> dict[
     kind = kind_for(model)
     usage = kind.estimate_usage(model, report,
                                 max_output_tokens=job.max_output_tokens_requested)
-    input_tokens = usage.input_tokens + usage.media_tokens + usage.media_row_tokens
+    input_tokens = usage.all_input_tokens
     generated = input_tokens + usage.output_tokens
     # Processing time is the start-up the workers measured (inference/warmth.py) plus the
     # tokens at the kind's conservative rate (a chat job's sample measures its own rate).
@@ -160,7 +160,7 @@ def _estimate(job: Job) -> JobStatus | None:
     assert job.input is not None
     # A job that collects its failing rows reads on past the first (a preflight check's
     # mode) and fails on the first, every one kept in input_errors.
-    errors = RowErrors(INPUT_ERRORS_MAX) if job.openai else None
+    errors = RowErrors(INPUT_ERRORS_MAX) if job.collect_row_errors else None
     try:
         checked = input_check(item=job.input, options=job.options(), errors=errors)
         if errors is not None and errors.count:
@@ -172,7 +172,7 @@ def _estimate(job: Job) -> JobStatus | None:
     except InputRejected as rejected:
         return _failed(job, rejected.message, errors=[RowError(rejected.message,
                                                                code=rejected.code)]
-                       if job.openai else None)
+                       if job.collect_row_errors else None)
     except StorageChanged:
         return _failed(job, INPUT_CHANGED)
     if not fields:

@@ -73,14 +73,19 @@ def _object_key(organization: Organization, input_id: uuid.UUID, fmt: str) -> st
     return f"inputs/{organization.pk}/{input_id}.{fmt}"
 
 
+EMPTY_FILE = "The file is empty."
+
+
 def format_problem(head: bytes, fmt: str) -> str | None:
-    """Why the first bytes cannot be a file of this format, or None."""
+    """Why the first bytes cannot be a file of this format, or None: the format check
+    every input passes, on its first SNIFF_BYTES (an upload as it settles, an ingest as
+    it is copied, an OpenAI file at its batch's create: input_format_problem)."""
     if fmt == InputFormat.PARQUET:
         return None if head.startswith(b"PAR1") else \
             "The file is not parquet: it does not start with the PAR1 magic bytes."
     text = head.removeprefix(b"\xef\xbb\xbf").lstrip()
     if not text:
-        return "The file is empty."
+        return EMPTY_FILE
     if not text.startswith(b"{"):
         return "The file is not JSONL: its first line is not a JSON object."
     return None
@@ -132,10 +137,8 @@ def input_create(*, organization: Organization, actor: Actor, host_region: Regio
         _https("source_url", source_url)
         if callback_url is not None:
             _https("callback_url", callback_url)
-    residency = residency_resolve(organization=organization, requested=data_residency)
-    region_check(host_region=host_region, residency=residency, noun="input")
-    # Before an upload target is minted or a source URL is contacted.
-    credits_require_positive(organization=organization)
+    residency = input_admit(organization=organization, host_region=host_region,
+                            requested=data_residency)
     if source_url is None:
         assert fmt is not None
         item, target = input_upload_create(organization=organization, actor=actor, fmt=fmt,
@@ -145,6 +148,33 @@ def input_create(*, organization: Organization, actor: Actor, host_region: Regio
                                        source_url=source_url, fmt=fmt,
                                        callback_url=callback_url, residency=residency)
     return InputCreated(input=item, callback_secret=secret)
+
+
+def input_admit(*, organization: Organization, host_region: Region,
+                requested: str | None) -> Region:
+    """What every new input is admitted on, in the reference's order, before a byte of it
+    is taken (an upload target minted, a source URL contacted, an OpenAI file read): the
+    data residency asked for (403) and the host the request reached (421), then the
+    balance (402). Its region."""
+    residency = residency_resolve(organization=organization, requested=requested)
+    region_check(host_region=host_region, residency=residency, noun="input")
+    credits_require_positive(organization=organization)
+    return residency
+
+
+def input_format_problem(*, item: Input) -> str | None:
+    """format_problem of a ready input's stored bytes (those it froze on): for an input
+    written without the check (an OpenAI file's, which is answered at its batch's create,
+    openai_api.batches)."""
+    assert item.size_bytes is not None, "a ready input has its size"
+    return _stored_format_problem(item, size=item.size_bytes, pin=item.content_pin)
+
+
+def _stored_format_problem(item: Input, *, size: int, pin: str) -> str | None:
+    # Never a range past the object's end: S3 refuses one on an empty object (416).
+    head = storage_for(item.data_residency).read_range(item.object_key, 0,
+                                                       min(size, SNIFF_BYTES), pin=pin)
+    return format_problem(head, item.format)
 
 
 def input_upload_create(*, organization: Organization, actor: Actor, fmt: InputFormat,
@@ -292,8 +322,7 @@ def input_refresh(*, item: Input) -> Input:
         if storage.exists(item.object_key):
             # Frozen first: the sniff below and every later read are of these bytes.
             size, pin = storage.fingerprint(item.object_key)
-            problem = format_problem(storage.read_range(item.object_key, 0, SNIFF_BYTES,
-                                                        pin=pin), item.format)
+            problem = _stored_format_problem(item, size=size, pin=pin)
             _upload_settle(item, size=size, pin=pin, problem=problem)
         elif item.upload_expires_at is not None and item.upload_expires_at <= now:
             Input.objects.filter(pk=item.pk, status=InputStatus.AWAITING_UPLOAD).update(
@@ -342,7 +371,7 @@ def _stream(response_chunks: Iterator[bytes], fmt: str) -> Iterator[bytes]:
             first = False
         yield chunk
     if first:
-        raise _CopyFailed("The file is empty.")
+        raise _CopyFailed(EMPTY_FILE)
 
 
 class _CopyFailed(Exception):

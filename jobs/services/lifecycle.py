@@ -81,7 +81,8 @@ def job_transition(*, job: Job, to: JobState, actor: Actor,
     work (jobs.services.recovery), the state's own effects, and the webhook of the status
     entered (a substate is no move of the status a customer sees: it sends none):
     - sampling: nothing more (its caller records the counts and the reservation).
-    - cost_ready: cost_ready_at. cancelling: cancel_requested.
+    - cost_ready: cost_ready_at. (cancelling: its caller, job_cancel, has recorded the
+      cancel: _cancel_request.)
     - in_progress: approved_at and the hold on est_cost_cents (402 when it is not covered,
       and then nothing of the move is kept); the run is sent on commit.
     - done, failed, cancelled: finished_at and data_expires_at (the reference: set once
@@ -109,8 +110,6 @@ def job_transition(*, job: Job, to: JobState, actor: Actor,
         values["cost_ready_at"] = now
     elif to == JobStatus.IN_PROGRESS:
         values["approved_at"] = now
-    elif to == JobStatus.CANCELLING:
-        values["cancel_requested"] = True
     elif terminal:
         values["finished_at"] = now
         values["data_expires_at"] = now + timedelta(days=settings.ANEX_RESULT_RETENTION_DAYS)
@@ -191,10 +190,11 @@ def job_cost_ready(*, job: Job, estimate: dict[str, Any]) -> JobStatus | None:
     if ready is None:
         return None
     if ready.data_delete_requested or ready.cancel_requested:
-        # A cancel reaches a job before cost_ready only on the OpenAI surface (job_cancel).
+        # A cancel reaches a job before cost_ready only when it is approved at its
+        # estimate (job_cancel): it stops here, unbilled, instead of being approved.
         job_finish(job=ready, status=JobStatus.CANCELLED)
         return JobStatus.CANCELLED
-    if ready.openai:
+    if ready.approve_at_estimate:
         return job_approve_at_estimate(job=ready)
     if ready.organization.auto_approve:
         job_auto_approve(job=ready)
@@ -202,9 +202,9 @@ def job_cost_ready(*, job: Job, estimate: dict[str, Any]) -> JobStatus | None:
 
 
 def job_approve_at_estimate(*, job: Job) -> JobStatus:
-    """A job without an approval step (Job.openai): approved for the key that submitted
-    it, as auto-approve approves (its scopes and spend budget hold), at once. One that
-    cannot be approved is never left waiting: it is cancelled unbilled, failure_code
+    """A job without an approval step (Job.approve_at_estimate): approved for the key that
+    submitted it, as auto-approve approves (its scopes and spend budget hold), at once. One
+    that cannot be approved is never left waiting: it is cancelled unbilled, failure_code
     insufficient_credits (the balance or the key's budget does not cover the hold) or
     not_approved (the key may no longer spend on it), the reason naming the amount."""
     try:
@@ -298,12 +298,10 @@ def job_cancel(*, job: Job, actor: Actor) -> Job:
     status = JobStatus(locked.status)
     if status == JobStatus.CANCELLING:
         return locked
-    if locked.openai and status in (JobStatus.SUBMITTED, JobStatus.ESTIMATING):
+    if locked.approve_at_estimate and status in (JobStatus.SUBMITTED, JobStatus.ESTIMATING):
         # No approval step to withhold: the cancel is kept, and the job stops unbilled
         # at cost_ready instead of being approved (job_cost_ready). A repeat changes nothing.
-        if not locked.cancel_requested:
-            Job.objects.filter(pk=locked.pk).update(cancel_requested=True)
-            locked.cancel_requested = True
+        if _cancel_request(locked):
             audit_record(organization=locked.organization, actor=actor,
                          action=AuditAction.JOB_CANCELLED, target=locked,
                          data={"from": status.value, "to": "cancel_requested"})
@@ -321,6 +319,7 @@ def job_cancel(*, job: Job, actor: Actor) -> Job:
         # the job as cancelled with the finished rows as a partial result. Its chunks never
         # sent (fair dispatch) are skipped now; with none in flight either, nothing would
         # end to finalize it, so that is sent.
+        _cancel_request(locked)  # read when it settles: cancelled, not done
         moved = job_transition(job=locked, to=JobStatus.CANCELLING, actor=actor)
         chunks_skip_waiting(job_id=locked.pk)
         if not locked.chunks.filter(IN_FLIGHT).exists():
@@ -334,6 +333,17 @@ def job_cancel(*, job: Job, actor: Actor) -> Job:
                  action=AuditAction.JOB_CANCELLED, target=moved,
                  data={"from": status.value, "to": moved.status})
     return moved
+
+
+def _cancel_request(job: Job) -> bool:
+    """The one writer of Job.cancel_requested (job_cancel's, the job row locked): a cancel
+    that reached the job while it could not stop at once - rows running (it settles as
+    cancelled, jobs.services.running), or not yet priced where it is approved at its
+    estimate (job_cost_ready stops it). Whether it was newly recorded; never cleared."""
+    recorded = Job.objects.filter(pk=job.pk, cancel_requested=False).update(
+        cancel_requested=True) == 1
+    job.cancel_requested = True
+    return recorded
 
 
 def job_finish(*, job: Job, status: JobStatus, cost_cents: int = 0,

@@ -125,14 +125,17 @@ def job_request_admit(*, organization: Organization, actor: Actor, request: JobR
 
 def job_submit(*, organization: Organization, actor: Actor, request: JobRequest,
                host_region: Region, parent: Job | None = None,
-               rerun_include: list[str] | None = None, openai: bool = False) -> Job:
+               rerun_include: list[str] | None = None, approve_at_estimate: bool = False,
+               collect_row_errors: bool = False) -> Job:
     """Create a job from a checked request, in `submitted`; estimating starts after commit.
 
     host_region is the region of the API host the request reached (421 if it is not the
     job's). A re-run (jobs.services.rerun) names its `parent` and the outcomes it picked,
     and is admitted against the parent's input: its own input is derived from the parent's
     rows by a worker (job_rerun_input_task), which then sends the estimate, so the request
-    reads none of them.
+    reads none of them. `approve_at_estimate` and `collect_row_errors` are the job's policy
+    (Job: no approval step; every failing row kept), the caller's to choose: the OpenAI
+    surface's batches take both.
     """
     admitted = job_request_admit(organization=organization, actor=actor, request=request,
                                  host_region=host_region)
@@ -154,7 +157,8 @@ def job_submit(*, organization: Organization, actor: Actor, request: JobRequest,
             organization=organization, input=item if parent is None else None,
             task_type=TaskType(kind.task), format=item.format, data_residency=residency,
             created_by_key=actor.key, parent=parent, rerun_include=rerun_include,
-            openai=openai, **Job.options_columns(request.options, generates=kind.generates))
+            approve_at_estimate=approve_at_estimate, collect_row_errors=collect_row_errors,
+            **Job.options_columns(request.options, generates=kind.generates))
         if needs_sample(job, model):
             # A sample is free work on the paid workers: none past the organization's
             # hourly allowance (429 here, the job rolled back with it).

@@ -49,7 +49,8 @@ def finished_batch(organization: Organization, rows: int = 7) -> OpenAIBatch:
         "body": {"model": EMBED, "input": f"text {i}"}}).encode() + b"\n" for i in range(rows))
     item = input_ready(organization, content)
     job = job_make(organization, est_cost_cents=1000, model=EMBED)
-    Job.objects.filter(pk=job.pk).update(input=item, row_count=rows, openai=True)
+    Job.objects.filter(pk=job.pk).update(input=item, row_count=rows, approve_at_estimate=True,
+                                          collect_row_errors=True, row_model=True)
     job = job_approve(job=Job.objects.get(pk=job.pk), actor=SYSTEM)
     job_start(job_id=job.pk)
     for chunk in job.chunks.order_by("index"):

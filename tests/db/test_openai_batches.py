@@ -154,7 +154,8 @@ def test_a_batch_is_validating_then_approved_at_its_estimate_and_held(
     assert batch.expires_at == batch.created_at + 24 * 3600
     job_id = batch.model_dump()["anex_job_id"]
     job = Job.objects.get(pk=job_id)
-    assert job.openai and job.organization_id == organization.pk and job.model == EMBED
+    assert job.approve_at_estimate and job.collect_row_errors and job.row_model
+    assert job.organization_id == organization.pk and job.model == EMBED
     assert estimates == [job_id]
 
     job = estimated(batch.id)

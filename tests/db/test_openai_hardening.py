@@ -236,7 +236,8 @@ def files_made(organization: Organization, inputs: int, batches: int) -> None:
     heavy = [{"line": n, "message": "m" * 200, "code": "invalid_request"} for n in range(1000)]
     jobs = Job.objects.bulk_create(
         Job(organization=organization, model="qwen3-embedding-8b", status=JobStatus.DONE,
-            openai=True, input_errors=heavy, sample_rows=[{"text": "s" * 1000}] * 50)
+            approve_at_estimate=True, collect_row_errors=True, row_model=True,
+            input_errors=heavy, sample_rows=[{"text": "s" * 1000}] * 50)
         for _ in range(batches))
     file = OpenAIFile.objects.bulk_create(
         OpenAIFile(organization=organization, input=item, purpose="batch", filename="a.jsonl",

@@ -26,7 +26,8 @@ from tests.product import NOT_PRODUCT, PRODUCT_APPS, ROOT, parsed
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ground", ("anex", "anex.api", "anex.env", "anex.settings", "anex.net", "anex.crypto",
                 "anex.db", "anex.redis", "anex.requestid", "anex.logcontext", "anex.broker",
-                "anex.regions", "anex.errors", "anex.api.errors", "anex.logsafe")),
+                "anex.regions", "anex.errors", "anex.api.errors", "anex.logsafe",
+                "anex.multipart")),
     ("model facts", ("inference", "inference.apps", "inference.catalog", "inference.constants",
                      "inference.pricing", "inference.response_format",
                      "inference.schema_evaluation", "inference.tokens",
