@@ -98,8 +98,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "anex.requestid.RequestIdMiddleware",
     "anex.api.bodylimit.ApiBodyLimitMiddleware",  # before anything reads a body
-    # /realtime/v1/ goes on through the rest less the browser's middlewares (anex.api.lean).
-    "anex.api.lean.LeanApiMiddleware",
+    # /realtime/v1/ goes on through the rest less the browser's middlewares (anex.internals.lean).
+    "anex.internals.lean.LeanApiMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "anex.csp.ContentSecurityPolicyMiddleware",  # every answer: scripts and styles are files
     # A NUL in the path or query, refused before any view looks a value up (anex.api.nul).

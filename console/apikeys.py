@@ -9,7 +9,7 @@ from datetime import timedelta
 from django.db.models import Q
 from django.utils import timezone
 
-from anex.db import PreparedSelect
+from anex.internals.prepared import PreparedSelect
 from console.keys import key_parse, secret_matches
 from console.models import ApiKey
 
@@ -46,7 +46,7 @@ def api_key_mark_used(*, key: ApiKey) -> None:
     ).update(last_used_at=now)
 
 
-# The key with its organization: compiled by the ORM once per process (anex.db).
+# The key with its organization: compiled by the ORM once per process (anex.internals.prepared).
 _KEY_BY_PREFIX = PreparedSelect(
     lambda prefix: ApiKey.objects.select_related("organization").filter(prefix=prefix)
     .order_by(), sentinels=("prefix",))

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from django.db import models
 
-from anex.db import PreparedSelect
 from anex.errors import NotFound
+from anex.internals.prepared import PreparedSelect
 
 if TYPE_CHECKING:
     from console.models import Organization
@@ -45,7 +45,7 @@ def scoped_get(queryset: OrgScopedQuerySet[M], *, organization: Organization, id
 class ScopedGet(Generic[M]):
     """scoped_get of `queryset()` for a read on a hot path (a poll customers send in a
     loop): the same object or the same 404, its query compiled once per process
-    (anex.db.PreparedSelect)."""
+    (anex.internals.prepared.PreparedSelect)."""
 
     def __init__(self, queryset: Callable[[], OrgScopedQuerySet[M]], *, noun: str) -> None:
         self.noun = noun

@@ -20,8 +20,8 @@ from anex.api.serializers import (
     DocumentedJSONField,
     DocumentedListField,
     Omissible,
-    Prototyped,
 )
+from anex.internals.prototyped import Prototyped
 from anex.regions import Region
 from inference.catalog import model_get
 from inference.constants import MAX_OUTPUT_TOKENS, RowOutcome

@@ -22,8 +22,8 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from anex.db import PreparedSelect
 from anex.errors import DomainError, Invalid, Malformed, NotFound, PaymentRequired
+from anex.internals.prepared import PreparedSelect
 from anex.regions import Region
 from console.actors import Actor
 from console.models import Organization
@@ -71,7 +71,7 @@ def _epoch(at: datetime | None) -> int | None:
 
 
 # The batch with its job and input file, by organization and id: what the SDK's poll
-# (client.batches.retrieve, in a loop) reads first, compiled once (anex.db).
+# (client.batches.retrieve, in a loop) reads first, compiled once (anex.internals.prepared).
 _BATCH_GET = PreparedSelect(
     lambda organization_id, id: OpenAIBatch.objects.select_related("job", "input_file")
     .filter(organization_id=organization_id, pk=id).order_by(),

@@ -16,8 +16,8 @@ from django.db.models import F, Min
 from django.utils import timezone
 from redis import RedisError
 
-from anex.db import PreparedInsert
 from anex.errors import Unavailable
+from anex.internals.prepared import PreparedInsert
 from anex.requestid import current_request_id
 from billing.services import organization_lock, realtime_charge_write
 from billing.unsettled import NANO_PER_CREDIT
@@ -60,7 +60,8 @@ def realtime_usage_record(*, key: ApiKey, endpoint: Endpoint, model: CatalogMode
         request_id="" if request_id == "-" else request_id)
 
 
-_USAGE_INSERT = PreparedInsert(RealtimeUsage)  # one per request: compiled once (anex.db)
+# One per request: compiled once (anex.internals.prepared).
+_USAGE_INSERT = PreparedInsert(RealtimeUsage)
 
 
 def realtime_usage_bill(*, key: ApiKey, endpoint: Endpoint, model: CatalogModel,

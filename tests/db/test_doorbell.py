@@ -1,6 +1,6 @@
-"""The broker's doorbell (anex.broker.Doorbell): an idle consumer waits for its queue's bell
-up to the worker's timeout, and a message sent for now wakes it; a bell that never comes
-costs the poll it replaced, no more."""
+"""The broker's doorbell (anex.internals.doorbell.Doorbell): an idle consumer waits for its
+queue's bell up to the worker's timeout, and a message sent for now wakes it; a bell that
+never comes costs the poll it replaced, no more."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import dramatiq
 import pytest
 from dramatiq.brokers.redis import RedisBroker
 
-from anex.broker import DoorbellConsumer, DoorbellRedisBroker
+from anex.internals.doorbell import DoorbellConsumer, DoorbellRedisBroker
 
 # The worker timeout of these consumers: far longer than any wait the tests allow, so a
 # consumer that answers sooner was woken by its bell.

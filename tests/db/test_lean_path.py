@@ -1,4 +1,4 @@
-"""The realtime API's lean middleware path (anex.api.lean): /realtime/v1/ skips the
+"""The realtime API's lean middleware path (anex.internals.lean): /realtime/v1/ skips the
 browser's middlewares and answers exactly what the full stack answers, and every other
 path keeps the full stack."""
 
@@ -16,7 +16,7 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.test import Client
 from pytest_django import Settings
 
-from anex.api.lean import BROWSER_ONLY, THIS, lean_middleware
+from anex.internals.lean import BROWSER_ONLY, THIS, lean_middleware
 from console.models import ApiKey, Organization
 from realtime.models import RealtimeUsage
 from realtime.selectors import realtime_frozen_forget

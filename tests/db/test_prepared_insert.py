@@ -1,4 +1,5 @@
-"""anex.db.PreparedInsert: what objects.create() writes and returns, compiled once."""
+"""anex.internals.prepared.PreparedInsert: what objects.create() writes and returns,
+compiled once."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models.signals import post_save, pre_save
 from django.test.utils import CaptureQueriesContext
 
-from anex.db import PreparedInsert
+from anex.internals.prepared import PreparedInsert
 from console.models import ApiKey
 from realtime.constants import Endpoint
 from realtime.models import RealtimeUsage

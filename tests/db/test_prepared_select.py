@@ -1,5 +1,6 @@
-"""anex.db.PreparedSelect and console.tenancy.ScopedGet: what the ORM's first() reads and
-builds, compiled once; and GET /jobs/{id} read through them (jobs.selectors.job_read)."""
+"""anex.internals.prepared.PreparedSelect and console.tenancy.ScopedGet: what the ORM's
+first() reads and builds, compiled once; and GET /jobs/{id} read through them
+(jobs.selectors.job_read)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from anex.db import PreparedSelect
 from anex.errors import NotFound
+from anex.internals.prepared import PreparedSelect
 from console.models import ApiKey, Organization
 from console.tenancy import ScopedGet, scoped_get
 from jobs.constants import FailureCode, JobStatus

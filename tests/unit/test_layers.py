@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ground", ("anex", "anex.api", "anex.env", "anex.settings", "anex.net", "anex.crypto",
                 "anex.db", "anex.redis", "anex.requestid", "anex.logcontext", "anex.broker",
                 "anex.regions", "anex.errors", "anex.api.errors", "anex.logsafe",
-                "anex.multipart")),
+                "anex.multipart", "anex.internals", "anex.internals.*")),
     ("model facts", ("inference", "inference.apps", "inference.catalog", "inference.constants",
                      "inference.pricing", "inference.response_format",
                      "inference.schema_evaluation", "inference.tokens",
@@ -63,7 +63,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "anex.worker", "anex.workermetrics", "anex.periodic", "anex.gunicorn_hooks",
         "anex.accesslog", "anex.logmask", "anex.csp", "anex.transfers", "anex.admin_site",
         "anex.docs", "anex.health", "anex.metrics",
-        "anex.api.authentication", "anex.api.bodylimit", "anex.api.lean", "anex.api.nul",
+        "anex.api.authentication", "anex.api.bodylimit", "anex.api.nul",
         "anex.api.parsers", "anex.api.permissions", "anex.api.schema",
         "anex.api.serializers", "anex.api.throttling",
         # Each app's views, serializers and forms, URLs, admin and commands.

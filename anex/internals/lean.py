@@ -30,7 +30,7 @@ from django.http import HttpRequest, HttpResponseBase
 from django.utils.module_loading import import_string
 
 LEAN_PREFIXES = ("/realtime/v1/",)
-THIS = "anex.api.lean.LeanApiMiddleware"
+THIS = "anex.internals.lean.LeanApiMiddleware"
 # What a bearer-key JSON request never needs: no cookie, session, form, signed-in user,
 # flash message or static file is read or written on its path.
 BROWSER_ONLY = frozenset({
