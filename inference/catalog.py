@@ -60,6 +60,10 @@ class ModelMedia:
     video_fps_default: int | None = None
     video_fps_max: int | None = None  # None: the job cannot set video_fps
     video_max_seconds: int | None = None
+    # The rate an audio clip is decoded to for the model's encoder (Hz). Every audio model
+    # in the catalog reads 16 kHz (Whisper-style log-mel features); one that reads another
+    # says so.
+    audio_sample_rate: int = 16_000
 
 
 @dataclass(frozen=True)
