@@ -87,6 +87,11 @@ class CatalogModel:
     option_budget_tokens: int | None = None
     local: bool = False  # the embedded default's own checkpoint, not a reference id
 
+    @property
+    def media_modalities(self) -> tuple[str, ...]:
+        """What the model takes beside text: image, audio, video (the catalog's order)."""
+        return tuple(modality for modality in self.modalities if modality != "text")
+
     def clip_ceiling_seconds(self, modality: str) -> int | None:
         """The longest clip of this modality the model takes: also what a clip whose
         length cannot be worked out is assumed to run (the reference's duration_seconds)."""
