@@ -81,6 +81,22 @@ print(served, windows, before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrs
 """
 
 
+def host_of(body: bytes) -> type[BaseHTTPRequestHandler]:
+    """A handler serving `body` at every path."""
+
+    class Host(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    return Host
+
+
 def run(mode: str, base: str, env: dict[str, str]) -> tuple[int, int, int, int]:
     out = subprocess.run([sys.executable, "-c", CHILD, mode, base, str(ROWS)], env=env,
                          cwd=ROOT, check=True, capture_output=True, text=True).stdout.split()
@@ -106,17 +122,7 @@ def main() -> None:
         for width, height in sizes:
             body = jpeg(width, height)
 
-            class Host(BaseHTTPRequestHandler):
-                def do_GET(self) -> None:
-                    self.send_response(200)
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-
-                def log_message(self, *args: object) -> None:
-                    pass
-
-            server = ThreadingHTTPServer(("127.0.0.1", 0), Host)
+            server = ThreadingHTTPServer(("127.0.0.1", 0), host_of(body))
             server.socket = context.wrap_socket(server.socket, server_side=True)
             threading.Thread(target=server.serve_forever, daemon=True).start()
             base = f"https://127.0.0.1:{server.server_address[1]}"

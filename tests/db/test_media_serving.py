@@ -31,6 +31,7 @@ from jobs.constants import JobStatus
 from jobs.models import Chunk, Job
 from jobs.services.estimation import job_estimate
 from jobs.services.running import chunk_run, execute, job_start
+from jobs.services.sampling import job_sample
 from jobs.storage import storage_for
 from tests.dispatched import dispatch_catch
 from tests.factories import input_ready
@@ -420,3 +421,30 @@ def test_a_media_job_is_charged_the_sum_of_its_rows_costs_within_its_hold(
     assert result[5]["error"]["type"] == "media_fetch_error"
     ledger = LedgerEntry.objects.filter(job=job)
     assert -sum(entry.balance_delta for entry in ledger) == job.cost_cents
+
+
+def test_the_output_length_sample_reads_the_rows_media_decoded(
+        api: APIClient, organization: Organization, settings: Settings, checkpoints: Any,
+        engine: FakeChat, monkeypatch: pytest.MonkeyPatch) -> None:
+    # given a job with no output cap, so its rows are sampled, one of them undecodable
+    settings.ANEX_FREE_GRANT_CENTS = 10_000
+    whole = noise_picture(2, size=(128, 96), fmt="PNG")
+    parts = [image(data_uri(picture(RED), "image/png")),
+             image(data_uri(picture(BLUE), "image/png")),
+             image(data_uri(whole[:len(whole) // 2], "image/png"))]
+    lines = b"".join(json.dumps({
+        "custom_id": f"row-{i}", "method": "POST", "url": "/v1/chat/completions",
+        "body": {"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "Name its colour."}, part]}]}}).encode() + b"\n"
+        for i, part in enumerate(parts))
+    item = input_ready(organization, lines)
+    dispatch_catch(monkeypatch, lambda message: None, "job_sample_task")
+    response = api.post(JOBS, {"input_id": str(item.pk), "model": "gemma4-12b"}, format="json")
+    job = Job.objects.get(pk=response.json()["id"])
+    assert job_estimate(job_id=job.pk) == JobStatus.ESTIMATING
+    # when the sample runs
+    assert job_sample(job_id=job.pk) == JobStatus.COST_READY
+    # then the engine read the sampled rows' pictures decoded, and not the broken one
+    (sampled,) = engine.calls
+    colours = sorted(rgb(decoded_parts(request.messages)[0].image) for request in sampled)
+    assert colours == sorted([RED, BLUE])
