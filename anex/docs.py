@@ -31,6 +31,7 @@ PAGES = (
     "index",
     "estimates",
     "output-format",
+    "media",
     "webhooks",
     "errors",
     "realtime",

@@ -60,6 +60,10 @@ class ModelMedia:
     video_fps_default: int | None = None
     video_fps_max: int | None = None  # None: the job cannot set video_fps
     video_max_seconds: int | None = None
+    # The rate an audio clip is decoded to for the model's encoder (Hz). Every audio model
+    # in the catalog reads 16 kHz (Whisper-style log-mel features); one that reads another
+    # says so.
+    audio_sample_rate: int = 16_000
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,11 @@ class CatalogModel:
     max_state_chars: int | None = None
     option_budget_tokens: int | None = None
     local: bool = False  # the embedded default's own checkpoint, not a reference id
+
+    @property
+    def media_modalities(self) -> tuple[str, ...]:
+        """What the model takes beside text: image, audio, video (the catalog's order)."""
+        return tuple(modality for modality in self.modalities if modality != "text")
 
     def clip_ceiling_seconds(self, modality: str) -> int | None:
         """The longest clip of this modality the model takes: also what a clip whose

@@ -90,8 +90,11 @@ class ChatOutcome:
     answer (its thinking ran to the cap, or it failed). reasoning: the thinking trace
     (message.reasoning); None when thinking was off. finish_reason "length": the row stopped
     on the output cap. format_error: the row had a JSON response_format and its content is
-    not valid JSON for it. prompt_tokens/completion_tokens as usage reports them;
-    reasoning_tokens is the part of completion_tokens spent thinking."""
+    not valid JSON for it. prompt_tokens/completion_tokens: what the engine read and wrote,
+    media included; reasoning_tokens is the part of completion_tokens spent thinking.
+    media_tokens: the part of prompt_tokens the row's media took (its processor's
+    placeholders), None where the engine does not tell them apart (a row is billed the
+    catalog's media tokens either way: inference.kinds.metering)."""
 
     content: str | None
     reasoning: str | None
@@ -101,6 +104,7 @@ class ChatOutcome:
     reasoning_tokens: int
     error: RowError | None = None
     format_error: bool = False
+    media_tokens: int | None = None
 
     @classmethod
     def failed(cls, error: RowError) -> ChatOutcome:
@@ -122,11 +126,13 @@ class EmbedRow:
 
 @dataclass(frozen=True)
 class EmbedOutcome:
-    """vector: unit length, `dimensions` wide; None with error on a refused row."""
+    """vector: unit length, `dimensions` wide; None with error on a refused row.
+    media_tokens: as ChatOutcome's."""
 
     vector: list[float] | None
     prompt_tokens: int
     error: RowError | None = None
+    media_tokens: int | None = None
 
 
 # -- decisions -----------------------------------------------------------------------------

@@ -15,6 +15,8 @@ A kind answers for its rows at every stage of a job, and for the realtime API:
                 tokens_per_second     the conservative serving rate of the estimate
     engines     engine_build          the engine a checkpoint of this kind loads into
                 engine                the process's engine for a model id, typed
+                media_paths           where a row's media parts are (brought and decoded
+                                      before the engine: inference.kinds.media)
                 engine_request        the engine row one input row becomes
                 engine_run            a chunk's engine rows through the engine (its feed)
     results     served                the record one outcome becomes (body, usage)
@@ -57,6 +59,7 @@ from anex.errors import Invalid, Malformed
 from inference.constants import InputFormat, RowOutcome
 from inference.engines.registry import EngineNotConfigured
 from inference.kinds import engines
+from inference.kinds.media import PartPath, media_windows
 from inference.pricing import Usage
 
 if TYPE_CHECKING:
@@ -83,6 +86,8 @@ class ServedJob(Protocol):
 
     @property
     def pk(self) -> uuid.UUID: ...
+    @property
+    def organization_id(self) -> uuid.UUID: ...
     @property
     def model(self) -> str: ...
     @property
@@ -267,6 +272,11 @@ class TaskKind(ABC, Generic[RequestT, OutcomeT, EngineT]):
             raise EngineNotConfigured(f"model '{model_id}' is not served by {self.runner_noun}")
         return cast(EngineT, engine)
 
+    def media_paths(self, body: dict[str, Any]) -> list[PartPath]:
+        """Where the body's media parts are (image_url, input_audio, audio_url, video_url
+        content parts), in the order the row carries them; none by default."""
+        return []
+
     @abstractmethod
     def engine_request(self, job: ServedJob, body: dict[str, Any]) -> RequestT:
         """The engine row one input row's body becomes under the job's settings."""
@@ -283,10 +293,26 @@ class TaskKind(ABC, Generic[RequestT, OutcomeT, EngineT]):
 
     def serve(self, job: ServedJob, rows: Sequence[InputRow],
               meter: RowMeter) -> list[ServedRow]:
-        """A chunk's rows through the job's engine in one call."""
-        outcomes = self.engine_run(job, [self.engine_request(job, row.body) for row in rows])
-        return [self.served(job, row, outcome, meter)
-                for row, outcome in zip(rows, outcomes, strict=True)]
+        """A chunk's rows through the job's engine: in one call, or for rows carrying media
+        one call per window of their decoded media (inference.kinds.media), each window's
+        media dropped once the engine has answered it. A row whose media could not be
+        brought or decoded fails alone, unbilled, and never reaches the engine."""
+        served: list[ServedRow | None] = [None] * len(rows)
+        for window in media_windows(job, rows, paths=self.media_paths, context=meter.context):
+            ready = []
+            for position, resolved in window:
+                if resolved.error is not None:
+                    served[position] = ServedRow.failed(resolved.error)
+                else:
+                    ready.append((position, self.engine_request(job, resolved.body)))
+            del window  # the engine requests hold the decoded media now, and only they
+            if ready:
+                outcomes = self.engine_run(job, [request for _, request in ready])
+                for (position, _), outcome in zip(ready, outcomes, strict=True):
+                    served[position] = self.served(job, rows[position], outcome, meter)
+            del ready
+        assert all(row is not None for row in served)  # every window's rows were answered
+        return cast(list[ServedRow], served)
 
     # -- results ----------------------------------------------------------------------------
 

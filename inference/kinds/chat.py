@@ -16,10 +16,12 @@ from inference.constants import RowOutcome
 from inference.engines import ChatOutcome, ChatRow, ChatSettings
 from inference.engines.chat import ChatEngine
 from inference.kinds.base import ParquetReading, ServedJob, ServedRow, TaskKind
+from inference.kinds.media import PartPath
 from inference.pricing import Usage, usd
 from inference.rows.chat import chat_cost, chat_row, job_thinking, template_kwargs
 from inference.rows.core import CHAT, InputRejected, JobContext, JobOptions, RowCost, RowRef
 from inference.rows.fast import ChatFastRows
+from inference.rows.media import MODALITY_OF
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -209,6 +211,15 @@ class ChatKind(TaskKind[ChatRow, ChatOutcome, ChatRunner]):
                           context_tokens=model.context_tokens, reasoning=model.reasoning)
 
 
+    def media_paths(self, body: dict[str, Any]) -> list[PartPath]:
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            return []
+        return [("messages", i, "content", j) for i, message in enumerate(messages)
+                if isinstance(message, dict) and isinstance(message.get("content"), list)
+                for j, part in enumerate(message["content"])
+                if isinstance(part, dict) and part.get("type") in MODALITY_OF]
+
     def engine_request(self, job: ServedJob, body: dict[str, Any]) -> ChatRow:
         return ChatRow(messages=body.get("messages") or [],
                        chat_template_kwargs=chat_kwargs(job, body),
@@ -223,9 +234,13 @@ class ChatKind(TaskKind[ChatRow, ChatOutcome, ChatRunner]):
                meter: RowMeter) -> ServedRow:
         if outcome.error is not None:
             return ServedRow.failed(outcome.error)
+        usage = meter.chat(row.body, prompt_tokens=outcome.prompt_tokens,
+                           completion_tokens=outcome.completion_tokens,
+                           engine_media=outcome.media_tokens)
+        # The prompt the row is billed for: its media at the catalog's fixed tokens.
         body = completion_body(job, row, content=outcome.content, reasoning=outcome.reasoning,
                                finish_reason=outcome.finish_reason,
-                               prompt_tokens=outcome.prompt_tokens,
+                               prompt_tokens=usage.input_tokens + usage.media_tokens,
                                completion_tokens=outcome.completion_tokens,
                                reasoning_tokens=outcome.reasoning_tokens)
         result = (RowOutcome.FORMAT_ERROR if outcome.format_error else
@@ -234,8 +249,7 @@ class ChatKind(TaskKind[ChatRow, ChatOutcome, ChatRunner]):
         return ServedRow(
             outcome=result, status_code=200, body=body,
             error=FORMAT_ERROR if outcome.format_error else None, output=outcome.content,
-            usage=meter.chat(row.body, prompt_tokens=outcome.prompt_tokens,
-                             completion_tokens=outcome.completion_tokens))
+            usage=usage)
 
     def pricing_section(self, models: list[CatalogModel]) -> list[str]:
         lines = [

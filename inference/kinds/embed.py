@@ -25,9 +25,11 @@ from inference.kinds.base import (
     fields_refused,
     row_error_json,
 )
+from inference.kinds.media import PartPath
 from inference.pricing import usd, usd_per_million
 from inference.rows.core import EMBEDDINGS, InputRejected, JobContext, JobOptions, RowCost, RowRef
 from inference.rows.embeddings import END_OF_TEXT_TOKENS, embedding_input, embedding_row
+from inference.rows.media import MODALITY_OF
 from inference.tokens import token_counter
 
 if TYPE_CHECKING:
@@ -142,10 +144,17 @@ class EmbedKind(TaskKind[EmbedRow, EmbedOutcome, EmbedRunner]):
                                dimensions_min=model.dimensions_min)
 
 
+    def media_paths(self, body: dict[str, Any]) -> list[PartPath]:
+        parts = body.get("input")
+        if not isinstance(parts, list):
+            return []
+        return [("input", j) for j, part in enumerate(parts)
+                if isinstance(part, dict) and part.get("type") in MODALITY_OF]
+
     def engine_request(self, job: ServedJob, body: dict[str, Any]) -> EmbedRow:
         # A row's own dimensions win over the job's. The input goes as it is: a list of
-        # content parts (a VL model's media row) is refused by the engine, never embedded as
-        # the Python text of the list.
+        # content parts (a VL model's media row, its media decoded) is the engine's to read,
+        # never embedded as the Python text of the list.
         return EmbedRow(text=body["input"], dimensions=body.get("dimensions") or job.dimensions)
 
     def engine_run(self, job: ServedJob, requests: list[EmbedRow]) -> list[EmbedOutcome]:
@@ -156,10 +165,13 @@ class EmbedKind(TaskKind[EmbedRow, EmbedOutcome, EmbedRunner]):
         if outcome.error is not None:
             return ServedRow.failed(outcome.error)
         assert outcome.vector is not None  # an outcome without an error carries its vector
+        usage = meter.embedding(row.body, prompt_tokens=outcome.prompt_tokens,
+                                engine_media=outcome.media_tokens)
+        # The tokens the row is billed for: its media at the catalog's fixed tokens.
+        billed = usage.input_tokens + usage.media_row_tokens
         return ServedRow(
             outcome=RowOutcome.SUCCESS, status_code=200,
-            body=embeddings_body(job.model, [outcome.vector], outcome.prompt_tokens),
-            usage=meter.embedding(row.body, prompt_tokens=outcome.prompt_tokens))
+            body=embeddings_body(job.model, [outcome.vector], billed), usage=usage)
 
     def parquet_output(self, records: list[dict[str, Any]]) -> tuple[str, Any]:
         """A vector per row, as float32 (the width the models compute in), read from the

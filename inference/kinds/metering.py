@@ -3,10 +3,16 @@ with the media the row carries (images, clips, their billed seconds, the tokens 
 encode to) counted by the same rules the estimate counted them (inference.rows), so the
 final charge and the estimate go through one `price()` over the same kinds of usage.
 
-The engine reports one prompt_tokens figure; a chat row's media part of it is the
-reference's formula (tokens per image, per second of audio, per sampled video frame), billed
-at the media input rate, and the rest at the text rate. An embedding row carrying any image
-or video bills all its tokens at the media-row rate. Rows without media take the fast path.
+A row's media are billed at the catalog's fixed tokens (the reference: "Media costs a fixed
+number of those tokens per model" - per image, per second of audio, per sampled video
+frame), never at what the engine's processor made of them, and its text at the engine's
+own count: the engine's prompt_tokens less its own media tokens (`engine_media`, where the
+engine reports them; where it does not, the catalog's media tokens are taken out of its
+count instead). A chat row's media tokens are billed at the media input rate and its text
+at the text rate; an embedding row carrying any image or video bills its text and media
+tokens at the media-row rate. What a row bills is also what its result's usage says
+(docs/dev/decisions/2026-12-06-media-tokens-billed.md). Rows without media take the fast
+path.
 """
 
 from __future__ import annotations
@@ -18,11 +24,11 @@ from anex.logsafe import exception_summary
 from inference.catalog import CatalogModel
 from inference.kinds import kind_for
 from inference.kinds.base import ServedJob
+from inference.kinds.media import media_context
 from inference.pricing import Usage
 from inference.rows.chat import chat_cost
-from inference.rows.core import InputRejected, JobContext, JobOptions, RowCost, RowRef
+from inference.rows.core import InputRejected, JobContext, RowCost, RowRef
 from inference.rows.embeddings import embedding_input
-from inference.tokens import uncounted
 
 logger = logging.getLogger(__name__)
 
@@ -33,12 +39,10 @@ class RowMeter:
     """One per engine call: turns each served row's token counts into its Usage."""
 
     def __init__(self, job: ServedJob, model: CatalogModel | None) -> None:
-        self.context: JobContext | None = None
-        if model is not None and set(model.modalities) - {"text"}:
-            # No output cap and no text tokens: the row passed every check while
-            # estimating; here its media are only counted, never refused again.
-            self.context = JobContext(JobOptions(model=model.id, video_fps=job.video_fps),
-                                      uncounted, None, kind_for(model))
+        # The row passed every check while estimating; here its media are only counted,
+        # never refused again (and the chunk's media are resolved by the same rules).
+        self.context: JobContext | None = None if model is None \
+            else media_context(job, model, kind_for(model))
 
     def _media(self, count: Any) -> RowCost | None:
         try:
@@ -51,8 +55,8 @@ class RowMeter:
             return None
         return cost
 
-    def chat(self, body: dict[str, Any], *, prompt_tokens: int,
-             completion_tokens: int) -> Usage:
+    def chat(self, body: dict[str, Any], *, prompt_tokens: int, completion_tokens: int,
+             engine_media: int | None = None) -> Usage:
         messages = body.get("messages")
         if self.context is None or not isinstance(messages, list) or not any(
                 isinstance(m, dict) and isinstance(m.get("content"), list) for m in messages):
@@ -61,11 +65,12 @@ class RowMeter:
         cost = self._media(lambda: chat_cost(messages, job=context, row=_ROW))
         if cost is None or not (cost.images or cost.clips or cost.media_tokens):
             return Usage(input_tokens=prompt_tokens, output_tokens=completion_tokens)
-        return Usage(input_tokens=max(prompt_tokens - cost.media_tokens, 0),
+        return Usage(input_tokens=_text_tokens(prompt_tokens, engine_media, cost),
                      media_tokens=cost.media_tokens, output_tokens=completion_tokens,
                      images=cost.images, clips=cost.clips, media_seconds=cost.media_seconds)
 
-    def embedding(self, body: dict[str, Any], *, prompt_tokens: int) -> Usage:
+    def embedding(self, body: dict[str, Any], *, prompt_tokens: int,
+                  engine_media: int | None = None) -> Usage:
         value = body.get("input")
         if self.context is None or not isinstance(value, list):
             return Usage(input_tokens=prompt_tokens)
@@ -73,5 +78,13 @@ class RowMeter:
         cost = self._media(lambda: embedding_input(value, job=context, row=_ROW))
         if cost is None or not cost.media_row:
             return Usage(input_tokens=prompt_tokens)
-        return Usage(media_row_tokens=prompt_tokens, images=cost.images, clips=cost.clips,
+        return Usage(media_row_tokens=_text_tokens(prompt_tokens, engine_media, cost)
+                     + cost.media_tokens, images=cost.images, clips=cost.clips,
                      media_seconds=cost.media_seconds)
+
+
+def _text_tokens(prompt_tokens: int, engine_media: int | None, cost: RowCost) -> int:
+    """The row's text as the engine read it: its prompt less its own media tokens, or,
+    where the engine does not say them, less the catalog's."""
+    media = cost.media_tokens if engine_media is None else engine_media
+    return max(prompt_tokens - media, 0)

@@ -44,6 +44,7 @@ from inference.engines import ChatSettings
 from inference.kinds import kind_for
 from inference.kinds.base import InputRow
 from inference.kinds.chat import ChatKind
+from inference.kinds.media import media_context, media_windows
 from inference.pricing import Usage, price, usage_from_json, usage_json
 from inference.warmth import startup_seconds
 from jobs import dispatch
@@ -254,12 +255,17 @@ def sample_generate(job: Job, model: CatalogModel) -> SampleResult:
     thinking_wanted = model.reasoning and job.reasoning is not False \
         and job.reasoning_budget_requested is None
     engine = kind.engine(job.model)
+    # The rows' media brought and decoded as a chunk's are; a row whose media fail is left
+    # out of the sample (it fails alone when it is served).
+    requests = [kind.engine_request(job, resolved.body)
+                for window in media_windows(job, rows, paths=kind.media_paths,
+                                            context=media_context(job, model, kind))
+                for _, resolved in window if resolved.error is None]
     started = time.monotonic()
     # The job's own rows, under its own thinking and response_format, up to the ceiling.
     generation = ChatSettings(max_tokens=ceiling,
                               reasoning_budget=job.reasoning_budget_requested or None)
-    outcomes = engine.generate([kind.engine_request(job, row.body) for row in rows],
-                               generation)
+    outcomes = engine.generate(requests, generation) if requests else []
     elapsed = max(time.monotonic() - started, 1e-3)
     usable = [out for out in outcomes if out.error is None]
     if not usable:

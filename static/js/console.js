@@ -70,6 +70,7 @@
   var effortSelect = document.getElementById("id_reasoning_effort");
   var endpointHelp = document.getElementById("file-endpoint");
   var modelHelp = document.getElementById("model-help");
+  var mediaHelp = document.getElementById("model-media");
   var inputId = form.querySelector("input[name=input_id]");
   var ENDPOINT_TASKS = {"/v1/chat/completions": "chat", "/v1/embeddings": "embed",
                         "/v1/systemone": "decide"};
@@ -111,6 +112,9 @@
       if (level === chosen) { o.selected = true; }
       effortSelect.appendChild(o);
     });
+    var media = option.getAttribute("data-media");
+    mediaHelp.textContent = task === "decide" ? "" :
+      media ? "Takes " + media + " content parts beside text." : "Takes text only.";
     if (fpsMax) {
       document.getElementById("fps-help").textContent = "Up to " + fpsMax + " frames per second; leave empty for the model's default.";
     }

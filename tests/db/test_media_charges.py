@@ -1,15 +1,19 @@
 """Issue 11, item 13: a job's media (per image, per clip, per minute, and the tokens they
 encode to at the media rate) are in the final charge as they are in the estimate, on the
 sampled path too. The rows run through the real pipeline (estimate, approve, plan, each
-chunk's execute, finalize) with only the engine faked: it reports, per row, the prompt
-tokens the estimate counted."""
+chunk's execute with its media brought from a local HTTPS host, finalize) with only the
+engine faked: it reports, per row, the prompt tokens the estimate counted. The hosted
+clips are a few seconds long and declare longer: a declared length is what is billed."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pytest_django import Settings
@@ -29,6 +33,8 @@ from jobs.services.running import chunk_run, execute, job_start
 from jobs.services.sampling import SampleResult, job_sample
 from tests.dispatched import dispatch_catch, finalizes_run
 from tests.factories import input_ready
+from tests.media import clip, picture, tone
+from tests.servers import LocalServer, reply, tls_context
 
 pytestmark = pytest.mark.django_db
 JOBS = "/batch/v1/jobs"
@@ -36,14 +42,6 @@ ROWS = 100
 OUTPUT = 10
 # On gemma4-12b (fixed 1 fps): a 60 s video is 61 frames of 256 tokens, 30 s of audio 750
 # tokens, an image 256; two clips and a minute and a half a row.
-MEDIA_PARTS = [
-    {"type": "text", "text": "Describe these."},
-    {"type": "image_url", "image_url": {"url": "https://example.com/photo.jpg"}},
-    {"type": "audio_url", "audio_url": {"url": "https://example.com/talk.mp3",
-                                        "duration_seconds": 30}},
-    {"type": "video_url", "video_url": {"url": "https://example.com/clip.mp4",
-                                        "duration_seconds": 60}},
-]
 MEDIA_TOKENS = 61 * 256 + 30 * 25 + 256
 ROW_MEDIA = Usage(media_tokens=MEDIA_TOKENS, images=1, clips=2, media_seconds=Decimal(90))
 
@@ -54,11 +52,34 @@ def setup(settings: Settings, checkpoints: Path) -> None:
     settings.ANEX_CHUNK_ROWS = 40  # three chunks: the usage is summed across them
 
 
-def chat_rows(count: int) -> bytes:
+@pytest.fixture
+def host(make_server: Callable[..., LocalServer], ca: Any, trust_ca: None,
+         loopback: None) -> LocalServer:
+    """The rows' media host, on this machine."""
+    server = make_server(tls=tls_context(ca, "127.0.0.1"))
+    for path, body in (("/photo.jpg", picture((200, 30, 30), fmt="JPEG")),
+                       ("/talk.wav", tone(330, seconds=3)),
+                       ("/clip.mp4", clip([(30, 30, 200)] * 30, fps=10))):
+        server.routes[path] = partial(reply, status=200, body=body)
+    return server
+
+
+def media_parts(host: LocalServer) -> list[dict[str, Any]]:
+    return [
+        {"type": "text", "text": "Describe these."},
+        {"type": "image_url", "image_url": {"url": host.url("/photo.jpg")}},
+        {"type": "audio_url", "audio_url": {"url": host.url("/talk.wav"),
+                                            "duration_seconds": 30}},
+        {"type": "video_url", "video_url": {"url": host.url("/clip.mp4"),
+                                            "duration_seconds": 60}},
+    ]
+
+
+def chat_rows(count: int, host: LocalServer) -> bytes:
     return b"".join(json.dumps({
         "custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
-        "body": {"messages": [{"role": "user", "content": MEDIA_PARTS}]}}).encode() + b"\n"
-        for i in range(count))
+        "body": {"messages": [{"role": "user", "content": media_parts(host)}]}}).encode()
+        + b"\n" for i in range(count))
 
 
 @dataclass
@@ -96,9 +117,10 @@ def served_usage(job: Job) -> Usage:
 
 
 def test_a_media_job_is_charged_its_surcharges_and_the_charge_is_the_estimate(
-        api: APIClient, organization: Organization, monkeypatch: pytest.MonkeyPatch) -> None:
+        api: APIClient, organization: Organization, monkeypatch: pytest.MonkeyPatch,
+        host: LocalServer) -> None:
     # given: 100 rows, each an image, 30 s of audio and a minute of video
-    item = input_ready(organization, chat_rows(ROWS))
+    item = input_ready(organization, chat_rows(ROWS, host))
     response = api.post(JOBS, {"input_id": str(item.pk), "model": "gemma4-12b",
                                "max_output_tokens": OUTPUT}, format="json")
     assert response.status_code == 200, response.content
@@ -135,11 +157,12 @@ def test_a_media_job_is_charged_its_surcharges_and_the_charge_is_the_estimate(
 
 
 def test_a_sampled_media_job_prices_media_at_the_media_rate_with_its_surcharges(
-        api: APIClient, organization: Organization, monkeypatch: pytest.MonkeyPatch) -> None:
+        api: APIClient, organization: Organization, monkeypatch: pytest.MonkeyPatch,
+        host: LocalServer) -> None:
     # given: the same rows with no max_output_tokens, so the cap comes from a sample
     queued: list[str] = []
     dispatch_catch(monkeypatch, lambda message: queued.append(message.queue), "job_sample_task")
-    item = input_ready(organization, chat_rows(ROWS))
+    item = input_ready(organization, chat_rows(ROWS, host))
     response = api.post(JOBS, {"input_id": str(item.pk), "model": "gemma4-12b"},
                         format="json")
     job = Job.objects.get(pk=response.json()["id"])
@@ -179,17 +202,19 @@ class FakeEmbed:
 
 
 def test_an_embedding_row_with_media_is_billed_at_the_media_row_rate_with_per_item_charges(
-        organization: Organization, monkeypatch: pytest.MonkeyPatch) -> None:
+        organization: Organization, monkeypatch: pytest.MonkeyPatch, host: LocalServer) -> None:
     monkeypatch.setattr("inference.kinds.engines.engine_cached",
                         lambda model_id, kind: FakeEmbed())
     job = Job.objects.create(organization=organization, model="qwen3-vl-embedding-8b",
                              task_type="embed", status=JobStatus.IN_PROGRESS)
-    video = {"type": "video_url", "video_url": {"url": "https://example.com/c.mp4",
+    video = {"type": "video_url", "video_url": {"url": host.url("/clip.mp4"),
                                                 "duration_seconds": 10}}
-    image = {"type": "image_url", "image_url": {"url": "https://example.com/p.jpg"}}
+    image = {"type": "image_url", "image_url": {"url": host.url("/photo.jpg")}}
     rows = [InputRow(0, "text", {"input": "plain"}),
             InputRow(1, "media", {"input": [{"type": "text", "text": "a"}, image, video]}),
             InputRow(2, "parts", {"input": [{"type": "text", "text": "only text"}]})]
     _results, usage = execute(job, rows)
-    assert usage == Usage(input_tokens=4_000, media_row_tokens=2_000, images=1, clips=1,
-                          media_seconds=Decimal(10))
+    # The engine does not tell its media tokens apart here: its 2,000 are all taken for
+    # media, and the row bills the catalog's (1,280 an image, 11 frames of 256 for 10 s).
+    assert usage == Usage(input_tokens=4_000, media_row_tokens=1_280 + 11 * 256, images=1,
+                          clips=1, media_seconds=Decimal(10))
