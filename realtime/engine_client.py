@@ -11,12 +11,11 @@ servers sends each request to the next in turn.
 The client is this module's own, on a socket: an engine server (realtime/serving.py) speaks
 one HTTP/1.1 dialect, a JSON answer with its Content-Length in one write, and a request is
 one write of its head and body and one read of the answer. urllib3 did the same for about
-three times the CPU (260 against 80-90 microseconds a call, measured on loopback), a
-twentieth of a realtime request's web-tier CPU, for what the engine servers never send
-(chunked bodies, redirects, compression). The failures are urllib3's, kept: a connection
-that fails before the engine answered anything (refused, reset, closed while pooled) is
-retried, once on the same engine, then on each other; a read that times out is the
-engine's work done and not answered (EngineTimedOut)."""
+three times the CPU (bench/RESULTS.md, "Realtime web tier CPU"), for what the engine
+servers never send (chunked bodies, redirects, compression). The failures are urllib3's,
+kept: a connection that fails before the engine answered anything (refused, reset, closed
+while pooled) is retried, once on the same engine, then on each other; a read that times
+out is the engine's work done and not answered (EngineTimedOut)."""
 
 from __future__ import annotations
 

@@ -11,8 +11,9 @@ from typing import Any, ClassVar
 class Prototyped:
     """An answer serializer whose fields are built once per process: `answer(instance)` is
     `cls(instance).data` (the same dict) from one prototype instance's fields, where each
-    new serializer builds them again (a ModelSerializer's from the model's fields: 1.2 ms
-    of a job read's 4.6, on a poll clients send in a loop). Only for a serializer whose
+    new serializer builds them again (a ModelSerializer's from the model's fields: about a
+    quarter of a job read's CPU, on a poll clients send in a loop; bench/RESULTS.md, "Realtime
+    web tier CPU"). Only for a serializer whose
     answer reads nothing but the instance: no context, no request. The prototype's fields
     are built before any thread shares it, and reading an answer writes nothing to them."""
 
