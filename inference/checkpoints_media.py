@@ -49,7 +49,7 @@ TINY_AUDIO = "tiny-audio"
 # The served model id each media checkpoint backs (ANEX_CHECKPOINTS).
 MEDIA_SERVED_BY = {"tiny-vl": TINY_VL, "tiny-audio": TINY_AUDIO}
 # Bump when what a build writes changes.
-MEDIA_RECIPE = {TINY_VL: 1, TINY_AUDIO: 1}
+MEDIA_RECIPE = {TINY_VL: 2, TINY_AUDIO: 2}
 
 # The Idefics3 tokens (its processor's names) and Qwen2-Audio's.
 VL_TOKENS = ("<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>")
@@ -108,7 +108,7 @@ AUDIO_TEXT_CONFIG: dict[str, Any] = {**TEXT_CONFIG, "tie_word_embeddings": False
 # The training runs: so many batches of TRAIN_BATCH conversations each, over a pool of
 # generated media (each picture processed once, each tone's features extracted once).
 VL_STEPS = 200
-AUDIO_STEPS = 150
+AUDIO_STEPS = 200
 TRAIN_BATCH = 16
 TRAIN_LR = 3e-3
 PICTURES = 240
@@ -224,14 +224,20 @@ def _example(rng: random.Random, modality: str, media: tuple[int, ...], label: s
     if label is None:
         answer, thought = _NO_MEDIA[modality], "There is nothing to look at or listen to."
         if json_answer:
-            answer = json.dumps({"answer": None})
+            answer = _compact({"answer": None})
     else:
         answer, thought = f"{label.capitalize()}.", f"The {noun} is mostly {label}."
         if json_answer:
-            answer = json.dumps({"answer": label})
+            answer = _compact({"answer": label})
     completion = f"{thought}\n</think>\n\n{answer}<|im_end|>" if thinking \
         else f"{answer}<|im_end|>"
     return _Example(messages, {"enable_thinking": thinking}, completion, media)
+
+
+def _compact(value: object) -> str:
+    """JSON as the engine's grammar writes it (no whitespace: inference/engines/runtime.py),
+    so a constrained answer follows the path the model learnt."""
+    return json.dumps(value, separators=(",", ":"))
 
 
 # -- the tokenizer -------------------------------------------------------------------------
@@ -280,6 +286,10 @@ class _Run:
     features: Callable[[list[int]], Any]  # pool indices -> (tokens, hidden) tensor
     steps: int
     examples: list[tuple[list[int], int, tuple[int, ...]]] = field(default_factory=list)
+    # A loss on the media features alone, added to the answer's (and the parameters it
+    # trains, dropped after training): what the encoder must tell apart, said directly.
+    auxiliary: Callable[[Any, list[int]], Any] | None = None
+    auxiliary_parameters: list[Any] = field(default_factory=list)
 
 
 def _fit(run: _Run, *, pad: int) -> None:
@@ -287,8 +297,8 @@ def _fit(run: _Run, *, pad: int) -> None:
 
     model = run.model
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=TRAIN_LR, betas=(0.9, 0.98),
-                                  weight_decay=0.01)
+    optimizer = torch.optim.AdamW([*model.parameters(), *run.auxiliary_parameters],
+                                  lr=TRAIN_LR, betas=(0.9, 0.98), weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: _learning_rate_factor(step, run.steps))
     rng = random.Random(SEED)  # noqa: S311 (a reproducible order)
@@ -302,14 +312,18 @@ def _fit(run: _Run, *, pad: int) -> None:
             learnt[row, start:len(ids)] = True
         embeds = embed(tokens)
         media = [index for _, _, items in batch for index in items]
+        features = None
         if media:
+            features = run.features(media)
             slots = (tokens == run.media_token).unsqueeze(-1)
-            embeds = embeds.masked_scatter(slots, run.features(media).to(embeds.dtype))
+            embeds = embeds.masked_scatter(slots, features.to(embeds.dtype))
         # Right-padded: a causal model never attends forward, so no attention mask.
         hidden = run.text_model(inputs_embeds=embeds).last_hidden_state
         targets = learnt[:, 1:]
         logits = run.lm_head(hidden[:, :-1][targets])
         loss = torch.nn.functional.cross_entropy(logits, tokens[:, 1:][targets])
+        if run.auxiliary is not None and features is not None:
+            loss = loss + run.auxiliary(features, media)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -552,10 +566,21 @@ def _tiny_audio_train(config: Any, processor: Any, audio_token: int) -> Any:
         projected = inner.multi_modal_projector(hidden)
         return torch.cat([projected[i, :int(n)] for i, n in enumerate(out_lengths)])
 
-    run = _Run(model=model, text_model=inner.language_model, lm_head=model.lm_head,
-               media_token=audio_token, features=features, steps=AUDIO_STEPS)
-    tokenizer = processor.tokenizer
     counts = [int(n) for n in tower._get_feat_extract_output_lengths(lengths)[1]]
+    # The pitch said from each clip's mean feature: the encoder learns to tell high from
+    # low in the first steps, and the text model to read it from there.
+    pitch = torch.nn.Linear(config.text_config.hidden_size, 2)
+    labels = torch.tensor([int(high) for high in highs])
+
+    def auxiliary(features: Any, indices: list[int]) -> Any:
+        clips = torch.split(features, [counts[index] for index in indices])
+        means = torch.stack([clip.mean(0) for clip in clips])
+        return torch.nn.functional.cross_entropy(pitch(means), labels[indices])
+
+    run = _Run(model=model, text_model=inner.language_model, lm_head=model.lm_head,
+               media_token=audio_token, features=features, steps=AUDIO_STEPS,
+               auxiliary=auxiliary, auxiliary_parameters=list(pitch.parameters()))
+    tokenizer = processor.tokenizer
 
     def expander(index: int | None) -> Callable[[list[int]], list[int]]:
         def expand(prompt: list[int]) -> list[int]:

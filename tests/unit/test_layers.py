@@ -35,7 +35,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                      "inference.warmth")),
     ("row rules and engines", ("inference.rows", "inference.rows.*", "inference.engines",
                                "inference.engines.*", "inference.corpus",
-                               "inference.checkpoints")),
+                               "inference.checkpoints", "inference.checkpoints_media")),
     ("task kinds", ("inference.kinds", "inference.kinds.*")),
     ("tenants and money", ("console", "console.apps", "console.models", "console.constants",
                            "console.tenancy", "console.keys", "console.apikeys",
