@@ -171,11 +171,13 @@ def test_an_audio_row_hears_whether_its_tone_is_high_or_low(audio_engine: ChatEn
     assert (ok(low).content, ok(high).content) == ("Low.", "High.")
     assert (ok(thought).reasoning, thought.content) == ("The tone is mostly high.", "High.")
     assert ok(text).content == "I hear no sound."
-    # Two seconds of sound: 25 tokens a second, as the catalog bills them.
+    # Two seconds of sound: 25 tokens a second, as the catalog bills them, and the
+    # template's <|audio_bos|> and <|audio_eos|> around them (the media's too: the same
+    # messages without the clip have neither).
     model = model_get("tiny-audio")
     assert model is not None and model.media.audio_tokens_per_second == AUDIO_TOKENS_PER_SECOND
-    assert low.media_tokens == 2 * AUDIO_TOKENS_PER_SECOND
-    assert low.prompt_tokens == text.prompt_tokens + 2 * AUDIO_TOKENS_PER_SECOND
+    assert low.media_tokens == 2 * AUDIO_TOKENS_PER_SECOND + 2
+    assert low.prompt_tokens == text.prompt_tokens + low.media_tokens
 
 
 def test_an_audio_model_refuses_a_picture_in_its_row_alone(audio_engine: ChatEngine) -> None:
