@@ -101,7 +101,7 @@ def charged_within_hold(job: dict[str, Any], rows: dict[str, dict[str, Any]],
     so it is read where the customer reads it, off the rows: they add up to it exactly,
     a whole number of credits (docs/output-format.md, "What each row cost")."""
     costs = {custom_id: Decimal(row["cost"]["credits"]) for custom_id, row in rows.items()}
-    charge = sum(costs.values())
+    charge = sum(costs.values(), Decimal(0))
     assert charge == charge.to_integral_value()
     assert 1 <= charge <= job["est_cost_cents"]
     for custom_id in failed:
