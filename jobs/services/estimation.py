@@ -124,8 +124,7 @@ def input_validate(*, item: Input, options: JobOptions, count_tokens: CountToken
             shutil.copyfileobj(stream, local, 1024 * 1024)
             local.seek(0)
             return validate_parquet(local, options, count_tokens=count_tokens,
-                                    probe_content_type=probe, errors=errors,
-                                  layout=layout)
+                                    probe_content_type=probe, errors=errors)
 
 
 def _estimate_fields(job: Job, model: CatalogModel, report: FileReport) -> dict[str, object]:
