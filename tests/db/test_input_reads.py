@@ -25,6 +25,7 @@ from jobs.constants import ChunkStatus, JobStatus, JobSubstate
 from jobs.models import Chunk, ChunkPlan, Job
 from jobs.services.estimation import job_estimate
 from jobs.services.inputs import SNIFF_BYTES
+from jobs.services.rows import rows_read
 from jobs.services.running import chunk_run, chunks_plan, job_start
 from jobs.services.sampling import SAMPLE_ROWS, job_sample
 from jobs.storage import LocalRegionStorage
@@ -156,3 +157,27 @@ def test_the_job_walk_reads_a_jsonl_input_whole_once_before_the_first_row(
     first = chunks[0]
     assert chunk_run(chunk_id=first.pk) == ChunkStatus.DONE
     assert reads.take() == [("range", (first.byte_end or 0) - (first.byte_start or 0))]
+
+
+def test_rows_the_checks_pass_are_the_rows_the_run_reads(
+        api: APIClient, organization: Organization, monkeypatch: pytest.MonkeyPatch,
+        sent: list[str]) -> None:
+    # given a file the checks pass: a byte order mark, CRLF line ends, a \r between one
+    # row's tokens (JSON whitespace), and blank lines ending it
+    dispatch_catch(monkeypatch, lambda message: None, "job_estimate_task", "job_start_task")
+    rows = [json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/embeddings",
+                        "body": {"input": f"row {i}"}}).encode() for i in range(5)]
+    rows[3] = rows[3].replace(b'"method":', b'\r"method":')
+    content = b"\xef\xbb\xbf" + b"\r\n".join(rows) + b"\r\n\r\n"
+    item = input_ready(organization, content)
+    response = api.post(JOBS, {"input_id": str(item.pk), "model": "qwen3-embedding-8b"},
+                        format="json")
+    job = Job.objects.get(pk=response.json()["id"])
+    assert job_estimate(job_id=job.pk) == JobStatus.COST_READY
+    assert api.post(f"{JOBS}/{job.pk}/approve").json()["status"] == "in_progress"
+    # when its chunks are planned and read as the run reads them
+    assert job_start(job_id=job.pk) > 0
+    job = Job.objects.select_related("input").get(pk=job.pk)
+    read = [row for chunk in job.chunks.order_by("index") for row in rows_read(job, chunk)]
+    # then every row the checks counted is read, the first and the fourth included
+    assert [(row.index, row.ident) for row in read] == [(i, f"r{i}") for i in range(5)]
