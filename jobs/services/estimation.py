@@ -1,6 +1,10 @@
 """Estimating: every row checked, input tokens counted exactly, and (when the output length
 is known) the job priced and moved to cost_ready.
 
+That read is the one whole read of the input before its rows run: as the checks read a
+JSONL input they record where its chunks end and which rows a sample runs
+(jobs.validation.layout), kept for the start (ChunkPlan) and the sample (Job.sample_rows).
+
 Runs in the job_estimate_task actor. Embedding and decision jobs, and chat jobs with an
 explicit max_output_tokens (and, on a reasoning model, a reasoning_budget or thinking off),
 are priced here from exact counts. Other chat jobs enter the sampling wait, rows checked
