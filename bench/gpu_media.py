@@ -211,6 +211,8 @@ def served_job(model: Any) -> SimpleNamespace:
 def rows_run(model: Any, checkpoint: Path) -> list[dict[str, Any]]:
     """The model's media rows through its kind's engine, built from the checkpoint as a
     worker builds it: one call, the rows in one chunk."""
+    from inference.engines import ChatEngine, EmbeddingEngine
+    from inference.engines.types import ChatSettings
     from inference.kinds import kind_for
 
     kind = kind_for(model)
@@ -219,7 +221,7 @@ def rows_run(model: Any, checkpoint: Path) -> list[dict[str, Any]]:
     engine = kind.engine_build(model, checkpoint)
     loaded = time.monotonic() - started
     job = served_job(model)
-    bodies = []
+    bodies: list[dict[str, Any]] = []
     for part in parts.values():
         if model.task == "embed":
             bodies.append({"input": [{"type": "text", "text": "this:"}, part]})
@@ -227,14 +229,15 @@ def rows_run(model: Any, checkpoint: Path) -> list[dict[str, Any]]:
             bodies.append({"messages": [{"role": "user", "content": [
                 {"type": "text", "text": "What is in it?"}, part]}],
                 "chat_template_kwargs": {"enable_thinking": False}})
-    requests = [kind.engine_request(job, body) for body in bodies]
+    requests: list[Any] = [kind.engine_request(job, body) for body in bodies]
     started = time.monotonic()
-    if model.task == "embed":
-        outcomes: list[Any] = engine.embed(requests)
-    else:
-        from inference.engines.types import ChatSettings
-
+    outcomes: list[Any]
+    if isinstance(engine, EmbeddingEngine):
+        outcomes = engine.embed(requests)
+    elif isinstance(engine, ChatEngine):
         outcomes = engine.generate(requests, ChatSettings(max_tokens=8))
+    else:
+        raise TypeError(f"{model.id} is served by no chat or embedding engine")
     seconds = time.monotonic() - started
     lines = []
     for modality, outcome in zip(parts, outcomes, strict=True):
