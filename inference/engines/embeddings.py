@@ -196,7 +196,9 @@ class EmbeddingEngine:
             results = self.llm.encode(requests,
                                       pooling_params=PoolingParams(use_activation=False),
                                       pooling_task="embed", use_tqdm=False)
-        read = [len(result.prompt_token_ids or ()) for result in results]
+        read = [len(result.prompt_token_ids) if result.prompt_token_ids is not None
+                else len(request["prompt_token_ids"])
+                for result, request in zip(results, requests, strict=True)]
         states = torch.stack([result.outputs.data for result in results]).to(torch.float64)
         if len(set(widths)) == 1:  # the common chunk: one width, cut and scaled at once
             vectors = _unit_rows(states, widths[0])
