@@ -14,11 +14,14 @@ Two steps:
 
     # here: build the media checkpoints (and the tiny Qwen3-VL) into a carry directory,
     # checking it stays under the device's 64 MiB
-    .venv/bin/python bench/gpu_media.py build .run/gpu-media
+    .venv/bin/python bench/gpu_media.py build .run/gpu-media  # ANEX_RUN_DIR as build_checkpoints
 
     # on the device (the device tool, carry=[".run/gpu-media"]), with its own Python:
     python3 bench/gpu_media.py inventory              # what it has, as JSON; cheap
     python3 bench/gpu_media.py run .run/gpu-media     # inventory first, then the rows
+
+`run --cpu` rehearses the script on a CPU machine (where the Qwen3-VL rows fail for want of
+torchvision, as expected there).
 
 The device reaches no registry, so `run` starts by reporting what is installed (Python,
 torch and its CUDA, vLLM, transformers, torchvision, Django, Pillow, numpy, OpenCV, PyAV)
@@ -80,10 +83,10 @@ def inventory() -> dict[str, Any]:
     return found
 
 
-def missing(found: dict[str, Any]) -> list[str]:
+def missing(found: dict[str, Any], *, gpu: bool = True) -> list[str]:
     problems = [name for name in NEEDED
                 if not isinstance(found.get(name), str) or found[name].startswith("fails")]
-    if not found.get("gpus"):
+    if gpu and not found.get("gpus"):
         problems.append("a CUDA GPU that torch sees")
     return problems
 
@@ -98,7 +101,7 @@ def build(dest: Path) -> dict[str, Any]:
     from inference.checkpoints import SERVED_BY, TINY_QWEN3, checkpoints_build
     from inference.checkpoints_qwen3_vl import tiny_qwen3_vl_write
 
-    built = checkpoints_build(dest=ROOT / ".run" / "checkpoints")
+    built = checkpoints_build()  # where build_checkpoints puts them: ANEX_RUN_DIR, else .run
     media = sorted({SERVED_BY[model.id] for model in local_models().values()
                     if model.media_modalities and model.id in SERVED_BY})
     if dest.exists():
@@ -277,10 +280,10 @@ def models_for(carried: Path) -> list[tuple[Any, Path]]:
     return pairs
 
 
-def run(carried: Path) -> int:
+def run(carried: Path, *, gpu: bool = True) -> int:
     found = inventory()
     print(json.dumps({"inventory": found}), flush=True)
-    problems = missing(found)
+    problems = missing(found, gpu=gpu)
     if problems:
         print(json.dumps({"stopped": f"missing on this machine: {', '.join(problems)}"}))
         return 2
@@ -304,8 +307,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     steps = parser.add_subparsers(dest="step", required=True)
     steps.add_parser("inventory")
-    for name in ("build", "run"):
-        steps.add_parser(name).add_argument("carried", type=Path)
+    steps.add_parser("build").add_argument("carried", type=Path)
+    running = steps.add_parser("run")
+    running.add_argument("carried", type=Path)
+    running.add_argument("--cpu", action="store_true",
+                         help="run without a GPU (a rehearsal of the script on a CPU machine)")
     arguments = parser.parse_args()
     if arguments.step == "inventory":
         found = inventory()
@@ -314,7 +320,7 @@ def main() -> int:
     if arguments.step == "build":
         print(json.dumps(build(arguments.carried.resolve())))
         return 0
-    return run(arguments.carried.resolve())
+    return run(arguments.carried.resolve(), gpu=not arguments.cpu)
 
 
 if __name__ == "__main__":  # vLLM spawns its engine core: the guard it needs
