@@ -128,14 +128,16 @@ def directory_bytes(path: Path) -> int:
 # -- the rows (on the device) ----------------------------------------------------------------
 
 def django_setup(*, checkpoints: dict[str, str]) -> None:
-    """Django with what the engine code reads, and nothing it would connect to."""
+    """Django with what the engine code reads, and nothing it would connect to. Each engine
+    takes a tenth of the GPU's memory (ANEX_GPU_MEMORY_FRACTION): the script holds up to
+    five tiny engines at once in one process."""
     import django
     from django.conf import settings
 
     if not settings.configured:
         settings.configure(
             BASE_DIR=ROOT, USE_TZ=True, ANEX_CHECKPOINTS=checkpoints,
-            ANEX_GPU_MEMORY_FRACTION=float(os.environ.get("ANEX_GPU_MEMORY_FRACTION", "0.3")),
+            ANEX_GPU_MEMORY_FRACTION=float(os.environ.get("ANEX_GPU_MEMORY_FRACTION", "0.1")),
             ANEX_TENSOR_PARALLEL_SIZE=1)
         django.setup()
 
