@@ -86,13 +86,16 @@ class Api:
         """The job's charge, which the batch API does not show: read from the running
         `make run`'s own database, through `devstack exec` on its run directory (as `make
         manage` reaches it)."""
-        script = f"from jobs.models import Job; print(Job.objects.get(pk='{job_id}').cost_cents)"
+        script = ("from jobs.models import Job; "
+                  f"print('cost_cents', Job.objects.get(pk='{job_id}').cost_cents)")
         env = {**self.running.env, "ANEX_RUN_DIR": str(self.running.run_dir)}
         shell = subprocess.run(
             [sys.executable, "-m", "anex.devstack", "exec", "--", sys.executable, "manage.py",
              "shell", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
             timeout=120, check=True)
-        return int(shell.stdout.strip().splitlines()[-1])
+        # The launcher says what it does on the same stdout: the one line printed here.
+        [line] = [line for line in shell.stdout.splitlines() if line.startswith("cost_cents ")]
+        return int(line.split()[1])
 
     def poll(self, job_id: str, *waiting: str) -> dict[str, Any]:
         deadline = time.monotonic() + 600
