@@ -245,6 +245,7 @@ def rows_run(model: Any, checkpoint: Path) -> list[dict[str, Any]]:
         raise TypeError(f"{model.id} is served by no chat or embedding engine")
     seconds = time.monotonic() - started
     lines = []
+    outcome: Any  # a ChatOutcome or an EmbedOutcome
     for modality, outcome in zip(parts, outcomes, strict=True):
         line: dict[str, Any] = {"model": model.id, "checkpoint": checkpoint.name,
                                 "modality": modality, "load_seconds": round(loaded, 1),
