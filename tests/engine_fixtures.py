@@ -26,6 +26,7 @@ import pytest
 from inference.catalog import CatalogModel, model_get
 from inference.checkpoints import checkpoints_build, checkpoints_dest_default
 from inference.engines import ChatEngine, DecisionEngine, EmbeddingEngine
+from inference.kinds.embed import EmbedKind
 
 
 def catalog_model(model_id: str) -> CatalogModel:
@@ -64,3 +65,10 @@ def decision_engine(checkpoint_dirs: dict[str, Path]) -> DecisionEngine:
                           context_tokens=model.context_tokens,
                           option_budget_tokens=model.option_budget_tokens,
                           max_questions=model.max_questions)
+
+
+@pytest.fixture(scope="session")
+def vl_embedding_engine(checkpoint_dirs: dict[str, Path]) -> EmbeddingEngine:
+    # Built as a worker builds it (the kind's engine_build: the catalog's media caps).
+    model = catalog_model("tiny-vl-embedding")
+    return EmbedKind().engine_build(model, checkpoint_dirs["tiny-vl-embedding"])

@@ -74,15 +74,18 @@ def _prepare_environment() -> bool:
 
 
 def llm_load(checkpoint: Path, *, runner: str, max_model_len: int,
-             reasoning_parser: str | None = None) -> Loaded:
+             reasoning_parser: str | None = None,
+             limit_mm_per_prompt: dict[str, int] | None = None) -> Loaded:
     """The process's engine for this checkpoint and runner ("generate" or "pooling"),
-    built on first use. The first caller's max_model_len sizes it."""
+    built on first use. The first caller's max_model_len (and media items per prompt, for
+    a model that reads media) sizes it."""
     key = (checkpoint.resolve(), runner)
     with _lock:
         loaded = _engines.get(key)
         if loaded is None:
             loaded = _engines[key] = _build(key[0], runner=runner, max_model_len=max_model_len,
-                                            reasoning_parser=reasoning_parser)
+                                            reasoning_parser=reasoning_parser,
+                                            limit_mm_per_prompt=limit_mm_per_prompt)
         return loaded
 
 
@@ -97,7 +100,8 @@ def feed_of(loaded: Loaded) -> EngineFeed:
 
 
 def engine_options(checkpoint: Path, *, runner: str, max_model_len: int, cpu: bool,
-                   reasoning_parser: str | None = None) -> dict[str, Any]:
+                   reasoning_parser: str | None = None,
+                   limit_mm_per_prompt: dict[str, int] | None = None) -> dict[str, Any]:
     """The vLLM engine constructor's arguments. On a GPU machine the worker's share of each
     GPU's memory and its tensor-parallel size come from the deployment (anex/roles.py,
     ANEX_GPU_MEMORY_FRACTION and ANEX_TENSOR_PARALLEL_SIZE)."""
@@ -119,6 +123,10 @@ def engine_options(checkpoint: Path, *, runner: str, max_model_len: int, cpu: bo
         options.update(gpu_memory_utilization=settings.ANEX_GPU_MEMORY_FRACTION,
                        tensor_parallel_size=settings.ANEX_TENSOR_PARALLEL_SIZE)
 
+    if limit_mm_per_prompt:
+        # The most media items of each kind one prompt holds: vLLM sizes its memory profile
+        # by them (its default would profile far more than a row may carry).
+        options["limit_mm_per_prompt"] = dict(limit_mm_per_prompt)
     if os.environ.get("ANEX_ENGINE_METRICS") == "1":
         # vLLM's own Prometheus metrics (queue, KV cache, preemptions, tokens), which a
         # worker's metrics port relays (anex/workermetrics.py); off, the offline default.
@@ -152,13 +160,15 @@ def cpu_flags(cpuinfo: Path | None = None) -> frozenset[str]:
 
 
 def _build(checkpoint: Path, *, runner: str, max_model_len: int,
-           reasoning_parser: str | None) -> Loaded:
+           reasoning_parser: str | None,
+           limit_mm_per_prompt: dict[str, int] | None = None) -> Loaded:
     cpu = _prepare_environment()
     from vllm import LLM
 
     started = time.monotonic()
     options = engine_options(checkpoint, runner=runner, max_model_len=max_model_len, cpu=cpu,
-                             reasoning_parser=reasoning_parser)
+                             reasoning_parser=reasoning_parser,
+                             limit_mm_per_prompt=limit_mm_per_prompt)
     # A build runs forward passes of its own (the memory profile) under vLLM's globals:
     # never beside another engine's step (forward.py).
     with _kernel_scan_safe(), FORWARD:
