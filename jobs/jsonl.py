@@ -11,14 +11,52 @@ such as "\\ud800" (not a character: no UTF-8 encodes it, and the tokenizer refus
 tests/unit/test_json_readers.py holds them to it. An OpenAI batch's create finds its model
 by a scan of each long line's body.model that never decodes it (jobs.jsonl_scan); on every
 valid line it reads what line_loads reads (tests/unit/test_jsonl_scan.py).
+
+And one rule for which lines are rows: a JSONL input's rows are its lines split at b"\n",
+and a blank line (nothing but ASCII whitespace) is no row (line_row). The checks, the
+estimate's layout of the rows (jobs.validation.layout), the run's reads and a re-run's
+(jobs.services.rows, jobs.services.rerun) all read lines through it.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Iterator
+from typing import IO, Any
 
 import orjson
+
+BOM = b"\xef\xbb\xbf"
+# What a blank line is made of, and what is stripped around a row: ASCII whitespace (what
+# bytes.strip() removes; a request line ending in \r\n loses its \r).
+SPACE = b" \t\n\r\x0b\x0c"
+
+
+def line_row(line: bytes, *, first: bool = False) -> bytes:
+    """The request a line of a JSONL input holds: the line without the whitespace around it
+    (its newline among it) and, on the file's first line, without the UTF-8 byte order mark.
+    Empty for a blank line, which is no row."""
+    text = line.strip(SPACE)
+    if first and text.startswith(BOM):
+        text = text[len(BOM):].strip(SPACE)
+    return text
+
+
+def range_rows(data: bytes, *, first: bool = False) -> list[bytes]:
+    """The rows of a byte range of whole lines of a JSONL input (`first`: the range starts
+    the file), each as line_row gives it."""
+    return [row for at, line in enumerate(data.split(b"\n"))
+            if (row := line_row(line, first=first and at == 0))]
+
+
+def input_rows(stream: IO[bytes]) -> Iterator[tuple[int, int, bytes]]:
+    """Each row of a JSONL input read from its first byte: its byte range [start, end) in
+    the file (its newline included) and its line as the file has it."""
+    position = 0
+    for number, line in enumerate(stream):
+        start, position = position, position + len(line)
+        if line_row(line, first=number == 0):
+            yield start, position, line
 
 
 def _no_constants(name: str) -> object:

@@ -25,7 +25,7 @@ from typing import IO
 
 import numpy as np
 
-from jobs.jsonl import line_loads
+from jobs.jsonl import BOM, line_loads, line_row
 
 # Lines up to this size are read whole by line_loads (a few MB of objects at most); past
 # it they are scanned.
@@ -37,7 +37,6 @@ BLOCK_BYTES = 256 * 1024
 MODEL_RAW_BYTES = 1024
 MODEL_LABEL_CHARS = 200
 
-_BOM = b"\xef\xbb\xbf"
 _QUOTE, _BACKSLASH, _COLON, _OPEN_OBJECT = 0x22, 0x5C, 0x3A, 0x7B
 # `{` and `[` differ from each other by 0x20 only, as do `}` and `]`: one OR folds each
 # pair onto one value.
@@ -106,9 +105,9 @@ class _Line:
     def feed(self, data: bytes) -> None:
         if not data:
             return
-        if self.number == 1 and self.size == 0 and data.startswith(_BOM):
-            data = data[len(_BOM):]
-            self.size += len(_BOM)
+        if self.number == 1 and self.size == 0 and data.startswith(BOM):
+            data = data[len(BOM):]
+            self.size += len(BOM)
         self.size += len(data)
         if self._kept is not None:
             self._kept.append(data)
@@ -126,7 +125,7 @@ class _Line:
         if self._scan is not None:
             return self._scan.model()
         assert self._kept is not None
-        line = b"".join(self._kept).strip()
+        line = line_row(b"".join(self._kept))  # the BOM was dropped as it was fed
         if not line:
             return None
         try:

@@ -6,6 +6,7 @@ import uuid
 from typing import Any
 
 from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.utils import timezone
 
@@ -383,6 +384,26 @@ class Chunk(models.Model):
 
     def __str__(self) -> str:
         return f"chunk {self.index} of job {self.job_id} ({self.status})"
+
+
+class ChunkPlan(models.Model):
+    """Where a JSONL job's chunks lie in its input, recorded by its estimate's read of the
+    input (jobs.validation.layout), so the start plans its chunks without reading the input
+    again (jobs.services.running.chunks_plan;
+    docs/dev/decisions/2026-12-06-one-read-of-the-input.md). A row of its own, apart from
+    the job's, which every chunk run loads: a large input's plan is thousands of offsets."""
+
+    job = models.OneToOneField(Job, primary_key=True, on_delete=models.CASCADE,
+                               related_name="chunk_plan")
+    # The chunk size it was planned at (ANEX_CHUNK_ROWS then): a start under another size
+    # plans by reading, as for a job estimated before plans were kept.
+    chunk_rows = models.PositiveIntegerField()
+    # The byte of the frozen input each chunk ends at (its last newline included), in
+    # order: the k-th chunk holds rows k * chunk_rows onward, from the end before it.
+    chunk_ends = ArrayField(models.PositiveBigIntegerField())
+
+    def __str__(self) -> str:
+        return f"chunk plan of job {self.job_id} ({len(self.chunk_ends)} chunks)"
 
 
 class IdempotencyRecord(models.Model):

@@ -27,6 +27,7 @@ from inference.catalog import CatalogModel, model_get
 from inference.checkpoints import checkpoints_build, checkpoints_dest_default
 from inference.engines import ChatEngine, DecisionEngine, EmbeddingEngine
 from inference.engines.media import MediaLimits
+from inference.kinds.embed import EmbedKind
 
 
 def catalog_model(model_id: str) -> CatalogModel:
@@ -86,3 +87,10 @@ def vl_engine(checkpoint_dirs: dict[str, Path]) -> ChatEngine:
 def audio_engine(checkpoint_dirs: dict[str, Path]) -> ChatEngine:
     """tiny-audio: sound (inference/checkpoints_media.py)."""
     return media_chat_engine("tiny-audio", checkpoint_dirs)
+
+
+@pytest.fixture(scope="session")
+def vl_embedding_engine(checkpoint_dirs: dict[str, Path]) -> EmbeddingEngine:
+    # Built as a worker builds it (the kind's engine_build: the catalog's media caps).
+    model = catalog_model("tiny-vl-embedding")
+    return EmbedKind().engine_build(model, checkpoint_dirs["tiny-vl-embedding"])

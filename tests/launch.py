@@ -51,7 +51,10 @@ def make_run_launched(root: Path, checkpoint_dirs: dict[str, Path]) -> Iterator[
             stderr=subprocess.STDOUT, start_new_session=True,
             env={**env, "ANEX_CHECKPOINTS": anex_checkpoints_value(checkpoint_dirs)})
     try:
-        deadline = time.monotonic() + 240
+        # patience, not a timing check: `make run` loads every local engine (text, media,
+        # embeddings) and starts a realtime server per realtime model; on a loaded 2-core
+        # machine that has taken past 4 minutes
+        deadline = time.monotonic() + 480
         while time.monotonic() < deadline and "anex is up" not in log.read_text():
             assert launcher.poll() is None, log.read_text()
             time.sleep(0.5)

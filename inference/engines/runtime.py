@@ -78,15 +78,19 @@ def _prepare_environment() -> bool:
 
 
 def llm_load(checkpoint: Path, *, runner: str, max_model_len: int,
-             reasoning_parser: str | None = None, media: MediaLimits | None = None) -> Loaded:
+             reasoning_parser: str | None = None, media: MediaLimits | None = None,
+             limit_mm_per_prompt: dict[str, int] | None = None) -> Loaded:
     """The process's engine for this checkpoint and runner ("generate" or "pooling"),
-    built on first use. The first caller's max_model_len (and media limits) size it."""
+    built on first use. The first caller's max_model_len (and media items per prompt, for
+    a model that reads media) sizes it: `media`, the catalog's limits, made vLLM's by what
+    the checkpoint's model reads itself (native_media), or `limit_mm_per_prompt` as it is."""
     key = (checkpoint.resolve(), runner)
     with _lock:
         loaded = _engines.get(key)
         if loaded is None:
             loaded = _engines[key] = _build(key[0], runner=runner, max_model_len=max_model_len,
-                                            reasoning_parser=reasoning_parser, media=media)
+                                            reasoning_parser=reasoning_parser, media=media,
+                                            limit_mm_per_prompt=limit_mm_per_prompt)
         return loaded
 
 
@@ -101,13 +105,11 @@ def feed_of(loaded: Loaded) -> EngineFeed:
 
 
 def engine_options(checkpoint: Path, *, runner: str, max_model_len: int, cpu: bool,
-                   reasoning_parser: str | None = None, media: MediaLimits | None = None,
-                   native: frozenset[str] = frozenset()) -> dict[str, Any]:
+                   reasoning_parser: str | None = None,
+                   limit_mm_per_prompt: dict[str, int] | None = None) -> dict[str, Any]:
     """The vLLM engine constructor's arguments. On a GPU machine the worker's share of each
     GPU's memory and its tensor-parallel size come from the deployment (anex/roles.py,
-    ANEX_GPU_MEMORY_FRACTION and ANEX_TENSOR_PARALLEL_SIZE). A model taking media is
-    limited to what one row brings (`media`, the catalog's), its clips as frames where its
-    model reads no video itself (`native`: what it reads)."""
+    ANEX_GPU_MEMORY_FRACTION and ANEX_TENSOR_PARALLEL_SIZE)."""
     from django.conf import settings
 
     options: dict[str, Any] = {
@@ -116,8 +118,6 @@ def engine_options(checkpoint: Path, *, runner: str, max_model_len: int, cpu: bo
         "max_model_len": max_model_len,
         "seed": 0,
     }
-    if media is not None:
-        options["limit_mm_per_prompt"] = media.per_prompt(native_video="video" in native)
     if cpu:
         options.update(gpu_memory_utilization=CPU_GPU_MEMORY_UTILIZATION, enforce_eager=True)
         if runner == "pooling" and not cpu_flags() & CPU_FLOAT16_FLAGS:
@@ -128,6 +128,10 @@ def engine_options(checkpoint: Path, *, runner: str, max_model_len: int, cpu: bo
         options.update(gpu_memory_utilization=settings.ANEX_GPU_MEMORY_FRACTION,
                        tensor_parallel_size=settings.ANEX_TENSOR_PARALLEL_SIZE)
 
+    if limit_mm_per_prompt:
+        # The most media items of each kind one prompt holds: vLLM sizes its memory profile
+        # by them (its default would profile far more than a row may carry).
+        options["limit_mm_per_prompt"] = dict(limit_mm_per_prompt)
     if os.environ.get("ANEX_ENGINE_METRICS") == "1":
         # vLLM's own Prometheus metrics (queue, KV cache, preemptions, tokens), which a
         # worker's metrics port relays (anex/workermetrics.py); off, the offline default.
@@ -161,14 +165,20 @@ def cpu_flags(cpuinfo: Path | None = None) -> frozenset[str]:
 
 
 def _build(checkpoint: Path, *, runner: str, max_model_len: int,
-           reasoning_parser: str | None, media: MediaLimits | None) -> Loaded:
+           reasoning_parser: str | None, media: MediaLimits | None = None,
+           limit_mm_per_prompt: dict[str, int] | None = None) -> Loaded:
     cpu = _prepare_environment()
     from vllm import LLM
 
     started = time.monotonic()
-    native = native_media(checkpoint) if media is not None else frozenset()
+    native: frozenset[str] = frozenset()
+    if media is not None:
+        # A clip reaches a model that reads no video as its frames, each a picture.
+        native = native_media(checkpoint)
+        limit_mm_per_prompt = media.per_prompt(native_video="video" in native)
     options = engine_options(checkpoint, runner=runner, max_model_len=max_model_len, cpu=cpu,
-                             reasoning_parser=reasoning_parser, media=media, native=native)
+                             reasoning_parser=reasoning_parser,
+                             limit_mm_per_prompt=limit_mm_per_prompt)
     # A build runs forward passes of its own (the memory profile) under vLLM's globals:
     # never beside another engine's step (forward.py).
     with _kernel_scan_safe(), FORWARD:

@@ -117,10 +117,11 @@ class ChatOutcome:
 @dataclass(frozen=True)
 class EmbedRow:
     """One /v1/embeddings row: the text, verbatim, and the row's dimensions (None: native).
-    A row's input that is not a string (content parts) reaches the engine as it is, and the
-    engine refuses it."""
+    A VL model's media row is its list of content parts as the customer sent them, each
+    media part with its decoded media under inference.engines.media.DECODED_KEY; an engine
+    serving a model for text refuses a list."""
 
-    text: str
+    text: str | list[dict[str, Any]]
     dimensions: int | None = None
 
 

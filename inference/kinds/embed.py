@@ -7,13 +7,14 @@ and what a checked row becomes when it is served.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from inference.constants import RowOutcome
 from inference.engines import EmbedOutcome, EmbedRow, RowError
-from inference.engines.embeddings import EmbeddingEngine
+from inference.engines.embeddings import EmbeddingEngine, MediaCaps
 from inference.kinds.base import (
     GENERATION_FIELDS,
     ParquetReading,
@@ -27,7 +28,15 @@ from inference.kinds.base import (
 )
 from inference.kinds.media import PartPath
 from inference.pricing import usd, usd_per_million
-from inference.rows.core import EMBEDDINGS, InputRejected, JobContext, JobOptions, RowCost, RowRef
+from inference.rows.core import (
+    EMBEDDINGS,
+    INLINE_ITEMS_PER_ROW,
+    InputRejected,
+    JobContext,
+    JobOptions,
+    RowCost,
+    RowRef,
+)
 from inference.rows.embeddings import END_OF_TEXT_TOKENS, embedding_input, embedding_row
 from inference.rows.media import MODALITY_OF
 from inference.tokens import token_counter
@@ -46,6 +55,25 @@ INPUT = "input"  # a parquet input's content column
 REALTIME_MAX_INPUTS = 128
 REALTIME_MAX_INPUT_CHARS = 262_144
 REALTIME_MAX_TOTAL_CHARS = 2_097_152
+
+
+def media_caps(model: CatalogModel) -> MediaCaps | None:
+    """The most media a row on this model carries, as the row checks cap it: the
+    reference's pictures and clips per row, and a clip's frames at the fastest rate a job
+    may sample (the model's fixed or highest video_fps) over its longest clip, never more
+    than fit the context. None for a text model."""
+    if not {"image", "video"} & set(model.modalities):
+        return None
+    media = model.media
+    frames = 0
+    if "video" in model.modalities and media.video_frame_tokens:
+        frames = model.context_tokens // media.video_frame_tokens
+        fps = media.video_fps_max or media.video_fps_default
+        if media.video_max_seconds and fps:
+            frames = min(frames, math.ceil(media.video_max_seconds * fps) + 1)
+    return MediaCaps(
+        images=INLINE_ITEMS_PER_ROW["image"] if "image" in model.modalities else 0,
+        clips=INLINE_ITEMS_PER_ROW["video"] if frames else 0, frames=frames)
 
 
 @runtime_checkable
@@ -141,8 +169,8 @@ class EmbedKind(TaskKind[EmbedRow, EmbedOutcome, EmbedRunner]):
         return EmbeddingEngine(model_id=model.id, checkpoint=checkpoint,
                                context_tokens=model.context_tokens,
                                dimensions_native=model.dimensions_native,
-                               dimensions_min=model.dimensions_min)
-
+                               dimensions_min=model.dimensions_min,
+                               media=media_caps(model))
 
     def media_paths(self, body: dict[str, Any]) -> list[PartPath]:
         parts = body.get("input")

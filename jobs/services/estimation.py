@@ -1,6 +1,10 @@
 """Estimating: every row checked, input tokens counted exactly, and (when the output length
 is known) the job priced and moved to cost_ready.
 
+That read is the one whole read of the input before its rows run: as the checks read a
+JSONL input they record where its chunks end and which rows a sample runs
+(jobs.validation.layout), kept for the start (ChunkPlan) and the sample (Job.sample_rows).
+
 Runs in the job_estimate_task actor. Embedding and decision jobs, and chat jobs with an
 explicit max_output_tokens (and, on a reasoning model, a reasoning_budget or thinking off),
 are priced here from exact counts. Other chat jobs enter the sampling wait, rows checked
@@ -17,6 +21,8 @@ import tempfile
 import uuid
 from dataclasses import dataclass
 
+from django.conf import settings
+
 from anex.net import FetchError, fetch
 from inference.catalog import CatalogModel, model_get
 from inference.constants import InputFormat
@@ -27,7 +33,7 @@ from inference.tokens import token_counter, uncounted
 from inference.warmth import startup_seconds
 from jobs.constants import INPUT_ERRORS_MAX, FailureCode, JobStatus
 from jobs.failures import claimed_work
-from jobs.models import Input, Job
+from jobs.models import ChunkPlan, Input, Job
 from jobs.services.inputs import INPUT_CHANGED
 from jobs.services.lifecycle import (
     WORKER,
@@ -36,9 +42,10 @@ from jobs.services.lifecycle import (
     job_lease_claim,
     job_transition,
 )
-from jobs.services.sampling import sample_enqueue
+from jobs.services.sampling import SAMPLE_ROWS, sample_enqueue
 from jobs.storage import StorageChanged, storage_for
 from jobs.validation import RowError, RowErrors, validate_jsonl, validate_parquet
+from jobs.validation.layout import RowLayout
 
 logger = logging.getLogger(__name__)
 
@@ -89,21 +96,24 @@ class InputChecked:
     counted: bool
 
 
-def input_check(*, item: Input, options: JobOptions,
-                errors: RowErrors | None = None) -> InputChecked:
+def input_check(*, item: Input, options: JobOptions, errors: RowErrors | None = None,
+                layout: RowLayout | None = None) -> InputChecked:
     """The one driver of a job's estimate and of a preflight check: every row check runs,
     tokenizer or not, so a row that breaks a rule is refused with its own reason and only
     a file whose rows pass can fail for want of a price (CANNOT_PRICE)."""
     count_tokens = token_counter(options.model)
     report = input_validate(item=item, options=options,
-                            count_tokens=count_tokens or uncounted, errors=errors)
+                            count_tokens=count_tokens or uncounted, errors=errors,
+                            layout=layout)
     return InputChecked(report=report, counted=count_tokens is not None)
 
 
 def input_validate(*, item: Input, options: JobOptions, count_tokens: CountTokens,
-                   errors: RowErrors | None = None) -> FileReport:
+                   errors: RowErrors | None = None,
+                   layout: RowLayout | None = None) -> FileReport:
     """Every row of the input checked against a job's options and counted: a job's
-    estimate, and (collecting every failing row in `errors`) a preflight check."""
+    estimate, and (collecting every failing row in `errors`) a preflight check. A JSONL
+    input's `layout` records where its rows lie as they are read (a job's estimate)."""
     storage = storage_for(item.data_residency)
     probe = functools.partial(media_content_type, organization_id=item.organization_id)
     # Pinned to the bytes the input froze on: a swapped file raises StorageChanged.
@@ -111,7 +121,8 @@ def input_validate(*, item: Input, options: JobOptions, count_tokens: CountToken
         if item.format == InputFormat.JSONL:
             return validate_jsonl(stream, options,  # type: ignore[arg-type]
                                   count_tokens=count_tokens,
-                                  probe_content_type=probe, errors=errors)
+                                  probe_content_type=probe, errors=errors,
+                                  layout=layout)
         # Parquet is read by row group, which needs a seekable file: spool it to disk.
         with tempfile.TemporaryFile() as local:
             shutil.copyfileobj(stream, local, 1024 * 1024)
@@ -161,8 +172,13 @@ def _estimate(job: Job) -> JobStatus | None:
     # A job that collects its failing rows reads on past the first (a preflight check's
     # mode) and fails on the first, every one kept in input_errors.
     errors = RowErrors(INPUT_ERRORS_MAX) if job.collect_row_errors else None
+    # Where a JSONL input's rows lie, recorded as the checks read it: the start plans its
+    # chunks and the sample reads its rows from it, never reading the whole input again.
+    layout = RowLayout(chunk_rows=settings.ANEX_CHUNK_ROWS, sample_rows=SAMPLE_ROWS) \
+        if job.format == InputFormat.JSONL else None
     try:
-        checked = input_check(item=job.input, options=job.options(), errors=errors)
+        checked = input_check(item=job.input, options=job.options(), errors=errors,
+                              layout=layout)
         if errors is not None and errors.count:
             return _failed(job, errors.items[0].reason, errors=errors.items)
         if not checked.counted:
@@ -175,11 +191,16 @@ def _estimate(job: Job) -> JobStatus | None:
                        if job.collect_row_errors else None)
     except StorageChanged:
         return _failed(job, INPUT_CHANGED)
+    laid = layout.finish(report.rows) if layout is not None else None
+    if laid is not None:
+        ChunkPlan.objects.update_or_create(job=job, defaults={
+            "chunk_rows": laid.chunk_rows, "chunk_ends": laid.chunk_ends})
     if not fields:
         # Checked and counted; the sampled estimate takes it from here, on a worker that
         # serves the model, under a lease of its own and within the organization's hourly
         # allowance of sampled tokens.
-        return sample_enqueue(job=job, model=model, rows=report.rows, usage=report.usage)
+        return sample_enqueue(job=job, model=model, rows=report.rows, usage=report.usage,
+                              picks=laid.picks if laid is not None else None)
     return job_cost_ready(job=job, estimate={"row_count": report.rows, **fields})
 
 

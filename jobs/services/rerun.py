@@ -36,6 +36,7 @@ from console.actors import Actor
 from inference.constants import InputFormat, RowOutcome
 from jobs import dispatch
 from jobs.constants import TERMINAL_STATUSES, ChunkStatus, FailureCode, InputStatus, JobStatus
+from jobs.jsonl import BOM, input_rows
 from jobs.models import Input, Job
 from jobs.results import records, records_costed, rows_write
 from jobs.services.data import DELETED, RESULT_LINK_SECONDS, job_result_link
@@ -68,24 +69,20 @@ def _picked(job: Job, include: list[str]) -> Iterator[int]:
 
 def _jsonl_lines(job: Job, include: list[str]) -> Iterator[bytes]:
     """The picked rows' request lines, as the input has them. Rows are counted as the run
-    planned them (jobs.services.running.chunks_plan: every non-blank line is a row)."""
+    counts them (jobs.jsonl.input_rows: a blank line is no row)."""
     assert job.input is not None
     picked = _picked(job, include)
     wanted = next(picked, None)
-    index = 0
     with storage_for(job.data_residency).open(job.input.object_key,
                                               pin=job.input.content_pin) as stream:
-        for line in stream:
+        for index, (_start, _end, line) in enumerate(input_rows(stream)):
             if wanted is None:
                 break
-            if not line.strip():
-                continue
             if index == wanted:
                 if index == 0:
-                    line = line.removeprefix(b"\xef\xbb\xbf")
+                    line = line.removeprefix(BOM)
                 yield line if line.endswith(b"\n") else line + b"\n"
                 wanted = next(picked, None)
-            index += 1
 
 
 def _parquet_bytes(job: Job, include: list[str]) -> Iterator[bytes]:

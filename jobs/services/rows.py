@@ -17,7 +17,7 @@ from inference.constants import InputFormat
 from inference.kinds import ServedRow, kind_named
 from inference.kinds.base import InputRow
 from jobs.constants import TERMINAL_STATUSES
-from jobs.jsonl import line_loads
+from jobs.jsonl import line_loads, line_row, range_rows
 from jobs.models import Chunk, Job
 from jobs.storage import LocalRegionStorage, storage_for
 from jobs.validation.parquet import parquet_columns, parquet_open, parquet_rows
@@ -118,19 +118,20 @@ def rows_read(job: Job, chunk: Chunk) -> list[InputRow]:
         data = storage_for(job.data_residency).read_range(
             job.input.object_key, chunk.byte_start, chunk.byte_end,
             pin=job.input.content_pin)  # the frozen bytes, or StorageChanged
-        lines = [line for line in data.splitlines() if line.strip()]
+        lines = range_rows(data, first=chunk.byte_start == 0)
         return [_jsonl_row(chunk.first_row + offset, line) for offset, line in enumerate(lines)]
     return _parquet_read(job, [(chunk.first_row, chunk.row_count)])
 
 
 def rows_at(job: Job, picks: list[list[int]]) -> list[InputRow]:
-    """The rows `picks` names (jobs.services.sampling.sample_pick: a JSONL row's index and
-    byte range, a parquet row's index), each read alone, in the order given."""
+    """The rows `picks` names (Job.sample_rows: a JSONL row's index and byte range, a
+    parquet row's index), each read alone, in the order given."""
     assert job.input is not None
     if job.format == InputFormat.JSONL:
         storage = storage_for(job.data_residency)
-        return [_jsonl_row(index, storage.read_range(job.input.object_key, start, end,
-                                                     pin=job.input.content_pin).strip())
+        return [_jsonl_row(index, line_row(storage.read_range(
+                    job.input.object_key, start, end, pin=job.input.content_pin),
+                    first=start == 0))
                 for index, start, end in picks]
     return _parquet_read(job, [(index, 1) for index, *_ in picks])
 

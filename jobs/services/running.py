@@ -42,8 +42,8 @@ from jobs.failures import (
     failure_class,
     failure_note,
 )
-from jobs.jsonl import line_dumps
-from jobs.models import Chunk, Job
+from jobs.jsonl import line_dumps, line_row
+from jobs.models import Chunk, ChunkPlan, Job
 from jobs.results import chunk_key, result_write
 from jobs.services.chunks import (
     IN_FLIGHT,
@@ -112,47 +112,58 @@ SETTLE_RETRY_SECONDS = (0.5, 1.0, 2.0, 4.0, 8.0, 8.0)
 
 
 def chunks_plan(job: Job) -> list[Chunk]:
-    """Split the input into chunks of ANEX_CHUNK_ROWS rows (JSONL: by byte ranges, read
-    once here as a stream; parquet: by row index)."""
+    """Split the input into chunks of ANEX_CHUNK_ROWS rows: a parquet input's by row index;
+    a JSONL input's by byte ranges, from the plan its estimate recorded as the checks read
+    the input (ChunkPlan), or, for a job with none at this chunk size (estimated before
+    plans were kept, or under another size), read once here as a stream."""
     assert job.input is not None
     size = settings.ANEX_CHUNK_ROWS
-    chunks: list[Chunk] = []
+    total = job.row_count or 0
     if job.format == InputFormat.PARQUET:
-        total = job.row_count or 0
-        for index, first in enumerate(range(0, total, size)):
-            chunks.append(Chunk(job=job, index=index, first_row=first,
-                                row_count=min(size, total - first)))
-        return chunks
-    position = start = 0
-    rows = first = 0
-    # Read pinned to the bytes the input froze on (StorageChanged when it was swapped).
+        return [Chunk(job=job, index=index, first_row=first, row_count=min(size, total - first))
+                for index, first in enumerate(range(0, total, size))]
+    plan = ChunkPlan.objects.filter(job=job, chunk_rows=size).first()
+    if plan is not None and len(plan.chunk_ends) == -(-total // size):
+        return _chunks_at(job, size, total, plan.chunk_ends)
+    ends: list[int] = []
+    position = rows = 0
+    # Read pinned to the bytes the input froze on (StorageChanged when it was swapped);
+    # rows counted as the checks count them (jobs.jsonl).
     with storage_for(job.data_residency).open(job.input.object_key,
                                               pin=job.input.content_pin) as stream:
-        for line in stream:
+        for number, line in enumerate(stream):
             position += len(line)
-            if not line.strip():
-                continue
-            rows += 1
-            if rows - first == size:
-                chunks.append(Chunk(job=job, index=len(chunks), first_row=first,
-                                    row_count=size, byte_start=start, byte_end=position))
-                start, first = position, rows
-    if rows > first:
-        chunks.append(Chunk(job=job, index=len(chunks), first_row=first,
-                            row_count=rows - first, byte_start=start, byte_end=position))
-    return chunks
+            if line_row(line, first=number == 0):
+                rows += 1
+                if rows % size == 0:
+                    ends.append(position)
+    if rows % size:
+        ends.append(position)  # the last chunk runs to the file's end
+    return _chunks_at(job, size, rows, ends)
+
+
+def _chunks_at(job: Job, size: int, rows: int, ends: list[int]) -> list[Chunk]:
+    """The chunks of `rows` rows, `size` at a time, the k-th ending at byte ends[k]."""
+    return [Chunk(job=job, index=index, first_row=index * size,
+                  row_count=min(size, rows - index * size),
+                  byte_start=ends[index - 1] if index else 0, byte_end=end)
+            for index, end in enumerate(ends)]
 
 
 def _input_unchanged(job: Job, planned: list[Chunk]) -> bool:
-    """Whether the rows about to run are the ones estimated: the same count, read from the
-    frozen bytes (a parquet input's are checked whole here; a JSONL input's were, by the
-    planning read)."""
+    """Whether the rows about to run are the ones estimated: the same count, from the
+    frozen bytes. A parquet input's are checked whole here. A JSONL input's are checked
+    against its pin as every range read of the run checks them (S3 compares the version or
+    ETag; the local store the size and mtime), without reading it again."""
     assert job.input is not None
     if job.row_count is not None and sum(c.row_count for c in planned) != job.row_count:
         return False
-    if job.format == InputFormat.PARQUET and job.input.content_pin:
-        storage_for(job.data_residency).verify(job.input.object_key,
-                                               pin=job.input.content_pin)
+    if job.input.content_pin:
+        storage = storage_for(job.data_residency)
+        if job.format == InputFormat.PARQUET:
+            storage.verify(job.input.object_key, pin=job.input.content_pin)
+        else:
+            storage.read_range(job.input.object_key, 0, 1, pin=job.input.content_pin)
     return True
 
 

@@ -58,6 +58,7 @@ from jobs.failures import (
     breaker_for,
     failure_class,
 )
+from jobs.jsonl import input_rows
 from jobs.models import Job
 from jobs.services.lifecycle import (
     WORKER,
@@ -150,16 +151,18 @@ def sample_reservation(*, job: Job, model: CatalogModel, rows: int, input_tokens
     return min(rows, SAMPLE_ROWS) * min(per_row, context)
 
 
-def sample_enqueue(*, job: Job, model: CatalogModel, rows: int,
-                   usage: Usage) -> JobStatus:
+def sample_enqueue(*, job: Job, model: CatalogModel, rows: int, usage: Usage,
+                   picks: list[list[int]] | None = None) -> JobStatus:
     """A job whose rows are checked and counted enters the sampling wait (estimating, as
     the customer sees it): the counts kept (the sample prices media from est_usage), the
-    sample's worst case reserved against the hourly allowance, and the sample queued.
-    With the allowance spent, it fails unbilled instead, saying how to skip the sample:
-    nothing reaches a worker."""
+    sampled rows kept (`picks`, recorded where the checks read a JSONL input; else
+    sample_pick), the sample's worst case reserved against the hourly allowance, and the
+    sample queued. With the allowance spent, it fails unbilled instead, saying how to skip
+    the sample: nothing reaches a worker."""
     reserved = sample_reservation(job=job, model=model, rows=rows,
                                   input_tokens=usage.input_tokens + usage.media_tokens)
-    picks = sample_pick(job, rows=rows)
+    if picks is None:
+        picks = sample_pick(job, rows=rows)
     with transaction.atomic():
         # Counted and reserved under the organization lock (then the job's, in
         # job_transition): concurrent estimates of one organization cannot all see the
@@ -216,26 +219,20 @@ class EstimateFailed(Exception):
 def sample_pick(job: Job, *, rows: int) -> list[list[int]]:
     """A uniform random sample of the job's `rows` rows (all of them when the file is
     small), as Job.sample_rows keeps it: each row's index and, for JSONL, its byte range.
-    Run where the input is read while estimating (a CPU worker), so the sample's GPU worker
-    reads those rows alone rather than the whole input again."""
+    A parquet input's rows are picked by index, unread. A JSONL input's are recorded where
+    the estimate's checks read it (jobs.validation.layout); this reads it whole only for a
+    job whose estimate kept no picks (one queued before they were kept)."""
     wanted = set(range(rows)) if rows <= SAMPLE_ROWS \
         else set(random.sample(range(rows), SAMPLE_ROWS))
     assert job.input is not None
     if job.format == InputFormat.PARQUET:  # read by row index: no offsets to keep
         return [[index] for index in sorted(wanted)]
-    picks: list[list[int]] = []
-    position = index = 0
-    # Row numbering as chunks_plan's: blank lines are no rows. Pinned to the frozen bytes.
+    # Pinned to the frozen bytes; rows counted as the run counts them (jobs.jsonl).
     with storage_for(job.data_residency).open(job.input.object_key,
                                               pin=job.input.content_pin) as stream:
-        for line in stream:
-            start, position = position, position + len(line)
-            if not line.strip():
-                continue
-            if index in wanted:
-                picks.append([index, start, position])
-            index += 1
-    return picks
+        return [[index, start, end]
+                for index, (start, end, _line) in enumerate(input_rows(stream))
+                if index in wanted]
 
 
 def _sample_rows(job: Job) -> tuple[list[InputRow], bool]:

@@ -32,11 +32,11 @@ from inference.rows.core import (
     listing,
     thousands,
 )
-from jobs.jsonl import line_loads
+from jobs.jsonl import BOM, line_loads, line_row
 from jobs.validation.core import CountBatch, FileContext, RowError, RowErrors, Tally
 from jobs.validation.ids import IdSet
+from jobs.validation.layout import RowLayout
 
-_BOM = b"\xef\xbb\xbf"
 # The codes OpenAI's batch validation gives these rules (RowRejected.code).
 INVALID_JSON = "invalid_json_line"
 URL_MISMATCH = "url_mismatch"
@@ -48,14 +48,16 @@ _READ_BYTES = 256 * 1024
 
 def validate_jsonl(stream: BinaryIO, options: JobOptions, *, count_tokens: CountTokens,
                    probe_content_type: ProbeContentType | None = None,
-                   errors: RowErrors | None = None) -> FileReport:
+                   errors: RowErrors | None = None,
+                   layout: RowLayout | None = None) -> FileReport:
     """Check every line of a JSONL input against the job, and count what it consumes.
 
     Raises RowRejected (naming the row or line) at the first violation, InputRejected for a
     file with no rows. `count_tokens` is the model's tokenizer; `probe_content_type` answers
     a HEAD request's Content-Type (None when the host did not answer). With `errors` (a
     preflight check), each violation is recorded there instead and the read goes on: the
-    report then counts the rows that passed.
+    report then counts the rows that passed. With `layout` (a job's estimate), where the
+    rows lie is recorded there as the blocks are read (jobs.validation.layout).
 
     The file is read a block of whole lines at a time. A block goes through its kind's
     fast lane (inference/rows/fast.py: typed decoding of every line at once, checks and
@@ -74,9 +76,11 @@ def validate_jsonl(stream: BinaryIO, options: JobOptions, *, count_tokens: Count
     try:
         for number, lines, chunk in chunks_bounded(stream, job.line_max_bytes,
                                                    skip_long=errors is not None):
+            if layout is not None:
+                layout.block(number, lines, chunk)
             prepared = None
             if fast is not None and chunk is not None and not (
-                    number == 1 and chunk.startswith(_BOM)):
+                    number == 1 and chunk.startswith(BOM)):
                 prepared = fast.prepare(chunk, lines)
             check.settle_waiting()
             if chunk is None:  # collect mode: an over-long line, skipped unread
@@ -169,9 +173,7 @@ class _LineCheck:
 
     def _parsed(self, raw: bytes, number: int) -> tuple[bytes, object]:
         """The line stripped, and its request, or the RowRejected its JSON earns."""
-        line = raw.strip()
-        if number == 1 and line.startswith(_BOM):
-            line = line[len(_BOM):].strip()
+        line = line_row(raw, first=number == 1)
         if not line:
             return line, None
         try:

@@ -1,10 +1,10 @@
 """Issue 22, L6: sign-up must not tell an address that has an account from one that has
 none. allauth answers both alike (enumeration prevention), but only a new account's
-password was hashed: the attack times the two answers, and here they cost the same."""
+password was hashed: the attack times the two answers, and here they cost the same. The
+cost is counted in hashings, never timed (timings on a shared machine prove nothing)."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any
 
@@ -20,12 +20,11 @@ PASSWORD = "correct horse battery staple 42"
 PBKDF2 = "django.contrib.auth.hashers.PBKDF2PasswordHasher"
 
 
-def sign_up(email: str) -> tuple[int, float]:
-    """One sign-up from a fresh client: its status and how long it took."""
-    started = time.perf_counter()
+def sign_up(email: str) -> int:
+    """One sign-up from a fresh client: its status."""
     response = Client().post("/accounts/signup/", {
         "email": email, "password1": PASSWORD, "password2": PASSWORD})
-    return response.status_code, time.perf_counter() - started
+    return response.status_code
 
 
 def test_a_taken_address_costs_a_sign_up_the_same_password_hashing(
@@ -42,21 +41,14 @@ def test_a_taken_address_costs_a_sign_up_the_same_password_hashing(
 
     monkeypatch.setattr(hashers.PBKDF2PasswordHasher, "encode", counted)
     taken = user_make(email=f"taken-{uuid.uuid4().hex[:8]}@example.com")
-    one_hash = min(_timed(lambda: hashers.make_password(PASSWORD)) for _ in range(3))
     hashed.clear()
     # when both a new and a taken address sign up
-    new_status, _ = sign_up(f"new-{uuid.uuid4().hex[:8]}@example.com")
+    new_status = sign_up(f"new-{uuid.uuid4().hex[:8]}@example.com")
     new_hashes = len(hashed)
-    taken_status, taken_took = sign_up(taken.email)
+    taken_status = sign_up(taken.email)
     # then both are answered alike, each after one hashing of the password
     assert new_status == taken_status == 302
     assert new_hashes == 1 and len(hashed) == 2
-    assert taken_took >= 0.5 * one_hash
     # and no account was made for the taken address
     assert User.objects.filter(email=taken.email).count() == 1
 
-
-def _timed(work: Any) -> float:
-    started = time.perf_counter()
-    work()
-    return time.perf_counter() - started

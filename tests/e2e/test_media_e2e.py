@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 import time
 from decimal import Decimal
 from typing import Any
@@ -24,7 +26,7 @@ import requests
 from inference.catalog import CatalogModel, model_get
 from inference.rows.durations import clip_header_read
 from tests.engine_fixtures import checkpoint_dirs  # noqa: F401
-from tests.launch import Running
+from tests.launch import ROOT, Running
 from tests.media import clip, data_uri, noise_picture, picture, tone
 
 pytestmark = pytest.mark.timeout(900)
@@ -78,7 +80,22 @@ class Api:
         assert approved.status_code == 200, approved.text
         done = self.poll(job["id"], "in_progress", "finalizing")
         assert done["status"] == "done", (done, self.running.log.read_text()[-4000:])
-        return done
+        return {**done, "cost_cents": self.charge_cents(job["id"])}
+
+    def charge_cents(self, job_id: str) -> int:
+        """The job's charge, which the batch API does not show: read from the running
+        `make run`'s own database, through `devstack exec` on its run directory (as `make
+        manage` reaches it)."""
+        script = ("from jobs.models import Job; "
+                  f"print('cost_cents', Job.objects.get(pk='{job_id}').cost_cents)")
+        env = {**self.running.env, "ANEX_RUN_DIR": str(self.running.run_dir)}
+        shell = subprocess.run(
+            [sys.executable, "-m", "anex.devstack", "exec", "--", sys.executable, "manage.py",
+             "shell", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+            timeout=120, check=True)
+        # The launcher says what it does on the same stdout: the one line printed here.
+        [line] = [line for line in shell.stdout.splitlines() if line.startswith("cost_cents ")]
+        return int(line.split()[1])
 
     def poll(self, job_id: str, *waiting: str) -> dict[str, Any]:
         deadline = time.monotonic() + 600

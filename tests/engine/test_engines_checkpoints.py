@@ -131,11 +131,12 @@ def test_the_command_prints_the_directories_as_json(checkpoint_dirs: dict[str, P
     served = dict(item.split("=") for item in printed["ANEX_CHECKPOINTS"].split(";"))
     assert served == {"tiny-qwen3": str(checkpoint_dirs["tiny-qwen3"]),
                       "laya": str(checkpoint_dirs["tiny-qwen3"]),
-                      "all-minilm-l6-v2": str(checkpoint_dirs["minilm"])}
+                      "all-minilm-l6-v2": str(checkpoint_dirs["minilm"]),
+                      "tiny-vl-embedding": str(checkpoint_dirs["tiny-vl-embedding"])}
 
 
 def test_the_local_models_are_in_the_catalog_marked_local() -> None:
-    assert set(local_models()) == {"tiny-qwen3", "all-minilm-l6-v2"}
+    assert set(local_models()) == {"tiny-qwen3", "all-minilm-l6-v2", "tiny-vl-embedding"}
     assert not set(local_models()) & set(catalog())  # the public list stays the reference's
     chat, embed = model_get("tiny-qwen3"), model_get("all-minilm-l6-v2")
     assert chat is not None and chat.local and isinstance(kind_for(chat), ChatKind)
@@ -144,6 +145,53 @@ def test_the_local_models_are_in_the_catalog_marked_local() -> None:
     assert chat.price.input_per_mtok > 0 and chat.price.output_per_mtok > 0
     assert embed is not None and embed.local and isinstance(kind_for(embed), EmbedKind)
     assert (embed.dimensions_native, embed.dimensions_min) == (384, 32)
+
+
+def test_tiny_vl_embedding_is_idefics3_on_tiny_qwen3s_tokenizer_plus_its_image_tokens(
+        checkpoint_dirs: dict[str, Path]) -> None:
+    from inference.checkpoints_embedding_media import IMAGE_PROMPT_TOKENS, IMAGE_TOKENS
+
+    directory = checkpoint_dirs["tiny-vl-embedding"]
+    config = json.loads((directory / "config.json").read_text())
+    assert config["model_type"] == "idefics3"
+    vl = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    text = Tokenizer.from_file(str(checkpoint_dirs["tiny-qwen3"] / "tokenizer.json"))
+    sample = "Say hello in French. <|im_start|>user\n"
+    assert vl.encode(sample).ids == text.encode(sample).ids  # the same text tokens
+    for token in IMAGE_TOKENS:
+        assert len(vl.encode(token, add_special_tokens=False).ids) == 1, token
+    assert config["text_config"]["vocab_size"] == vl.get_vocab_size()
+    # What the catalog bills a picture is what the checkpoint reads of one.
+    model = model_get("tiny-vl-embedding")
+    assert model is not None and model.local and isinstance(kind_for(model), EmbedKind)
+    assert model.media.image_tokens == model.media.video_frame_tokens == IMAGE_PROMPT_TOKENS
+    assert model.dimensions_native == config["text_config"]["hidden_size"]
+    assert model.price.realtime_input_per_mtok is not None  # served in realtime for text
+    # Last-token pooling, as its sentence-transformers files declare to vLLM.
+    pooling = json.loads((directory / "1_Pooling" / "config.json").read_text())
+    assert pooling["pooling_mode_lasttoken"] is True
+
+
+def test_a_tiny_qwen3_vl_builds_here_within_the_devices_carry(
+        tmp_path: Path, checkpoint_dirs: dict[str, Path]) -> None:
+    # For the GPU check (bench/gpu_media.py): the model classes and the image processor
+    # build without torchvision; the whole carry is 64 MiB.
+    from transformers import AutoConfig
+
+    from inference.checkpoints_qwen3_vl import VISION_TOKENS, tiny_qwen3_vl_write
+
+    tiny_qwen3_vl_write(tmp_path, tokenizer_from=checkpoint_dirs["tiny-qwen3"])
+    config = AutoConfig.from_pretrained(str(tmp_path))
+    assert config.model_type == "qwen3_vl"
+    tokenizer = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    ids = {token: tokenizer.token_to_id(token) for token in VISION_TOKENS}
+    assert (config.image_token_id, config.video_token_id) == (
+        ids["<|image_pad|>"], ids["<|video_pad|>"])
+    for name in ("preprocessor_config.json", "video_preprocessor_config.json",
+                 "model.safetensors"):
+        assert (tmp_path / name).is_file(), name
+    size = sum(path.stat().st_size for path in tmp_path.rglob("*") if path.is_file())
+    assert size < 16 * 1024 * 1024, size
 
 
 def test_the_estimator_counts_with_the_local_checkpoints(

@@ -1,6 +1,6 @@
-"""Build the embedded default's local checkpoints (tiny-qwen3, all-MiniLM-L6-v2) under
---dest (default: $ANEX_RUN_DIR/checkpoints, else .run/checkpoints), offline and idempotent.
-Prints {"directories": {name: dir}, "ANEX_CHECKPOINTS": value} as JSON."""
+"""Build the embedded default's local checkpoints (tiny-qwen3, all-MiniLM-L6-v2,
+tiny-vl-embedding) under --dest (default: $ANEX_RUN_DIR/checkpoints, else .run/checkpoints),
+offline and idempotent. Prints {"directories": {name: dir}, "ANEX_CHECKPOINTS": value} as JSON."""
 
 from __future__ import annotations
 
