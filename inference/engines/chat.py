@@ -13,6 +13,16 @@ the worker's other chunks. A row the engine refuses fails alone:
 - its response_format cannot be compiled into a grammar (vLLM refuses it as the request is
   added): that request alone is refused, every other row still runs.
 
+Media rows (issue 41; docs/dev/decisions/2026-12-06-media-checkpoints-and-frames-as-images.md):
+a row's media parts arrive decoded by the worker (inference.engines.media, never a URL). Each
+is rendered by the same template as the part transformers' multimodal templates print their
+placeholder for ({"type": "image"}, "audio", "video"), so the placeholder is scaffolding and a
+message's own "<image>" stays text; vLLM gets the ids and the decoded values beside them
+(multi_modal_data), and its processor expands each placeholder into the model's media
+tokens. A clip on a model that reads no video itself goes as its sampled frames, one picture
+each. What the media took (ChatOutcome.media_tokens) is the expanded prompt less the same
+messages' prompt without them.
+
 Thinking (output-format.txt): the checkpoint's template opens the trace of a thinking row
 (Qwen3's `<think>`, read off the template's own text, never off a message), so everything
 generated until `</think>` is reasoning and goes to `reasoning`; what follows is `content`.
