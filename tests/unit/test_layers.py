@@ -35,7 +35,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                      "inference.warmth")),
     ("row rules and engines", ("inference.rows", "inference.rows.*", "inference.engines",
                                "inference.engines.*", "inference.corpus",
-                               "inference.checkpoints",
+                               "inference.checkpoints", "inference.checkpoints_media",
                                "inference.checkpoints_embedding_media",
                                "inference.checkpoints_qwen3_vl")),
     ("task kinds", ("inference.kinds", "inference.kinds.*")),

@@ -6,16 +6,16 @@ from __future__ import annotations
 from decimal import Decimal
 from pathlib import Path
 
-from inference.catalog import CatalogModel, catalog
+from inference.catalog import CatalogModel, catalog, local_models
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "media.md"
 
 
-def table() -> dict[str, list[str]]:
-    """The page's model table: each row's cells by its model id."""
+def table(heading: str = "## Which models take which media") -> dict[str, list[str]]:
+    """The model table under `heading`: each row's cells by its model id."""
     rows: dict[str, list[str]] = {}
     text = PAGE.read_text()
-    section = text[text.index("## Which models take which media"):]
+    section = text[text.index(heading):]
     table_lines = section[section.index("\n|"):section.index("\n\n", section.index("\n|"))]
     for line in table_lines.strip().splitlines()[2:]:  # after the header and its rule
         cells = [cell.strip() for cell in line.strip("|").split("|")]
@@ -59,6 +59,15 @@ def test_the_media_table_is_the_catalogs() -> None:
     models = {model.id: model for model in catalog().values()
               if set(model.modalities) - {"text"}}
     rows = table()
+    assert set(rows) == set(models)
+    for model_id, model in models.items():
+        assert rows[model_id] == expected(model), model_id
+
+
+def test_the_local_media_models_table_is_the_catalogs() -> None:
+    models = {model.id: model for model in local_models().values()
+              if set(model.modalities) - {"text"}}
+    rows = table("## Trying it locally")
     assert set(rows) == set(models)
     for model_id, model in models.items():
         assert rows[model_id] == expected(model), model_id
