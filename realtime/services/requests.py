@@ -113,10 +113,12 @@ def _embeddings_counted(model: CatalogModel, checked: EmbedRequest) -> Counted:
         exact = sum(checked.prompt_tokens)
         return Counted(exact=exact, most=exact, taken=exact)
     # No tokenizer here: the engine refuses an input past the context, so that is the most
-    # any input can bill.
+    # any input can bill. Realtime takes text only (its checks refuse content parts); a
+    # row of parts would be taken at that most.
     context = model.context_tokens
     return Counted(exact=None, most=context * len(checked.rows),
                    taken=sum(min(context, len(row.text.encode()) + MARKER_TOKENS)
+                             if isinstance(row.text, str) else context
                              for row in checked.rows))
 
 
