@@ -293,7 +293,8 @@ class S3RegionStorage(RegionStorage):
         return str(self._signer.generate_presigned_url(
             "get_object",
             Params={"Bucket": self.bucket, "Key": key,
-                    "ResponseContentDisposition": f'attachment; filename="{filename}"'},
+                    "ResponseContentDisposition": f'attachment; filename="{filename}"',
+                    "ResponseContentType": content_type_of(key)},
             ExpiresIn=expires_in,
         ))
 
@@ -487,6 +488,17 @@ class LocalRegionStorage(RegionStorage):
 
     def delete(self, key: str) -> None:
         self.path(key).unlink(missing_ok=True)
+
+
+# What a download names itself as, by the object's kind (its key's ending): JSONL's media
+# type and parquet's registered one, as S3 answers for the objects anex writes.
+CONTENT_TYPES = {".jsonl": "application/jsonl", ".parquet": "application/vnd.apache.parquet"}
+
+
+def content_type_of(key: str) -> str:
+    """The Content-Type a download of the object at `key` is answered with."""
+    suffix = key[key.rfind("."):] if "." in key.rsplit("/", 1)[-1] else ""
+    return CONTENT_TYPES.get(suffix, "application/octet-stream")
 
 
 def key_organization(key: str) -> str:

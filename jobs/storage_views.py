@@ -11,7 +11,9 @@ the file goes straight to storage under its cap, once per input
 from __future__ import annotations
 
 import itertools
+import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +25,11 @@ from django.http import (
     HttpRequest,
     HttpResponse,
     JsonResponse,
+    StreamingHttpResponse,
     UnreadablePostError,
 )
 from django.http.response import HttpResponseBase
+from django.utils.http import content_disposition_header, http_date
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
@@ -38,6 +42,7 @@ from anex.transfers import (
     DOWNLOAD,
     UPLOAD,
     TransferFile,
+    TransferStream,
     transfer_held,
     transfer_places_take,
 )
@@ -48,6 +53,7 @@ from jobs.storage import (
     LocalRegionStorage,
     StorageExists,
     StorageTooLarge,
+    content_type_of,
     key_organization,
     storage_for,
 )
@@ -164,8 +170,60 @@ def _busy(refusal: RateLimited | Unavailable) -> JsonResponse:
     return response
 
 
+# One byte range (RFC 9110 14.1.2): first-last, first-, or -suffix.
+_RANGE = re.compile(r"bytes=(\d*)-(\d*)")
+_BLOCK = 1024 * 1024
+INVALID_RANGE = "InvalidRange: the requested range is not satisfiable."
+
+
+def _byte_range(request: HttpRequest, size: int, validators: tuple[str, str]
+                ) -> tuple[int, int] | None:
+    """The byte range a download asks for, as S3 reads the Range header: (first, last),
+    both within the object; None for the whole object (no Range, a malformed or multiple
+    one, or an If-Range naming another version than this one's ETag or Last-Modified).
+    ValueError when the range lies past the object's end (416)."""
+    header = request.headers.get("Range", "")
+    if not header:
+        return None
+    if_range = request.headers.get("If-Range")
+    if if_range is not None and if_range not in validators:
+        return None  # the client holds another version: the whole of this one
+    match = _RANGE.fullmatch(header.replace(" ", ""))
+    if match is None or not (match[1] or match[2]):
+        return None
+    if not match[1]:  # the last n bytes
+        suffix = int(match[2])
+        if not suffix or not size:
+            raise ValueError(header)
+        return max(size - suffix, 0), size - 1
+    first = int(match[1])
+    if match[2] and int(match[2]) < first:
+        return None  # not a valid range: ignored, as RFC 9110 says
+    if first >= size:
+        raise ValueError(header)
+    return first, min(int(match[2]) if match[2] else size - 1, size - 1)
+
+
+def _blocks(handle: TransferFile, first: int, length: int) -> Iterator[bytes]:
+    """`length` bytes of the open file from `first`, a block at a time; the file closed
+    (its places given back) however the response ends."""
+    try:
+        handle.seek(first)
+        while length > 0:
+            block = handle.read(min(_BLOCK, length))
+            if not block:
+                return
+            length -= len(block)
+            yield block
+    finally:
+        handle.close()
+
+
 @require_GET
 def download(request: HttpRequest, region: str, key: str) -> HttpResponseBase:
+    """A signed link's object, whole or (Range) the byte range asked for, as S3 answers a
+    GET: 206 with Content-Range, 416 past its end, Accept-Ranges, its content type, and
+    an ETag and Last-Modified that If-Range may name, so an interrupted download resumes."""
     storage = _local(region)
     try:
         grant = signing.loads(request.GET.get("token", ""), salt=DOWNLOAD_SALT)
@@ -174,12 +232,41 @@ def download(request: HttpRequest, region: str, key: str) -> HttpResponseBase:
     if grant["key"] != key or grant["expires"] < time.time():
         return _error(403, "AccessDenied: the link has expired.")
     path: Path = storage.path(key)
-    if not path.is_file():
+    try:
+        stat = path.stat()
+    except OSError:
+        stat = None
+    if stat is None or not path.is_file():
         return _error(404, "NoSuchKey: the object does not exist.")
+    etag = f'"{stat.st_size:x}-{stat.st_mtime_ns:x}"'
+    modified = http_date(int(stat.st_mtime))
+    try:
+        wanted = _byte_range(request, stat.st_size, (etag, modified))
+    except ValueError:
+        refused = _error(416, INVALID_RANGE)
+        refused["Content-Range"] = f"bytes */{stat.st_size}"
+        return refused
     try:
         places = transfer_places_take(direction=DOWNLOAD, organization_id=key_organization(key))
     except (RateLimited, Unavailable) as busy:
         return _busy(busy)
     # The places are given back when the response closes the file (anex.transfers).
-    return FileResponse(TransferFile(path, places), as_attachment=True,
-                        filename=grant["filename"])
+    handle = TransferFile(path, places)
+    response: HttpResponseBase
+    if wanted is None:
+        response = FileResponse(handle, as_attachment=True, filename=grant["filename"],
+                                content_type=content_type_of(key))
+    else:
+        first, last = wanted
+        length = last - first + 1
+        response = StreamingHttpResponse(TransferStream(_blocks(handle, first, length), places),
+                                         status=206, content_type=content_type_of(key))
+        response["Content-Range"] = f"bytes {first}-{last}/{stat.st_size}"
+        response["Content-Length"] = str(length)
+        disposition = content_disposition_header(as_attachment=True, filename=grant["filename"])
+        if disposition:
+            response["Content-Disposition"] = disposition
+    response["Accept-Ranges"] = "bytes"
+    response["ETag"] = etag
+    response["Last-Modified"] = modified
+    return response

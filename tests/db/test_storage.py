@@ -104,6 +104,9 @@ def test_download_links_fetch_the_object_and_deletes_remove_it(storage: RegionSt
     response = requests.get(link, timeout=30)
     assert response.status_code == 200 and response.content == DATA
     assert "out.jsonl" in response.headers["Content-Disposition"]
+    assert response.headers["Content-Type"] == "application/jsonl"  # as either backend names it
+    resumed = requests.get(link, headers={"Range": "bytes=10-"}, timeout=30)
+    assert resumed.status_code == 206 and resumed.content == DATA[10:]
     storage.delete(key)
     storage.delete(key)  # already gone is fine
     assert not storage.exists(key)
