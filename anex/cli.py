@@ -35,6 +35,7 @@ from typing import IO, Any, NoReturn
 from urllib.parse import urlsplit
 
 import requests
+import urllib3
 from tqdm import tqdm
 
 DEFAULT_BASE_URL = "http://localhost:8000"
@@ -293,18 +294,67 @@ def upload(api: Api, path: Path, *, quiet: bool) -> str:
     return server_id(target.get("id"), "input")
 
 
+# Times a download cut off mid-stream is resumed from the bytes it had, in one command.
+DOWNLOAD_RESUMES = 5
+_CUT_OFF = (requests.ConnectionError, requests.Timeout,
+            requests.exceptions.ChunkedEncodingError, urllib3.exceptions.HTTPError)
+
+
 def download(url: str, out: Path, *, quiet: bool) -> None:
-    response = _retrying(lambda: requests.get(url, stream=True, timeout=TIMEOUT_SECONDS))
-    if response.status_code != 200:
-        raise CliError(f"The result download failed ({response.status_code}).")
-    size = int(response.headers.get("Content-Length") or 0) or None
+    """The result file to `out`, through OUT.part: a download cut off resumes from the
+    bytes already written (Range, with If-Range naming the version they came from, kept in
+    OUT.part.etag), in this command or the next one for the same OUT; a server that sends
+    the whole file instead (another version, or no ranges) starts it again."""
     partial = out.with_name(out.name + ".part")
-    with partial.open("wb") as sink, bar_make(quiet, total=size, unit="B", unit_scale=True,
-                                              unit_divisor=1024, desc="download") as bar:
-        for block in response.iter_content(CHUNK_BYTES):
-            sink.write(block)
-            bar.update(len(block))
+    version = out.with_name(out.name + ".part.etag")
+    have = partial.stat().st_size if partial.is_file() and version.is_file() else 0
+    tag = version.read_text().strip() if have else ""
+    for resumes in range(DOWNLOAD_RESUMES + 1):
+        headers = {"Range": f"bytes={have}-", "If-Range": tag} if have and tag else {}
+        response = _retrying(lambda headers=headers: requests.get(
+            url, stream=True, timeout=TIMEOUT_SECONDS, headers=headers))
+        if response.status_code == 416 and headers and _whole_at(response, have):
+            break  # the partial file is the whole of it already
+        if response.status_code not in (200, 206):
+            raise CliError(f"The result download failed ({response.status_code}).")
+        if response.status_code == 200 or not _resumes_at(response, have):
+            have = 0
+        tag = response.headers.get("ETag") or response.headers.get("Last-Modified") or ""
+        version.write_text(tag)
+        size = int(response.headers.get("Content-Length") or 0) or None
+        with partial.open("ab" if have else "wb") as sink, bar_make(
+                quiet, total=size and have + size, initial=have, unit="B", unit_scale=True,
+                unit_divisor=1024, desc="download") as bar:
+            try:
+                # What has arrived, as it arrives: a cut-off loses none of it.
+                for block in iter(partial_read(response), b""):
+                    sink.write(block)
+                    bar.update(len(block))
+            except _CUT_OFF as exc:
+                if resumes == DOWNLOAD_RESUMES or not tag:
+                    raise CliError(f"The result download broke off ({exc.__class__.__name__})"
+                                   f"; run the command again to resume it.") from None
+                sink.flush()
+                have = partial.stat().st_size
+                continue
+        break
     partial.replace(out)
+    version.unlink(missing_ok=True)
+
+
+def partial_read(response: requests.Response) -> Callable[[], bytes]:
+    """A reader of the response's body that hands on what has arrived, up to a block."""
+    return lambda: response.raw.read1(CHUNK_BYTES)
+
+
+def _resumes_at(response: requests.Response, have: int) -> bool:
+    """Whether a 206 answers the range asked for: its bytes start where ours end."""
+    return response.headers.get("Content-Range", "").startswith(f"bytes {have}-")
+
+
+def _whole_at(response: requests.Response, have: int) -> bool:
+    """Whether a 416 says the object is `have` bytes long: nothing was left to fetch."""
+    return response.headers.get("Content-Range", "") == f"bytes */{have}"
 
 
 # --- a job from the terminal ------------------------------------------------------------

@@ -292,3 +292,75 @@ def test_an_upload_target_in_plain_http_elsewhere_is_refused(
     assert err == ("anex: The server answered http://198.51.100.7/upload is plain http to "
                    "another machine: the API key and your data would cross the network "
                    "unencrypted. Use https, or pass --insecure.\n")
+
+
+class RangedFile:
+    """A file served as S3 serves it (Range, If-Range against its ETag), whose first
+    whole response is cut off halfway."""
+
+    def __init__(self, data: bytes, etag: str = '"v1"') -> None:
+        self.data, self.etag, self.cut = data, etag, True
+        self.ranges: list[str | None] = []
+
+    def __call__(self, handler: Any) -> None:
+        asked = handler.headers.get("Range")
+        self.ranges.append(asked)
+        if asked and handler.headers.get("If-Range") == self.etag:
+            first = int(asked.removeprefix("bytes=").rstrip("-"))
+            if first >= len(self.data):
+                reply(handler, 416, b"", {"Content-Range": f"bytes */{len(self.data)}"})
+                return
+            reply(handler, 206, self.data[first:], {
+                "ETag": self.etag,
+                "Content-Range": f"bytes {first}-{len(self.data) - 1}/{len(self.data)}"})
+            return
+        if self.cut:  # the first whole response breaks off after half the file
+            self.cut = False
+            handler.send_response(200)
+            handler.send_header("Content-Length", str(len(self.data)))
+            handler.send_header("ETag", self.etag)
+            handler.end_headers()
+            handler.wfile.write(self.data[:len(self.data) // 2])
+            handler.wfile.flush()
+            handler.close_connection = True
+            return
+        reply(handler, 200, self.data, {"ETag": self.etag})
+
+
+RESULT = b"".join(b'{"custom_id":"r%d","response":{}}\n' % index for index in range(2000))
+
+
+def test_a_download_cut_off_resumes_from_the_bytes_it_had(server: LocalServer,
+                                                          tmp_path: Path) -> None:
+    served = RangedFile(RESULT)
+    server.routes = {"/result": served}
+    out = tmp_path / "result.jsonl"
+    cli.download(server.url("/result"), out, quiet=True)
+    assert out.read_bytes() == RESULT
+    assert served.ranges == [None, f"bytes={len(RESULT) // 2}-"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["result.jsonl"]
+
+
+def test_a_download_left_partial_by_an_earlier_run_is_finished_or_started_again(
+        server: LocalServer, tmp_path: Path) -> None:
+    served = RangedFile(RESULT)
+    served.cut = False
+    server.routes = {"/result": served}
+    out = tmp_path / "result.jsonl"
+    # given an earlier run that wrote the first 1,000 bytes of version v1
+    (tmp_path / "result.jsonl.part").write_bytes(RESULT[:1000])
+    (tmp_path / "result.jsonl.part.etag").write_text('"v1"')
+    cli.download(server.url("/result"), out, quiet=True)
+    assert out.read_bytes() == RESULT and served.ranges == ["bytes=1000-"]
+    # a partial of another version is not joined to this one: the whole file again
+    (tmp_path / "result.jsonl.part").write_bytes(b"x" * 1000)
+    (tmp_path / "result.jsonl.part.etag").write_text('"v0"')
+    cli.download(server.url("/result"), out, quiet=True)
+    assert out.read_bytes() == RESULT
+    # and a partial that is whole already is kept as it is (the server answers 416)
+    (tmp_path / "result.jsonl.part").write_bytes(RESULT)
+    (tmp_path / "result.jsonl.part.etag").write_text('"v1"')
+    out.unlink()
+    cli.download(server.url("/result"), out, quiet=True)
+    assert out.read_bytes() == RESULT
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["result.jsonl"]
