@@ -65,13 +65,16 @@ class RowMeter:
     def chat(self, body: dict[str, Any], *, prompt_tokens: int, completion_tokens: int,
              engine_media: int | None = None, cached_tokens: int = 0) -> Usage:
         """`cached_tokens`: the engine's prompt tokens it did not compute (reported, billed
-        at the input rate as the rest), held within the prompt the row is billed for."""
+        at the input rate as the rest), held within the prompt the row is billed for; a
+        prompt the engine computed none of (a copy of an identical row) is cached whole,
+        its media at the catalog's tokens as billed."""
         usage = self._chat(body, prompt_tokens=prompt_tokens,
                            completion_tokens=completion_tokens, engine_media=engine_media)
         if not cached_tokens:
             return usage
         billed = usage.input_tokens + usage.media_tokens
-        return dataclasses.replace(usage, cached_input_tokens=min(cached_tokens, billed))
+        cached = billed if cached_tokens >= prompt_tokens else min(cached_tokens, billed)
+        return dataclasses.replace(usage, cached_input_tokens=cached)
 
     def _chat(self, body: dict[str, Any], *, prompt_tokens: int, completion_tokens: int,
               engine_media: int | None) -> Usage:
