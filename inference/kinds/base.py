@@ -52,11 +52,9 @@ the rows of every request waiting (realtime_run) and answers each (realtime_repl
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, cast
 
@@ -64,6 +62,7 @@ from anex.errors import Invalid, Malformed
 from inference.constants import InputFormat, RowOutcome
 from inference.engines.registry import EngineNotConfigured
 from inference.kinds import engines
+from inference.kinds.identical import body_digest, rows_merged
 from inference.kinds.media import PartPath, media_windows
 from inference.pricing import Usage
 
@@ -175,38 +174,6 @@ class ServedRow:
         return cls(outcome=RowOutcome.ERROR, status_code=error.status_code,
                    error={"message": error.message, "type": error.type, "code": error.code,
                           "param": error.param})
-
-
-def body_digest(body: dict[str, Any]) -> bytes | None:
-    """A request body's identity: the SHA-256 of its canonical JSON (keys sorted, no
-    spaces), so two bodies that differ only in key order or spacing are one; None for a
-    body JSON cannot write (never merged). A media part's URL stands for its bytes, as the
-    reference's one fetch per URL while a job runs does (output-format.txt)."""
-    try:
-        text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                          allow_nan=False)
-    except (TypeError, ValueError, RecursionError):
-        return None
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
-
-
-def rows_merged(rows: Sequence[InputRow], key: Callable[[dict[str, Any]], bytes | None],
-                ) -> tuple[list[int], dict[int, list[int]]]:
-    """The rows that run (their positions, in order) and, by the position of each, the
-    later rows that are copies of it (the same key; a None key is a row of its own)."""
-    runs: list[int] = []
-    copies: dict[int, list[int]] = {}
-    first: dict[bytes, int] = {}
-    for position, row in enumerate(rows):
-        identity = key(row.body)
-        if identity is None:
-            runs.append(position)
-        elif identity in first:
-            copies.setdefault(first[identity], []).append(position)
-        else:
-            first[identity] = position
-            runs.append(position)
-    return runs, copies
 
 
 def _merged(served: ServedRow) -> ServedRow:

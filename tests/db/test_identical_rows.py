@@ -31,7 +31,8 @@ from inference.engines import (
     RowError,
 )
 from inference.kinds import kind_named
-from inference.kinds.base import InputRow, TaskKind, body_digest
+from inference.kinds.base import InputRow, TaskKind
+from inference.kinds.identical import body_digest
 from inference.pricing import REPORTED, Usage, price, usage_from_json
 from jobs.constants import JobStatus
 from jobs.models import Chunk, Job
