@@ -23,6 +23,10 @@ CENTS_PER_USD = Decimal(100)
 SECONDS_PER_MINUTE = Decimal(60)
 
 
+# Usage fields that say how the work was done, not what it bills: `price` never reads them.
+REPORTED = frozenset({"cached_input_tokens", "merged_rows"})
+
+
 @dataclass(frozen=True)
 class Usage:
     """What a job (or an estimate of it) consumes.
@@ -35,6 +39,15 @@ class Usage:
                     any image or video, billed at the model's media-row rate
     images, clips   counts, for the flat per-item charges (clips: audio and video)
     media_seconds   the audio and video duration billed by the per-minute surcharge
+
+    Reported, never priced (REPORTED; decisions/2026-12-06-identical-rows-and-cached-tokens):
+    cached_input_tokens
+                    the part of chat rows' billed input the engine did not compute (its
+                    prefix cache, or the row was a copy of an identical row): the sum of
+                    the rows' usage.prompt_tokens_details.cached_tokens, billed at the
+                    input rate as any input token
+    merged_rows     rows answered by an identical row's run (computed once per chunk),
+                    each billed as if it ran
     """
 
     input_tokens: int = 0
@@ -44,6 +57,8 @@ class Usage:
     images: int = 0
     clips: int = 0
     media_seconds: Decimal = Decimal(0)
+    cached_input_tokens: int = 0
+    merged_rows: int = 0
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(**{f.name: getattr(self, f.name) + getattr(other, f.name)
@@ -51,7 +66,8 @@ class Usage:
 
     @property
     def is_empty(self) -> bool:
-        return not any(getattr(self, f.name) for f in fields(self))
+        """Nothing billed: what is only reported never makes a charge of its own."""
+        return not any(getattr(self, f.name) for f in fields(self) if f.name not in REPORTED)
 
     @property
     def all_input_tokens(self) -> int:
@@ -137,6 +153,8 @@ USAGE_RENAMED = {"image_row_tokens": "media_row_tokens", "video_row_tokens": "me
 
 
 def usage_from_json(raw: dict[str, Any]) -> Usage:
+    """A Usage from its JSON object; a key it lacks (stored before the field existed, as
+    cached_input_tokens and merged_rows) reads as 0."""
     fields: dict[str, Any] = {}
     for key, value in raw.items():
         name = USAGE_RENAMED.get(key, key)

@@ -132,12 +132,13 @@ def _event_at(job: Job, status: JobStatus) -> datetime | None:
 def _usage(job: Job) -> dict[str, Any]:
     """What the finished chunks used: the usage the job is charged on (jobs.services.metering,
     as recorded when the job ended: no chunk is read then), in OpenAI's shape - input with
-    media (Usage.all_input_tokens), output with thinking (the chunks keep no separate count
-    of thinking tokens)."""
+    media (Usage.all_input_tokens), of which the rows' cached tokens (reported, billed at
+    the input rate), output with thinking (the chunks keep no separate count of thinking
+    tokens)."""
     usage = job_usage_recorded(job=job)
     input_tokens = usage.all_input_tokens
     return {"input_tokens": input_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": usage.cached_input_tokens},
             "output_tokens": usage.output_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": input_tokens + usage.output_tokens}

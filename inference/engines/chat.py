@@ -363,13 +363,17 @@ class ChatEngine:
         if item.text_tokens is not None:
             prompt_tokens = len(output.prompt_token_ids or item.prompt)
             media_tokens = max(prompt_tokens - item.text_tokens, 0)
+        # What vLLM's prefix cache held of the prompt when the row was first scheduled
+        # (None on an engine that does not count it): never more than the prompt.
+        cached_tokens = min(int(getattr(output, "num_cached_tokens", None) or 0),
+                            prompt_tokens)
         return ChatOutcome(
             content=content, reasoning=reasoning, finish_reason=finish_reason,
             prompt_tokens=prompt_tokens, completion_tokens=len(ids),
             reasoning_tokens=reasoning_tokens,
             format_error=item.response_format is not None
             and not _satisfies(content, item.response_format),
-            media_tokens=media_tokens,
+            media_tokens=media_tokens, cached_tokens=cached_tokens,
         )
 
     def _decode(self, ids: list[int]) -> str:

@@ -94,7 +94,9 @@ class ChatOutcome:
     media included; reasoning_tokens is the part of completion_tokens spent thinking.
     media_tokens: the part of prompt_tokens the row's media took (its processor's
     placeholders), None where the engine does not tell them apart (a row is billed the
-    catalog's media tokens either way: inference.kinds.metering)."""
+    catalog's media tokens either way: inference.kinds.metering). cached_tokens: the part of
+    prompt_tokens the engine did not compute, found in its prefix cache (vLLM's
+    num_cached_tokens); all of them on a copy of an identical row (TaskKind.serve)."""
 
     content: str | None
     reasoning: str | None
@@ -105,6 +107,7 @@ class ChatOutcome:
     error: RowError | None = None
     format_error: bool = False
     media_tokens: int | None = None
+    cached_tokens: int = 0
 
     @classmethod
     def failed(cls, error: RowError) -> ChatOutcome:

@@ -19,6 +19,8 @@ A kind answers for its rows at every stage of a job, and for the realtime API:
                                       before the engine: inference.kinds.media)
                 engine_request        the engine row one input row becomes
                 engine_run            a chunk's engine rows through the engine (its feed)
+                merge_key             which rows of a chunk are one request, run once
+                copied                the outcome a copy of a row is served from
     results     served                the record one outcome becomes (body, usage)
                 parquet_output        the result column a parquet result adds
     docs        pricing_section       its part of the /docs/pricing page
@@ -49,6 +51,7 @@ the rows of every request waiting (realtime_run) and answers each (realtime_repl
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Sequence
@@ -59,6 +62,7 @@ from anex.errors import Invalid, Malformed
 from inference.constants import InputFormat, RowOutcome
 from inference.engines.registry import EngineNotConfigured
 from inference.kinds import engines
+from inference.kinds.identical import body_digest, rows_merged
 from inference.kinds.media import PartPath, media_windows
 from inference.pricing import Usage
 
@@ -170,6 +174,11 @@ class ServedRow:
         return cls(outcome=RowOutcome.ERROR, status_code=error.status_code,
                    error={"message": error.message, "type": error.type, "code": error.code,
                           "param": error.param})
+
+
+def _merged(served: ServedRow) -> ServedRow:
+    """A copy's record, counted in its usage's merged_rows (reported, never priced)."""
+    return dataclasses.replace(served, usage=served.usage + Usage(merged_rows=1))
 
 
 class ParquetReading(ABC):
@@ -291,18 +300,43 @@ class TaskKind(ABC, Generic[RequestT, OutcomeT, EngineT]):
                meter: RowMeter) -> ServedRow:
         """The record one row's outcome becomes, and what it bills."""
 
+    def merge_key(self, job: ServedJob, body: dict[str, Any]) -> bytes | None:
+        """What makes rows of a chunk one request, run once (TaskKind.serve): a digest of
+        the body as canonical JSON (keys sorted; custom_id is not in it), the job's settings
+        being the same for every row. None: the row is never merged (a body JSON cannot
+        write). Every row of a kind whose answer depends on nothing else merges; a kind
+        whose rows may ask for sampling says which never do."""
+        return body_digest(body)
+
+    def copied(self, outcome: OutcomeT) -> OutcomeT:
+        """The outcome a copy of a row is served from: the row's own, by default."""
+        return outcome
+
     def serve(self, job: ServedJob, rows: Sequence[InputRow],
               meter: RowMeter) -> list[ServedRow]:
         """A chunk's rows through the job's engine: in one call, or for rows carrying media
         one call per window of their decoded media (inference.kinds.media), each window's
         media dropped once the engine has answered it. A row whose media could not be
-        brought or decoded fails alone, unbilled, and never reaches the engine."""
+        brought or decoded fails alone, unbilled, and never reaches the engine.
+
+        Rows of the chunk that are one request (merge_key) run once, the first of them: its
+        copies are neither fetched, decoded nor run. Each copy is served from the first
+        row's outcome (`copied`) as its own row, its own line and custom_id, and billed
+        as every row is (docs/dev/decisions/2026-12-06-identical-rows-and-cached-tokens.md);
+        a copy of a row that failed fails with its error. Its usage counts it in
+        merged_rows."""
         served: list[ServedRow | None] = [None] * len(rows)
-        for window in media_windows(job, rows, paths=self.media_paths, context=meter.context):
+        runs, copies = rows_merged(rows, lambda body: self.merge_key(job, body))
+        unique = [rows[position] for position in runs]
+        for window in media_windows(job, unique, paths=self.media_paths,
+                                    context=meter.context):
             ready = []
-            for position, resolved in window:
+            for at, resolved in window:
+                position = runs[at]
                 if resolved.error is not None:
                     served[position] = ServedRow.failed(resolved.error)
+                    for copy in copies.get(position, ()):
+                        served[copy] = _merged(ServedRow.failed(resolved.error))
                 else:
                     ready.append((position, self.engine_request(job, resolved.body)))
             del window  # the engine requests hold the decoded media now, and only they
@@ -310,6 +344,9 @@ class TaskKind(ABC, Generic[RequestT, OutcomeT, EngineT]):
                 outcomes = self.engine_run(job, [request for _, request in ready])
                 for (position, _), outcome in zip(ready, outcomes, strict=True):
                     served[position] = self.served(job, rows[position], outcome, meter)
+                    for copy in copies.get(position, ()):
+                        served[copy] = _merged(self.served(job, rows[copy],
+                                                           self.copied(outcome), meter))
             del ready
         assert all(row is not None for row in served)  # every window's rows were answered
         return cast(list[ServedRow], served)

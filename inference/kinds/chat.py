@@ -7,6 +7,7 @@ kind says when they apply, and what a checked row becomes when it is served.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Collection
@@ -73,8 +74,10 @@ def _job_kwargs(job: JobContext) -> dict[str, object]:
 
 def completion_body(job: ServedJob, row: InputRow, *, content: str | None, reasoning: str | None,
                     finish_reason: str, prompt_tokens: int, completion_tokens: int,
-                    reasoning_tokens: int) -> dict[str, Any]:
-    """The chat completion object, as an OpenAI-compatible server returns it."""
+                    reasoning_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """The chat completion object, as an OpenAI-compatible server returns it; its usage's
+    prompt_tokens_details.cached_tokens is OpenAI's: the part of prompt_tokens the engine
+    did not compute (billed at the input rate all the same)."""
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if reasoning is not None:
         message["reasoning"] = reasoning  # the trace, never mixed into content
@@ -86,6 +89,7 @@ def completion_body(job: ServedJob, row: InputRow, *, content: str | None, reaso
         "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                   "total_tokens": prompt_tokens + completion_tokens,
+                  "prompt_tokens_details": {"cached_tokens": cached_tokens},
                   "completion_tokens_details": {"reasoning_tokens": reasoning_tokens}},
     }
 
@@ -228,6 +232,25 @@ class ChatKind(TaskKind[ChatRow, ChatOutcome, ChatRunner]):
                        chat_template_kwargs=chat_kwargs(job, body),
                        response_format=row_response_format(job, body))
 
+    def merge_key(self, job: ServedJob, body: dict[str, Any]) -> bytes | None:
+        """A row that asked for sampling (a temperature above 0 without a seed) is never
+        merged: anex serves batch chat greedy and applies no row's temperature today
+        (docs/openai.md), but such a row asked for an answer of its own. Any temperature
+        that is not a number reads as a request to sample."""
+        temperature = body.get("temperature")
+        greedy = temperature is None or (isinstance(temperature, int | float)
+                                         and not isinstance(temperature, bool)
+                                         and temperature <= 0)
+        if not greedy and body.get("seed") is None:
+            return None
+        return super().merge_key(job, body)
+
+    def copied(self, outcome: ChatOutcome) -> ChatOutcome:
+        """A copy computed none of its prompt: all of it is cached."""
+        if outcome.error is not None:
+            return outcome
+        return dataclasses.replace(outcome, cached_tokens=outcome.prompt_tokens)
+
     def engine_run(self, job: ServedJob, requests: list[ChatRow]) -> list[ChatOutcome]:
         return self.engine(job.model).generate(
             requests, ChatSettings(max_tokens=job.max_output_tokens or 1,
@@ -239,13 +262,16 @@ class ChatKind(TaskKind[ChatRow, ChatOutcome, ChatRunner]):
             return ServedRow.failed(outcome.error)
         usage = meter.chat(row.body, prompt_tokens=outcome.prompt_tokens,
                            completion_tokens=outcome.completion_tokens,
-                           engine_media=outcome.media_tokens)
-        # The prompt the row is billed for: its media at the catalog's fixed tokens.
+                           engine_media=outcome.media_tokens,
+                           cached_tokens=outcome.cached_tokens)
+        # The prompt the row is billed for: its media at the catalog's fixed tokens (its
+        # cached tokens held within it by the meter).
         body = completion_body(job, row, content=outcome.content, reasoning=outcome.reasoning,
                                finish_reason=outcome.finish_reason,
                                prompt_tokens=usage.input_tokens + usage.media_tokens,
                                completion_tokens=outcome.completion_tokens,
-                               reasoning_tokens=outcome.reasoning_tokens)
+                               reasoning_tokens=outcome.reasoning_tokens,
+                               cached_tokens=usage.cached_input_tokens)
         result = (RowOutcome.FORMAT_ERROR if outcome.format_error else
                   RowOutcome.TRUNCATED if outcome.finish_reason == "length" else
                   RowOutcome.SUCCESS)

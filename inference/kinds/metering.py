@@ -13,10 +13,17 @@ at the text rate; an embedding row carrying any image or video bills its text an
 tokens at the media-row rate. What a row bills is also what its result's usage says
 (docs/dev/decisions/2026-12-06-media-tokens-billed.md). Rows without media take the fast
 path.
+
+A chat row's cached input tokens (what the engine's prefix cache held of its prompt, all of
+it on a copy of an identical row) are reported in its usage and billed at the input rate
+as the rest: the hold is computed before any engine cache exists, and the charge never
+exceeds it (docs/dev/decisions/2026-12-06-identical-rows-and-cached-tokens.md). An
+embedding or decision row reports none.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -56,7 +63,21 @@ class RowMeter:
         return cost
 
     def chat(self, body: dict[str, Any], *, prompt_tokens: int, completion_tokens: int,
-             engine_media: int | None = None) -> Usage:
+             engine_media: int | None = None, cached_tokens: int = 0) -> Usage:
+        """`cached_tokens`: the engine's prompt tokens it did not compute (reported, billed
+        at the input rate as the rest), held within the prompt the row is billed for; a
+        prompt the engine computed none of (a copy of an identical row) is cached whole,
+        its media at the catalog's tokens as billed."""
+        usage = self._chat(body, prompt_tokens=prompt_tokens,
+                           completion_tokens=completion_tokens, engine_media=engine_media)
+        if not cached_tokens:
+            return usage
+        billed = usage.input_tokens + usage.media_tokens
+        cached = billed if cached_tokens >= prompt_tokens else min(cached_tokens, billed)
+        return dataclasses.replace(usage, cached_input_tokens=cached)
+
+    def _chat(self, body: dict[str, Any], *, prompt_tokens: int, completion_tokens: int,
+              engine_media: int | None) -> Usage:
         messages = body.get("messages")
         if self.context is None or not isinstance(messages, list) or not any(
                 isinstance(m, dict) and isinstance(m.get("content"), list) for m in messages):

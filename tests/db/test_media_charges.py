@@ -7,6 +7,7 @@ clips are a few seconds long and declare longer: a declared length is what is bi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -140,11 +141,15 @@ def test_a_media_job_is_charged_its_surcharges_and_the_charge_is_the_estimate(
     # then: the charge is the estimate, media and surcharges included
     assert (finished.status, finished.success_rows) == (JobStatus.DONE, ROWS)
     assert finished.cost_cents == job.est_cost_cents == price(model, usage).cents
-    # The run's usage, summed over its chunks, is the served usage itself.
+    # The run's usage, summed over its chunks, is the served usage itself. The rows are
+    # one request: each chunk ran it once, and its copies bill as rows that ran (their
+    # prompts reported cached whole).
     stored = Usage()
     for chunk in Chunk.objects.filter(job=job):
         stored = stored + usage_from_json(chunk.usage)
-    assert stored == usage
+    assert stored.merged_rows == ROWS - 3
+    assert stored.cached_input_tokens == (ROWS - 3) * (job.est_input_tok or 0) // ROWS
+    assert dataclasses.replace(stored, merged_rows=0, cached_input_tokens=0) == usage
     # The surcharges are real money here: 150 minutes at $0.002 and 200 clips.
     without = price(model, Usage(input_tokens=usage.input_tokens + usage.media_tokens,
                                  output_tokens=usage.output_tokens)).cents

@@ -61,7 +61,8 @@ def request_line(model: str, custom_id: str) -> bytes:
 # (media_tokens); an embedding row carrying an image or a video, in the keys chunks were
 # written with before the media-row rates were one (inference.pricing.USAGE_RENAMED), which
 # the job is still charged on.
-ROW_USAGE = {CHAT: {"input_tokens": 10, "media_tokens": 20, "output_tokens": 5},
+ROW_USAGE = {CHAT: {"input_tokens": 10, "media_tokens": 20, "output_tokens": 5,
+                    "cached_input_tokens": 12},
              MEDIA_EMBED: {"input_tokens": 3, "image_row_tokens": 4, "video_row_tokens": 3}}
 
 
@@ -103,13 +104,15 @@ def test_an_openai_batchs_usage_is_what_the_batch_api_charges_its_job_on_media_i
     charged_on = job_usage_done(job_id)
     answered = 7 - len(FAILED)
     assert charged_on.all_input_tokens == answered * (30 if model == CHAT else 10)
+    # of which the rows' cached tokens (a chat row's; billed at the input rate all the same)
+    assert charged_on.cached_input_tokens == (answered * 12 if model == CHAT else 0)
     # while it runs (summed from the chunks) and once it has ended (recorded)
     running = api.get(f"/openai/v1/batches/{batch.id}").json()["usage"]
     assert job_finalize(job_id=job_id) == JobStatus.DONE
     done = api.get(f"/openai/v1/batches/{batch.id}").json()["usage"]
     assert running == done == {
         "input_tokens": charged_on.all_input_tokens,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": charged_on.cached_input_tokens},
         "output_tokens": charged_on.output_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": charged_on.all_input_tokens + charged_on.output_tokens}

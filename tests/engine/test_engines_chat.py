@@ -239,3 +239,66 @@ def test_text_parts_are_read_and_other_parts_refused(chat_engine: ChatEngine) ->
     # The part is named as the media path names a part it cannot bring (docs/media.md).
     assert refused.error is not None and refused.error.param == "messages[0].content[1]"
     assert "'image_url'" in refused.error.message
+
+
+# Issue 43 item 3: what the engine's prefix cache held of a row's prompt.
+HARBOUR = ("You answer for the harbour office of Port Anselm. Berths one to nine take ships "
+           "under two hundred metres; the night pilot boards at the outer buoy. ") * 12
+
+
+def test_cached_tokens_are_within_the_prompt_and_a_shared_prefix_is_read_cached(
+        chat_engine: ChatEngine) -> None:
+    # given a row with a long system prompt, run alone
+    def row(question: str) -> ChatRow:
+        return ChatRow(messages=[{"role": "system", "content": HARBOUR},
+                                 {"role": "user", "content": question}],
+                       chat_template_kwargs=OFF)
+
+    settings = ChatSettings(max_tokens=4)
+    [first] = chat_engine.generate([row("Which berth for a ninety metre ship?")], settings)
+    # when a second row with the same system prompt runs after it
+    [second] = chat_engine.generate([row("Where does the pilot board?")], settings)
+    # then each reports its cached tokens within its prompt, the second at least the
+    # shared prompt's whole cache blocks (vLLM caches whole blocks of 16 tokens)
+    assert 0 <= ok(first).cached_tokens <= first.prompt_tokens
+    assert 0 < ok(second).cached_tokens < second.prompt_tokens
+    assert second.prompt_tokens > 300 and second.cached_tokens >= 256
+
+
+def test_a_served_chat_row_says_its_cached_tokens_in_openais_field(
+        chat_engine: ChatEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    import uuid
+    from types import SimpleNamespace
+    from typing import Any
+
+    from inference.kinds.base import InputRow
+    from inference.kinds.chat import ChatKind
+    from inference.kinds.metering import RowMeter
+
+    monkeypatch.setattr("inference.kinds.engines.engine_cached",
+                        lambda model_id, kind: chat_engine)
+    job: Any = SimpleNamespace(pk=uuid.uuid4(), organization_id=uuid.uuid4(),
+                               model="tiny-qwen3", max_output_tokens=4, reasoning=False,
+                               reasoning_budget=None, reasoning_effort="",
+                               response_format=None, dimensions=None, video_fps=None)
+    body = {"messages": [{"role": "system", "content": HARBOUR},
+                         {"role": "user", "content": "Is berth four free?"}]}
+    rows = [InputRow(0, "a", body), InputRow(1, "b", body),
+            InputRow(2, "c", {**body, "messages": [*body["messages"][:1],
+                                                   {"role": "user", "content": "And five?"}]})]
+    # the system prompt already computed (rows reaching the engine in one step each
+    # compute a prefix not yet cached)
+    chat_engine.generate([ChatRow(messages=[body["messages"][0],
+                                            {"role": "user", "content": "Hello."}],
+                                  chat_template_kwargs=OFF)], ChatSettings(max_tokens=1))
+    served = ChatKind().serve(job, rows, RowMeter(job, None))
+    usage = [item.body["usage"] for item in served if item.body is not None]
+    assert len(usage) == 3
+    for each in usage:
+        assert 0 <= each["prompt_tokens_details"]["cached_tokens"] <= each["prompt_tokens"]
+    # the copy computed none of its prompt; the third shares the system prompt
+    assert usage[1]["prompt_tokens_details"]["cached_tokens"] == usage[1]["prompt_tokens"]
+    assert usage[2]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert served[1].usage.merged_rows == 1
+    assert served[0].body is not None and served[1].body is not None
+    assert served[0].body["choices"] == served[1].body["choices"]
