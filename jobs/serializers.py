@@ -309,13 +309,14 @@ class JobOut(Prototyped, serializers.ModelSerializer[Job]):
     class Meta:
         model = Job
         fields = ["id", "status", "est_input_tok", "est_output_tok", "est_cost_cents",
-                  "est_processing_seconds", "est_shared_prefix_share", "est_identical_rows",
-                  "cached_input_tok", "max_output_tokens", "reasoning_budget",
+                  "est_processing_seconds", "max_output_tokens", "reasoning_budget",
                   "success_rows", "error_rows", "format_error_rows", "truncated_rows",
                   "pending_rows", "created_at", "approved_at", "data_expires_at", "partial",
                   "failure_code", "failure_reason", "model", "reasoning", "reasoning_effort",
                   "task_type", "format", "response_format", "dimensions", "video_fps",
-                  "data_residency", "data_deleted_at", "max_tokens", "parent_id", "children"]
+                  "data_residency", "data_deleted_at", "max_tokens", "parent_id", "children",
+                  # anex's own, after the reference's (issue 43, docs/estimates.md)
+                  "est_shared_prefix_share", "est_identical_rows", "cached_input_tok"]
         read_only_fields = fields
 
     def get_reasoning_budget(self, job: Job) -> int | None:

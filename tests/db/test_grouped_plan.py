@@ -102,9 +102,8 @@ def submitted(api: APIClient, organization: Organization, content: bytes) -> Job
     response = api.post(JOBS, {"input_id": str(item.pk), "model": MODEL,
                                "max_output_tokens": 16}, format="json")
     assert response.status_code == 200, response.json()
-    job = Job.objects.get(pk=response.json()["id"])
-    assert job_estimate(job_id=job.pk) == JobStatus.COST_READY
-    return job
+    assert job_estimate(job_id=response.json()["id"]) == JobStatus.COST_READY
+    return Job.objects.get(pk=response.json()["id"])
 
 
 def started(api: APIClient, job: Job) -> list[Chunk]:
