@@ -118,7 +118,8 @@ def main() -> None:
             started = time.perf_counter()
             run()
             best[name] = min(best[name], time.perf_counter() - started)
-    print(f"{args.rows:,} {'embedding' if args.embed else 'chat'} rows, {len(data) / 1e6:.1f} MB, {len(blocks)} blocks, "
+    kind = "embedding" if args.embed else "chat"
+    print(f"{args.rows:,} {kind} rows, {len(data) / 1e6:.1f} MB, {len(blocks)} blocks, "
           f"chunks of {CHUNK_ROWS}")
     for name, seconds in best.items():
         print(f"  {name:>22}: {seconds * 1000:8.1f} ms  {args.rows / seconds:12,.0f} rows/s")

@@ -7,12 +7,15 @@ order: the product has to order its rows before they reach it.
 
 Two halves. `ShareKeys` is fed every block the estimate's checks read (through
 jobs.validation.layout.RowLayout) and keeps, per row, in numpy columns: the byte it starts
-at (so any row can be read alone), a whole-row key (a hash of its url and body bytes: rows
-identical but for custom_id share it), and, for chat rows, prefix levels: hashes of the
-first 256 * 2**k bytes of its prompt (its tools JSON, then its messages JSON, as the line
-holds them), for each such length the prompt reaches. Keys are read off the raw line
-(msgspec.Raw: the body is found, never built), so the one read stays one read. `grouped`
-then sorts the rows once they are all read.
+at (so any row can be read alone), a whole-row key (a hash of its body bytes: every row of
+a file the checks pass has the same url, so rows identical but for custom_id share it),
+and, for chat rows, prefix levels: hashes of the first 256 * 2**k bytes of its prompt (its
+tools JSON, then its messages JSON, as the line holds them), for each such length the
+prompt reaches. Keys are read off the raw line (msgspec.Raw: the body is found, never
+built), so the one read stays one read. `grouped` then sorts the rows once they are all
+read. The hash is Python's own (SipHash, keyed per process: a row's key is compared only
+with the other rows' of the same read, never kept), a tenth of hashlib's cost a call on
+short rows.
 
 A byte prefix of the JSON is a stand-in for a token prefix of the rendered prompt: two
 rows whose messages JSON agree on the first N bytes render to the same first tokens up to
@@ -24,7 +27,6 @@ million chat rows near 50 MB, the whole-row key 64 bits since it is also a stati
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 import msgspec
@@ -38,7 +40,8 @@ from jobs.jsonl import BOM
 # grouped by it, just no finer.
 LEVEL_BASE = 256
 LEVELS = 8
-LEVEL_BYTES = np.array([LEVEL_BASE << k for k in range(LEVELS)], np.int64)
+LEVEL_LENGTHS = tuple(LEVEL_BASE << k for k in range(LEVELS))
+LEVEL_BYTES = np.array(LEVEL_LENGTHS, np.int64)
 # A file with fewer rows than this in shared groups plans contiguously: grouping it would
 # scatter its chunks' reads for a gain too small to see.
 MIN_GROUPED_SHARE = 0.05
@@ -48,9 +51,8 @@ MAX_ROWS = 2_000_000
 
 
 class _Line(msgspec.Struct, gc=False):
-    """What a row's keys are read from: its url and its body, found and not built."""
+    """What a row's keys are read from: its body, found and not built."""
 
-    url: str = ""
     body: msgspec.Raw = msgspec.Raw(b"null")
 
 
@@ -63,10 +65,6 @@ class _ChatBody(msgspec.Struct, gc=False):
 
 _LINES = msgspec.json.Decoder(_Line)
 _CHAT_BODY = msgspec.json.Decoder(_ChatBody)
-
-
-def _digest(data: bytes | memoryview) -> bytes:
-    return hashlib.blake2b(data, digest_size=8).digest()
 
 
 class ShareKeys:
@@ -107,18 +105,20 @@ class ShareKeys:
         if len(lines) != rows:
             self._lose()
             return
-        wholes = b"".join([_digest(line.url.encode() + b" " + bytes(line.body))
-                           for line in lines])
+        # Every row of a file the checks pass has the same url (one endpoint a file): the
+        # body alone tells identical rows apart.
+        wholes = np.fromiter([hash(bytes(line.body)) for line in lines], np.int64, rows)
         self._starts.append(np.asarray(starts, np.uint64))
-        self._wholes.append(np.frombuffer(wholes, "<u8"))
+        self._wholes.append(wholes.view(np.uint64))
         if self.prefixes:
             self._prefix_levels(lines)
         self.rows += rows
 
     def _prefix_levels(self, lines: list[_Line]) -> None:
-        """Each row's prompt size and prefix levels: one incremental hash over its first
-        bytes, read out at each level's length."""
-        digests: list[bytes] = []
+        """Each row's prompt size and prefix levels: a hash of each level's length of its
+        first bytes (the levels double, so a prompt's are hashed over about twice its
+        length)."""
+        digests: list[int] = []
         reached = np.zeros(len(lines), np.int64)
         sizes = np.zeros(len(lines), np.uint32)
         for at, line in enumerate(lines):
@@ -126,24 +126,21 @@ class ShareKeys:
                 body = _CHAT_BODY.decode(line.body)
             except msgspec.DecodeError:  # not an object: the checks refuse the row
                 continue
-            prompt = memoryview(bytes(body.tools) + bytes(body.messages)) if len(body.tools) \
-                else memoryview(body.messages)
+            prompt = bytes(body.tools) + bytes(body.messages) if len(body.tools) \
+                else bytes(body.messages)
             size = len(prompt)
             sizes[at] = min(size, 2**32 - 1)
             if size < LEVEL_BASE:
                 continue
-            hashed = hashlib.blake2b(digest_size=8)
-            done = 0
-            for length in LEVEL_BYTES.tolist():
+            for length in LEVEL_LENGTHS:
                 if length > size:
                     break
-                hashed.update(prompt[done:length])
-                digests.append(hashed.digest())
-                done = length
+                digests.append(hash(prompt[:length]))
                 reached[at] += 1
         levels = np.zeros((len(lines), LEVELS), np.uint32)
         if digests:
-            values = (np.frombuffer(b"".join(digests), "<u8") & 0xFFFFFFFF).astype(np.uint32)
+            values = (np.array(digests, np.int64).view(np.uint64) & 0xFFFFFFFF
+                      ).astype(np.uint32)
             values[values == 0] = 1  # 0 is "the prompt is shorter than this level"
             row = np.repeat(np.arange(len(lines)), reached)
             level = np.arange(len(values)) - np.repeat(np.cumsum(reached) - reached, reached)

@@ -149,7 +149,7 @@ def test_documents_questions_interleaved_at_random_are_planned_and_run_together(
     # and keeps a grouped plan: every row once, each document's rows consecutive
     plan = ChunkPlan.objects.get(job=job)
     assert plan.row_order is not None and plan.row_starts is not None
-    order, starts = plan_arrays(bytes(plan.row_order), bytes(plan.row_starts))
+    order, _starts = plan_arrays(bytes(plan.row_order), bytes(plan.row_starts))
     assert sorted(order.tolist()) == list(range(100))
     planned = [docs[i] for i in order.tolist()]
     assert all(len(set(planned[at:at + 5])) == 1 for at in range(0, 100, 5))
