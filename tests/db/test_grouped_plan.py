@@ -6,7 +6,8 @@ Through the real services, database, storage and chunk path (jobs.services.runni
 chunk_run: the chunk's spans read, the kind's serve, its results object); only the engine
 is replaced (this tier has no vLLM): it answers each row from its own prompt, so an
 answer says which row it belongs to. The same file run with ANEX_GROUP_ROWS off is the
-oracle."""
+oracle. One test runs both on the real tiny-qwen3 engine (it takes the engine fixtures, so
+it runs with the engine tier): greedy answers the same, row for row."""
 
 from __future__ import annotations
 
@@ -57,6 +58,10 @@ def setup(settings: Settings, checkpoints: Path, monkeypatch: pytest.MonkeyPatch
     # The tests run every step themselves: nothing is sent.
     dispatch_catch(monkeypatch, lambda message: None, "job_estimate_task", "job_start_task",
                    "chunk_run_task", "job_finalize_task", "job_rerun_input_task")
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ChatKind, "engine", lambda self, model_id: Engine())
 
 
@@ -76,31 +81,33 @@ class Engine:
         return outcomes
 
 
-def document(number: int) -> str:
-    return " ".join(f"doc{number}-w{k}" for k in range(300))
+def document(number: int, words: int = 300) -> str:
+    return " ".join(f"doc{number}-w{k}" for k in range(words))
 
 
-def documents_file(seed: int = 43) -> tuple[bytes, list[int]]:
-    """20 documents asked 5 questions each, the 100 rows interleaved at random; and each
-    row's document."""
+def documents_file(seed: int = 43, documents: int = 20, words: int = 300,
+                   ) -> tuple[bytes, list[int]]:
+    """`documents` documents asked 5 questions each, the rows interleaved at random; and
+    each row's document."""
     rng = random.Random(seed)
-    pairs = [(d, q) for d in range(20) for q in range(5)]
+    pairs = [(d, q) for d in range(documents) for q in range(5)]
     rng.shuffle(pairs)
     lines = [json.dumps({"custom_id": f"r{i}", "method": "POST",
                          "url": "/v1/chat/completions",
                          "body": {"messages": [
                              {"role": "system", "content": SYSTEM},
-                             {"role": "user", "content": f"{document(d)}\n\nQuestion {q}: "
+                             {"role": "user", "content": f"{document(d, words)}\n\nQuestion {q}: "
                                                          f"what does row {i} ask?"}]}}).encode()
              for i, (d, q) in enumerate(pairs)]
     return b"\n".join(lines) + b"\n", [d for d, _ in pairs]
 
 
-def submitted(api: APIClient, organization: Organization, content: bytes) -> Job:
+def submitted(api: APIClient, organization: Organization, content: bytes,
+              model: str = MODEL, **fields: Any) -> Job:
     """A job on `content`, estimated (its max_output_tokens priced it without a sample)."""
     item = input_ready(organization, content)
-    response = api.post(JOBS, {"input_id": str(item.pk), "model": MODEL,
-                               "max_output_tokens": 16}, format="json")
+    response = api.post(JOBS, {"input_id": str(item.pk), "model": model,
+                               "max_output_tokens": 16, **fields}, format="json")
     assert response.status_code == 200, response.json()
     assert job_estimate(job_id=response.json()["id"]) == JobStatus.COST_READY
     return Job.objects.get(pk=response.json()["id"])
@@ -135,7 +142,7 @@ def answered(line: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def test_documents_questions_interleaved_at_random_are_planned_and_run_together(
-        api: APIClient, organization: Organization) -> None:
+        api: APIClient, organization: Organization, fake: None) -> None:
     # given 20 documents x 5 questions, interleaved at random in the file
     content, docs = documents_file()
     job = submitted(api, organization, content)
@@ -192,7 +199,7 @@ def test_documents_questions_interleaved_at_random_are_planned_and_run_together(
 
 
 def test_identical_rows_are_planned_side_by_side(
-        api: APIClient, organization: Organization) -> None:
+        api: APIClient, organization: Organization, fake: None) -> None:
     # given 40 distinct short rows, then 20 that repeat some of them but for custom_id
     texts = [f"Translate to French: sentence number {i}." for i in range(40)]
     repeats = [3, 17, 3, 25, 17, 3, 8, 8, 30, 3, 12, 25, 17, 39, 0, 0, 3, 21, 22, 8]
@@ -232,7 +239,7 @@ def test_a_file_sharing_nothing_keeps_a_contiguous_plan(
 
 
 def test_a_cancelled_grouped_job_delivers_its_finished_rows_in_file_order(
-        api: APIClient, organization: Organization) -> None:
+        api: APIClient, organization: Organization, fake: None) -> None:
     content, _ = documents_file(seed=5)
     job = submitted(api, organization, content)
     chunks = started(api, job)
@@ -305,3 +312,31 @@ def test_a_rerun_of_a_grouped_job_takes_its_failed_rows_in_file_order(
     assert [row["custom_id"] for row in rows] == [f"r{i}" for i in range(100)]
     contents = [row["response"]["body"]["choices"][0]["message"]["content"] for row in rows]
     assert contents == [f"child:r{i}" if i in failed else f"parent:r{i}" for i in range(100)]
+
+
+def test_a_grouped_job_answers_as_a_contiguous_one_on_the_real_engine(
+        api: APIClient, organization: Organization, settings: Settings,
+        checkpoint_dirs: dict[str, Path]) -> None:
+    # given 4 documents x 5 questions interleaved, on the real (greedy) engine
+    settings.ANEX_CHECKPOINTS = {**settings.ANEX_CHECKPOINTS,
+                                 "tiny-qwen3": checkpoint_dirs["tiny-qwen3"]}
+    settings.ANEX_CHUNK_ROWS = 8
+    content, docs = documents_file(seed=3, documents=4, words=60)
+    grouped_job = submitted(api, organization, content, model="tiny-qwen3", reasoning=False)
+    plan = ChunkPlan.objects.get(job=grouped_job)
+    assert plan.row_order is not None
+    order = np.frombuffer(bytes(plan.row_order), "<u4").tolist()
+    assert all(len({docs[i] for i in order[at:at + 5]}) == 1 for at in range(0, 20, 5))
+    grouped_job = finished(grouped_job, started(api, grouped_job))
+    # when the same file runs with grouping off
+    settings.ANEX_GROUP_ROWS = False
+    plain = submitted(api, organization, content, model="tiny-qwen3", reasoning=False)
+    plain_chunks = started(api, plain)
+    assert all(c.spans is None for c in plain_chunks)
+    plain = finished(plain, plain_chunks)
+    # then both are in file order, row for row the same answers and usage
+    assert (grouped_job.status, plain.status) == (JobStatus.DONE, JobStatus.DONE)
+    grouped_lines, plain_lines = result_lines(grouped_job), result_lines(plain)
+    assert [line["custom_id"] for line in grouped_lines] == [f"r{i}" for i in range(20)]
+    assert [answered(line) for line in grouped_lines] == \
+        [answered(line) for line in plain_lines]
