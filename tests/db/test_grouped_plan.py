@@ -340,3 +340,16 @@ def test_a_grouped_job_answers_as_a_contiguous_one_on_the_real_engine(
     assert [line["custom_id"] for line in grouped_lines] == [f"r{i}" for i in range(20)]
     assert [answered(line) for line in grouped_lines] == \
         [answered(line) for line in plain_lines]
+
+
+def test_a_job_reports_its_cached_input_tokens_from_its_recorded_usage(
+        api: APIClient, organization: Organization, fake: None) -> None:
+    content, _ = documents_file(seed=2, documents=4)
+    job = submitted(api, organization, content)
+    finished(job, started(api, job))
+    # the usage a job recorded when it ended, with the engine's cached tokens summed in
+    # (inference.pricing.Usage.cached_input_tokens), and one recorded before they were
+    for usage, shown in (({"input_tokens": 900, "cached_input_tokens": 640}, 640),
+                         ({"input_tokens": 900}, 0)):
+        Job.objects.filter(pk=job.pk).update(usage=usage)
+        assert api.get(f"{JOBS}/{job.pk}").json()["cached_input_tok"] == shown
