@@ -37,9 +37,10 @@ from jobs.services.estimation import job_estimate
 from jobs.services.rerun import job_rerun_input
 from jobs.services.rows import rows_read
 from jobs.services.running import chunk_run, job_finalize, job_start
-from jobs.storage import LocalRegionStorage, storage_for
+from jobs.storage import LocalRegionStorage, StorageChanged, storage_for
 from jobs.validation.grouping import plan_arrays
 from tests.chunks import chunk_done, row_record
+from tests.db.test_storage import s3, s3_endpoint  # noqa: F401
 from tests.dispatched import dispatch_catch
 from tests.factories import input_ready
 
@@ -353,3 +354,38 @@ def test_a_job_reports_its_cached_input_tokens_from_its_recorded_usage(
                          ({"input_tokens": 900}, 0)):
         Job.objects.filter(pk=job.pk).update(usage=usage)
         assert api.get(f"{JOBS}/{job.pk}").json()["cached_input_tok"] == shown
+
+
+@pytest.fixture(params=["local", "s3"])
+def backend(request: pytest.FixtureRequest) -> str:
+    """The storage backend the input is read from: the local one, or moto's S3."""
+    if request.param == "s3":
+        request.getfixturevalue("s3")
+    return str(request.param)
+
+
+def test_a_grouped_chunk_reads_its_rows_apart_on_threads_pinned(
+        api: APIClient, organization: Organization, backend: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # given a grouped job on either backend, and no gap read through: each run of rows
+    # that are neighbours in the file is a read of its own, made on the span readers
+    monkeypatch.setattr("jobs.services.rows.SPAN_GAP_BYTES", 0)
+    content, _ = documents_file(seed=9, documents=6)
+    job = submitted(api, organization, content)
+    chunks = started(api, job)
+    job = Job.objects.select_related("input").get(pk=job.pk)
+    lines = content.splitlines()
+    for chunk in chunks:
+        planned = (chunk.spans or [])[0::3]
+        # when its rows are read: every one, in planned order, its own bytes
+        rows = rows_read(job, chunk)
+        assert [row.index for row in rows] == planned
+        assert [row.ident for row in rows] == [json.loads(lines[i])["custom_id"]
+                                               for i in planned]
+        assert [row.body for row in rows] == [json.loads(lines[i])["body"] for i in planned]
+    # and a file swapped under its key since is refused, never read
+    assert job.input is not None
+    storage_for(job.data_residency).write_stream(
+        job.input.object_key, iter([content.replace(b"doc", b"DOC")]), max_bytes=10**8)
+    with pytest.raises(StorageChanged):
+        rows_read(job, chunks[0])
