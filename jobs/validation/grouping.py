@@ -206,8 +206,9 @@ def grouped(*, wholes: np.ndarray, levels: np.ndarray | None, sizes: np.ndarray 
     the first row holding it, stably, so rows of a shared prefix come together at the place
     of the group's first row, identical rows side by side within them, and rows sharing
     nothing keep their place in file order. Contiguous (order None) when fewer than
-    `min_share` of the rows are in a group of two or more, or nothing moves: a file without
-    shared work plans and reads exactly as before."""
+    `min_share` of the rows are in a group of two or more (identical rows, or a prefix
+    some but not all rows hold), or nothing moves: a file without shared work plans and
+    reads exactly as before."""
     rows = len(wholes)
     whole_seen, whole_held = _first_seen(wholes)
     identical = rows - int(np.count_nonzero(whole_seen == np.arange(rows, dtype=np.uint32)))
@@ -220,7 +221,9 @@ def grouped(*, wholes: np.ndarray, levels: np.ndarray | None, sizes: np.ndarray 
             if not reached.any():
                 break
             seen, held = _first_seen(column, reached)
-            in_group |= held > 1
+            # A prefix every row holds (one system prompt) orders nothing: the engine's
+            # cache keeps it whatever the order. Only a group of some of the rows counts.
+            in_group |= (held > 1) & (held < rows)
             keys.append(seen)
         del levels
     order: np.ndarray | None = None

@@ -210,3 +210,13 @@ def test_the_plan_is_kept_as_little_endian_bytes() -> None:
     assert back_order.tolist() == [3, 0, 2, 1]
     assert back_starts.tolist() == [0, 10, 25, 40, 2**40]
     assert len(order_bytes(order)) == 16 and len(starts_bytes(starts)) == 40
+
+
+def test_a_prompt_every_row_shares_counts_for_no_group() -> None:
+    # given one long system prompt every row holds, and 2 of 100 rows sharing more
+    long_system = SYSTEM + " " + document(999, 200)
+    rows = [chat(f"r{i}", long_system, f"{i} " + document(i)) for i in range(100)]
+    rows[70] = chat("r70", long_system, "3 " + document(3) + " and again")
+    plan = laid_out(b"\n".join(rows) + b"\n").grouped
+    # then too few rows share work the order could help: the plan is contiguous
+    assert plan is not None and plan.order is None
