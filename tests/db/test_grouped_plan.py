@@ -135,11 +135,13 @@ def result_lines(job: Job) -> list[dict[str, Any]]:
 
 def answered(line: dict[str, Any]) -> tuple[Any, ...]:
     """What a result line says of its row, less what names its job (the completion's id,
-    its time)."""
+    its time) and what the engine's prefix cache held when it ran (cached_tokens: one
+    engine serves both jobs, the second finding the first's prefixes)."""
     body = line["response"]["body"]
+    usage = {key: value for key, value in body["usage"].items()
+             if key != "prompt_tokens_details"}
     return (line["custom_id"], line["response"]["status_code"],
-            body["choices"][0]["message"]["content"], body["usage"], line["error"],
-            line["cost"])
+            body["choices"][0]["message"]["content"], usage, line["error"], line["cost"])
 
 
 def test_documents_questions_interleaved_at_random_are_planned_and_run_together(
