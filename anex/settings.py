@@ -293,6 +293,10 @@ ANEX_RESULT_RETENTION_DAYS = env.integer("ANEX_RESULT_RETENTION_DAYS", 30, minim
 # Rows per chunk: one engine call each. Larger chunks batch better on a GPU; smaller ones
 # lose less to a dead worker and deliver more on cancel.
 ANEX_CHUNK_ROWS = env.integer("ANEX_CHUNK_ROWS", 256, minimum=1)
+# Rows that share work planned together (jobs.validation.grouping, issue 43): the estimate
+# keys every JSONL row and the start runs rows of a shared prefix, and identical rows, in
+# the same chunks. Off: every plan is contiguous, as before (the bench compares the two).
+ANEX_GROUP_ROWS = env.boolean("ANEX_GROUP_ROWS", True)
 # Fair dispatch (jobs.services.chunks.chunks_release,
 # docs/dev/decisions/2026-12-01-fair-dispatch.md): the chunks of one model in one region that may be
 # sent or running at once, fleet-wide, and of those at most this many of one job. Set the first to

@@ -13,6 +13,11 @@ SHA-256 is printed for both (byte-identical, or the line says DIFFERENT), and th
         [--rows 200000] [--chunk-rows 256] [--backend local s3] [--format jsonl parquet]
         [--mode before after] [--before fcc63b5] [--rounds 3] [--profile after]
 
+--mode grouped merges the same rows run as a grouped job's chunks (issue 43: each chunk's
+rows a run of a fixed random permutation, Chunk.spans naming them, so the merge puts them
+back in file order through its spool, jobs.results._in_row_order); with `--mode after
+grouped` the two results are byte-identical.
+
 --profile MODE writes a cProfile of that mode's merge (per backend and format) under
 --base and prints its top entries (every thread's: the rows are made in boto3's upload
 thread). The job and its chunks are model instances that are never saved; the database is
@@ -65,17 +70,24 @@ def _environment(backend: str, base: Path, endpoint: str) -> dict[str, str]:
 # --- the child: one setup or one merge, in its own process ----------------------------------
 
 
-def _job(spec: dict[str, Any]) -> tuple[Any, list[Any]]:
+def _job(spec: dict[str, Any], *, grouped: bool = False) -> tuple[Any, list[Any]]:
     from jobs.models import Chunk, Input, Job
 
     model, task = MODELS[spec["task"]]
-    job = Job(id=uuid.UUID(spec["job"]), organization_id=uuid.UUID(spec["organization"]),
+    job = Job(id=uuid.UUID(spec["grouped_job" if grouped else "job"]),
+              organization_id=uuid.UUID(spec["organization"]),
               model=model, format=spec["format"], data_residency="world", task_type=task,
               row_count=spec["rows"])
     job.input = Input(object_key=spec["input_key"], content_pin=spec.get("pin", ""))
     chunks = [Chunk(job=job, index=index, first_row=index * spec["chunk_rows"],
                     row_count=min(spec["chunk_rows"], spec["rows"] - index * spec["chunk_rows"]))
               for index in range((spec["rows"] + spec["chunk_rows"] - 1) // spec["chunk_rows"])]
+    if grouped:
+        order = list(range(spec["rows"]))
+        random.Random(43).shuffle(order)  # noqa: S311 (a benchmark's order)
+        for chunk in chunks:
+            planned = order[chunk.first_row:chunk.first_row + chunk.row_count]
+            chunk.spans = [value for index in planned for value in (index, 0, 0)]
     return job, chunks
 
 
@@ -135,12 +147,21 @@ def child_setup(spec: dict[str, Any]) -> dict[str, Any]:
     storage = storage_for("world")
     rng = random.Random(21)  # noqa: S311 (a benchmark's rows, the same every run)
     total = Usage()
+    kept: list[bytes] = []
     for chunk in chunks:
         records = [_record(i, job, rng) for i in range(chunk.first_row,
                                                        chunk.first_row + chunk.row_count)]
         total = sum((usage_from_json(r["usage"]) for r in records), total)
-        storage.write_stream(chunk_key(job, chunk.index), (line_dumps(r) for r in records),
-                             max_bytes=2**40)
+        lines = [line_dumps(r) for r in records]
+        if spec.get("grouped"):
+            kept += lines
+        storage.write_stream(chunk_key(job, chunk.index), iter(lines), max_bytes=2**40)
+    if spec.get("grouped"):  # the same rows, as a grouped job's chunks hold them
+        grouped, grouped_chunks = _job(spec, grouped=True)
+        for chunk in grouped_chunks:
+            storage.write_stream(chunk_key(grouped, chunk.index),
+                                 (kept[index] for index in chunk.spans[0::3]),
+                                 max_bytes=2**40)
     if spec["format"] == "parquet":
         import pyarrow as pa
         from django.core.management import call_command
@@ -229,7 +250,7 @@ def child_merge(spec: dict[str, Any], mode: str, profile: str) -> dict[str, Any]
         module = _before_module(spec["before"])
     else:
         import jobs.results as module
-    job, chunks = _job(spec)
+    job, chunks = _job(spec, grouped=mode == "grouped")
     storage = storage_for("world")
     calls = _Calls(storage)
     profilers = _profile_threads() if profile else []
@@ -325,7 +346,7 @@ def main() -> int:
     parser.add_argument("--task", default="chat", choices=sorted(MODELS),
                         help="the rows' kind: chat completions, or 384-float embeddings")
     parser.add_argument("--mode", nargs="+", default=["before", "after"],
-                        choices=["before", "after"])
+                        choices=["before", "after", "grouped"])
     parser.add_argument("--before", default=BEFORE, help="the git revision 'before' runs")
     parser.add_argument("--rounds", type=int, default=1,
                         help="merges per mode, the modes' order swapped every round")
@@ -344,7 +365,8 @@ def main() -> int:
                 spec: dict[str, Any] = {
                     "job": str(uuid.uuid4()), "organization": str(uuid.uuid4()),
                     "rows": args.rows, "chunk_rows": args.chunk_rows, "format": fmt,
-                    "base": str(args.base), "before": args.before, "task": args.task}
+                    "base": str(args.base), "before": args.before, "task": args.task,
+                    "grouped_job": str(uuid.uuid4()), "grouped": "grouped" in args.mode}
                 spec["input_key"] = f"inputs/{spec['organization']}/{spec['job']}.{fmt}"
                 started = time.perf_counter()
                 spec.update(_run_child(env, "setup", json.dumps(spec)))
@@ -368,13 +390,14 @@ def main() -> int:
                         if profile:
                             _top(Path(profile))
                     if len(results) == 2:
-                        before, after = results["before"], results["after"]
-                        ratios.append(before["seconds"] / after["seconds"])
-                        same = before["sha256"] == after["sha256"]
-                        print(f"  after/before: {ratios[-1]:.2f}x rows/s; result "
-                              f"{'byte-identical' if same else 'DIFFERENT'}", flush=True)
+                        first, second = (results[mode] for mode in args.mode)
+                        ratios.append(first["seconds"] / second["seconds"])
+                        same = first["sha256"] == second["sha256"]
+                        print(f"  {args.mode[1]}/{args.mode[0]}: {ratios[-1]:.2f}x rows/s; "
+                              f"result {'byte-identical' if same else 'DIFFERENT'}",
+                              flush=True)
                 if len(ratios) > 1:
-                    print(f"  after/before, median of {len(ratios)} rounds: "
+                    print(f"  {args.mode[1]}/{args.mode[0]}, median of {len(ratios)} rounds: "
                           f"{statistics.median(ratios):.2f}x rows/s", flush=True)
     finally:
         if server is not None:

@@ -85,6 +85,12 @@ class Job(models.Model):
     est_input_tok = models.PositiveBigIntegerField(null=True, blank=True)
     est_output_tok = models.PositiveBigIntegerField(null=True, blank=True)
     est_processing_seconds = models.PositiveIntegerField(null=True, blank=True)
+    # What the estimate's read found of the work rows share (jobs.validation.grouping):
+    # the share of the chat rows' prompt bytes that the row before it in the planned order
+    # already held, and the rows that repeat an earlier row but for custom_id. Null where
+    # not computed (a parquet input, grouping off, an input too large to key).
+    est_shared_prefix_share = models.FloatField(null=True, blank=True)
+    est_identical_rows = models.PositiveIntegerField(null=True, blank=True)
     # The input usage the rows were counted to (inference.pricing.Usage, output excluded),
     # media kept apart, so the sampled estimate prices media at the media rates and adds
     # the per-item and per-minute charges (docs/dev/decisions/2026-12-01-credits-and-billing.md).
@@ -344,6 +350,10 @@ class Chunk(models.Model):
     # JSONL inputs: the chunk's lines are these bytes of the input object.
     byte_start = models.PositiveBigIntegerField(null=True, blank=True)
     byte_end = models.PositiveBigIntegerField(null=True, blank=True)
+    # A grouped plan's chunk (ChunkPlan.row_order): its rows are not one range but these,
+    # flat [row index, byte start, byte end, ...] in the order they run; first_row is then
+    # its place in the planned order. Null for a contiguous chunk (byte_start, byte_end).
+    spans = ArrayField(models.BigIntegerField(), null=True, blank=True)
     status = models.CharField(max_length=8, choices=ChunkStatus.choices,
                               default=ChunkStatus.PENDING, db_index=True)
     attempts = models.PositiveSmallIntegerField(default=0)
@@ -401,6 +411,13 @@ class ChunkPlan(models.Model):
     # The byte of the frozen input each chunk ends at (its last newline included), in
     # order: the k-th chunk holds rows k * chunk_rows onward, from the end before it.
     chunk_ends = ArrayField(models.PositiveBigIntegerField())
+    # A grouped plan (jobs.validation.grouping): the row indexes in the order they run
+    # (little-endian uint32) and every row's first byte, then the file's end (little-endian
+    # uint64), so the start cuts chunks of consecutive planned rows and names each row's
+    # bytes. Null for a contiguous plan, which chunk_ends says whole. A few MB for a
+    # million rows: kept here, off the job's row, read by the start alone.
+    row_order = models.BinaryField(null=True, blank=True)
+    row_starts = models.BinaryField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"chunk plan of job {self.job_id} ({len(self.chunk_ends)} chunks)"

@@ -2,16 +2,23 @@
 (output-format.txt). JSONL rows get the OpenAI batch output envelope; parquet rows keep the
 input's columns plus id/row_index, output (or embedding) and error_type. Each row also
 carries its share of the job's charge (billing.allocation): "cost": {"credits": "…"} in
-the JSONL envelope, a cost_credits decimal column in parquet."""
+the JSONL envelope, a cost_credits decimal column in parquet.
+
+A grouped job's chunks hold rows out of file order (its plan runs rows that share work
+together, jobs.validation.grouping): its rows are put back in file order as they are read
+(_row_batches), so every reader below (the merge, its costs, a re-run's reads) sees input
+order either way."""
 
 from __future__ import annotations
 
+import mmap
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from decimal import Decimal, localcontext
 from typing import Any, NamedTuple
 
 import msgspec
+import numpy as np
 import orjson
 
 from billing.allocation import ALLOCATION_CONTEXT, SHARE_PLACES, ChargeAllocator, credits_text
@@ -59,10 +66,70 @@ def _lines(data: bytes) -> Iterator[bytes]:
     return (line for line in data.split(b"\n") if line.strip())
 
 
+# A grouped job's rows handed back in file order this many at a time.
+ORDERED_BATCH = 256
+_INDEXED = b'{"i":'
+
+
+def _row_batches(job: Job, chunks: list[Chunk]) -> Iterator[Iterable[bytes]]:
+    """Every delivered row's chunk line, in input order, a batch at a time: a chunk
+    result's lines as they are, for chunks of contiguous rows in index order; a grouped
+    job's (any chunk with spans) put back in row order (_in_row_order)."""
+    if not any(chunk.spans is not None for chunk in chunks):
+        for data in _chunk_results(job, chunks):
+            yield _lines(data)
+        return
+    yield from _in_row_order(job, chunks)
+
+
+def _row_index(line: bytes) -> int:
+    """A chunk line's row index: "i", its first member as jobs.services.rows.record
+    writes it, read off the line's start; any other line read whole."""
+    if line.startswith(_INDEXED):
+        return int(line[len(_INDEXED):line.index(b",", len(_INDEXED))])
+    return int(line_loads(line)["i"])
+
+
+def _in_row_order(job: Job, chunks: list[Chunk]) -> Iterator[list[bytes]]:
+    """A grouped job's chunk lines in row-index order. Each chunk result is read once
+    (read ahead, as the contiguous merge reads them) and its lines appended to a local
+    spool, with each line's row index, place and length in three columns (24 bytes a
+    row); then the lines are read back from the spool, mapped, in row order. No result is
+    held in memory: the spool is a file, the page cache's to keep."""
+    indexes: list[np.ndarray] = []
+    places: list[np.ndarray] = []
+    lengths: list[np.ndarray] = []
+    position = 0
+    with tempfile.TemporaryFile() as spool:
+        for data in _chunk_results(job, chunks):
+            lines = list(_lines(data))
+            if not lines:
+                continue
+            sizes = np.fromiter(map(len, lines), np.int64, len(lines))
+            indexes.append(np.fromiter(map(_row_index, lines), np.int64, len(lines)))
+            places.append(position + np.cumsum(sizes) - sizes)
+            lengths.append(sizes)
+            spool.write(b"".join(lines))
+            position += int(sizes.sum())
+        if not position:
+            return
+        spool.flush()
+        index = np.concatenate(indexes)
+        order = np.argsort(index, kind="stable")
+        place, length = np.concatenate(places)[order], np.concatenate(lengths)[order]
+        del indexes, places, lengths, index, order
+        with mmap.mmap(spool.fileno(), 0, access=mmap.ACCESS_READ) as view:
+            for first in range(0, len(place), ORDERED_BATCH):
+                yield [view[at:at + size] for at, size in zip(
+                    place[first:first + ORDERED_BATCH].tolist(),
+                    length[first:first + ORDERED_BATCH].tolist(), strict=True)]
+
+
 def records(job: Job, chunks: list[Chunk]) -> Iterator[dict[str, Any]]:
-    """Every delivered row's record, in input order (chunks are in index order)."""
-    for data in _chunk_results(job, chunks):
-        for line in _lines(data):
+    """Every delivered row's record, in input order (chunks are in index order; a
+    grouped job's rows put back in order, _row_batches)."""
+    for lines in _row_batches(job, chunks):
+        for line in lines:
             yield line_loads(line)
 
 
@@ -195,9 +262,9 @@ def _costed(job: Job, chunks: list[Chunk], *, charge: int,
     weigh = _Weights(model)
     with tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY_BYTES) as spool:
         with localcontext(ALLOCATION_CONTEXT):
-            for data in _chunk_results(job, chunks):
+            for lines in _row_batches(job, chunks):
                 weighed: list[bytes] = []
-                for line in _lines(data):
+                for line in lines:
                     outcome, usage, kept = keep(line)
                     weight = weigh(usage)
                     total += weight

@@ -292,6 +292,19 @@ class JobOut(Prototyped, serializers.ModelSerializer[Job]):
     children = Omissible(openapi={"type": "array", "items": {"type": "string",
                                                              "format": "uuid"}},
                          help_text="Only on a job that was re-run: its re-runs, oldest first.")
+    # What the rows share (docs/estimates.md): stated by the estimate, null where it was
+    # not computed (a parquet input; est_shared_prefix_share on chat jobs alone).
+    est_shared_prefix_share = serializers.FloatField(
+        allow_null=True, min_value=0, max_value=1,
+        help_text="The share of the rows' prompt bytes that the row planned before each "
+                  "already held (chat jobs, JSONL inputs); null where not computed.")
+    est_identical_rows = serializers.IntegerField(
+        allow_null=True, min_value=0,
+        help_text="Rows that repeat an earlier row but for custom_id (JSONL inputs); "
+                  "null where not computed.")
+    cached_input_tok = serializers.SerializerMethodField(
+        help_text="Input tokens the engine served from its prefix cache, summed over the "
+                  "job's rows once it has ended; 0 before then and where none were.")
 
     class Meta:
         model = Job
@@ -301,7 +314,9 @@ class JobOut(Prototyped, serializers.ModelSerializer[Job]):
                   "pending_rows", "created_at", "approved_at", "data_expires_at", "partial",
                   "failure_code", "failure_reason", "model", "reasoning", "reasoning_effort",
                   "task_type", "format", "response_format", "dimensions", "video_fps",
-                  "data_residency", "data_deleted_at", "max_tokens", "parent_id", "children"]
+                  "data_residency", "data_deleted_at", "max_tokens", "parent_id", "children",
+                  # anex's own, after the reference's (issue 43, docs/estimates.md)
+                  "est_shared_prefix_share", "est_identical_rows", "cached_input_tok"]
         read_only_fields = fields
 
     def get_reasoning_budget(self, job: Job) -> int | None:
@@ -310,6 +325,13 @@ class JobOut(Prototyped, serializers.ModelSerializer[Job]):
 
     def get_reasoning_effort(self, job: Job) -> str | None:
         return job.reasoning_effort or None
+
+    def get_cached_input_tok(self, job: Job) -> int:
+        # Read off the usage the job recorded when it ended, whichever fields it holds (a
+        # usage recorded before cached tokens were counted has none: 0).
+        usage = job.usage if isinstance(job.usage, dict) else {}
+        value = usage.get("cached_input_tokens")
+        return value if isinstance(value, int) and value > 0 else 0
 
     def get_failure_code(self, job: Job) -> str | None:
         return job.failure_code or None

@@ -105,6 +105,12 @@ class RegionStorage(ABC):
     def read_range(self, key: str, start: int, end: int, *, pin: str = "") -> bytes:
         """Bytes [start, end) of the object; with a pin, of that object or StorageChanged."""
 
+    def range_reader(self, key: str, *, pin: str = "") -> Callable[[int, int], bytes]:
+        """A function reading bytes [start, end) of one object as read_range does (pinned
+        the same), safe to call from other threads (S3: this thread's client, which boto3
+        shares across threads): a grouped chunk's rows are read a few ranges at once."""
+        return lambda start, end: self.read_range(key, start, end, pin=pin)
+
     @abstractmethod
     def write_stream(self, key: str, chunks: Iterable[bytes], *, max_bytes: int) -> int:
         """Store the chunks as the object; returns its size. Over max_bytes raises
@@ -246,7 +252,7 @@ class S3RegionStorage(RegionStorage):
         pin = f"version:{version}" if version and version != "null" else f"etag:{head['ETag']}"
         return int(head["ContentLength"]), pin
 
-    def _get(self, key: str, pin: str, **extra: str) -> Any:
+    def _get(self, key: str, pin: str, *, client: Any = None, **extra: str) -> Any:
         kind, _, value = pin.partition(":")
         if kind == "version":
             extra["VersionId"] = value
@@ -255,7 +261,7 @@ class S3RegionStorage(RegionStorage):
         elif pin:
             raise ValueError(f"not an S3 pin: {pin!r}")
         try:
-            return self._client.get_object(Bucket=self.bucket, Key=key, **extra)
+            return (client or self._client).get_object(Bucket=self.bucket, Key=key, **extra)
         except ClientError as exc:
             code = str(exc.response.get("Error", {}).get("Code", ""))
             if pin and code in ("PreconditionFailed", "412", "NoSuchVersion", "NoSuchKey",
@@ -268,6 +274,16 @@ class S3RegionStorage(RegionStorage):
             return b""
         reply = self._get(key, pin, Range=f"bytes={start}-{end - 1}")
         return bytes(reply["Body"].read())
+
+    def range_reader(self, key: str, *, pin: str = "") -> Callable[[int, int], bytes]:
+        client = self._client  # django-storages' is per thread; a boto3 client is shared
+
+        def read(start: int, end: int) -> bytes:
+            if end <= start:
+                return b""
+            reply = self._get(key, pin, client=client, Range=f"bytes={start}-{end - 1}")
+            return bytes(reply["Body"].read())
+        return read
 
     def whole_reader(self) -> Callable[[str], bytes]:
         client = self._client  # django-storages' is per thread; a boto3 client is shared

@@ -3,7 +3,10 @@ is known) the job priced and moved to cost_ready.
 
 That read is the one whole read of the input before its rows run: as the checks read a
 JSONL input they record where its chunks end and which rows a sample runs
-(jobs.validation.layout), kept for the start (ChunkPlan) and the sample (Job.sample_rows).
+(jobs.validation.layout), kept for the start (ChunkPlan) and the sample (Job.sample_rows);
+and, with ANEX_GROUP_ROWS, every row's share keys, from which the rows that share work are
+planned together (jobs.validation.grouping; the plan's order kept on ChunkPlan, what the
+rows share stated on the job).
 
 Runs in the job_estimate_task actor. Embedding and decision jobs, and chat jobs with an
 explicit max_output_tokens (and, on a reasoning model, a reasoning_budget or thinking off),
@@ -31,7 +34,7 @@ from inference.pricing import price
 from inference.rows.core import CountTokens, FileReport, InputRejected, JobOptions
 from inference.tokens import token_counter, uncounted
 from inference.warmth import startup_seconds
-from jobs.constants import INPUT_ERRORS_MAX, FailureCode, JobStatus
+from jobs.constants import INPUT_ERRORS_MAX, FailureCode, JobStatus, TaskType
 from jobs.failures import claimed_work
 from jobs.models import ChunkPlan, Input, Job
 from jobs.services.inputs import INPUT_CHANGED
@@ -45,7 +48,8 @@ from jobs.services.lifecycle import (
 from jobs.services.sampling import SAMPLE_ROWS, sample_enqueue
 from jobs.storage import StorageChanged, storage_for
 from jobs.validation import RowError, RowErrors, validate_jsonl, validate_parquet
-from jobs.validation.layout import RowLayout
+from jobs.validation.grouping import ShareKeys, order_bytes, starts_bytes
+from jobs.validation.layout import InputLayout, RowLayout
 
 logger = logging.getLogger(__name__)
 
@@ -174,8 +178,8 @@ def _estimate(job: Job) -> JobStatus | None:
     errors = RowErrors(INPUT_ERRORS_MAX) if job.collect_row_errors else None
     # Where a JSONL input's rows lie, recorded as the checks read it: the start plans its
     # chunks and the sample reads its rows from it, never reading the whole input again.
-    layout = RowLayout(chunk_rows=settings.ANEX_CHUNK_ROWS, sample_rows=SAMPLE_ROWS) \
-        if job.format == InputFormat.JSONL else None
+    layout = RowLayout(chunk_rows=settings.ANEX_CHUNK_ROWS, sample_rows=SAMPLE_ROWS,
+                       keys=_share_keys(job)) if job.format == InputFormat.JSONL else None
     try:
         checked = input_check(item=job.input, options=job.options(), errors=errors,
                               layout=layout)
@@ -193,8 +197,7 @@ def _estimate(job: Job) -> JobStatus | None:
         return _failed(job, INPUT_CHANGED)
     laid = layout.finish(report.rows) if layout is not None else None
     if laid is not None:
-        ChunkPlan.objects.update_or_create(job=job, defaults={
-            "chunk_rows": laid.chunk_rows, "chunk_ends": laid.chunk_ends})
+        _plan_keep(job, laid)
     if not fields:
         # Checked and counted; the sampled estimate takes it from here, on a worker that
         # serves the model, under a lease of its own and within the organization's hourly
@@ -202,6 +205,32 @@ def _estimate(job: Job) -> JobStatus | None:
         return sample_enqueue(job=job, model=model, rows=report.rows, usage=report.usage,
                               picks=laid.picks if laid is not None else None)
     return job_cost_ready(job=job, estimate={"row_count": report.rows, **fields})
+
+
+def _share_keys(job: Job) -> ShareKeys | None:
+    """The recorder of the rows' share keys, where rows are grouped: chat rows by their
+    prompts' prefixes and whole, embedding and decision rows whole (no prefix is shared
+    work for them: an identical row is)."""
+    if not settings.ANEX_GROUP_ROWS:
+        return None
+    return ShareKeys(prefixes=job.task_type == TaskType.CHAT)
+
+
+def _plan_keep(job: Job, laid: InputLayout) -> None:
+    """The start's plan (chunk ends; a grouped plan's order and row starts) and what the
+    rows share, stated on the job with the estimate."""
+    grouped = laid.grouped
+    order = grouped.order if grouped is not None else None
+    ChunkPlan.objects.update_or_create(job=job, defaults={
+        "chunk_rows": laid.chunk_rows, "chunk_ends": laid.chunk_ends,
+        "row_order": order_bytes(order) if order is not None else None,
+        "row_starts": starts_bytes(grouped.starts)
+        if grouped is not None and order is not None else None})
+    share = grouped.shared_prefix_share if grouped is not None else None
+    identical = grouped.identical_rows if grouped is not None else None
+    Job.objects.filter(pk=job.pk).update(est_shared_prefix_share=share,
+                                         est_identical_rows=identical)
+    job.est_shared_prefix_share, job.est_identical_rows = share, identical
 
 
 def _failed(job: Job, reason: str, *, errors: list[RowError] | None = None) -> JobStatus:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+import numpy as np
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 from django.db.models import Sum
@@ -70,6 +71,7 @@ from jobs.services.metering import job_usage_done
 from jobs.services.progress import job_progress_notify
 from jobs.services.rows import record, rows_read
 from jobs.storage import StorageChanged, storage_for
+from jobs.validation.grouping import plan_arrays
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +117,9 @@ def chunks_plan(job: Job) -> list[Chunk]:
     """Split the input into chunks of ANEX_CHUNK_ROWS rows: a parquet input's by row index;
     a JSONL input's by byte ranges, from the plan its estimate recorded as the checks read
     the input (ChunkPlan), or, for a job with none at this chunk size (estimated before
-    plans were kept, or under another size), read once here as a stream."""
+    plans were kept, or under another size), read once here as a stream. A plan the
+    estimate grouped (rows sharing work together, ANEX_GROUP_ROWS) is cut in its planned
+    order, each chunk naming its rows' spans."""
     assert job.input is not None
     size = settings.ANEX_CHUNK_ROWS
     total = job.row_count or 0
@@ -124,6 +128,12 @@ def chunks_plan(job: Job) -> list[Chunk]:
                 for index, first in enumerate(range(0, total, size))]
     plan = ChunkPlan.objects.filter(job=job, chunk_rows=size).first()
     if plan is not None and len(plan.chunk_ends) == -(-total // size):
+        if settings.ANEX_GROUP_ROWS and plan.row_order is not None \
+                and plan.row_starts is not None:
+            grouped = _chunks_grouped(job, size, bytes(plan.row_order),
+                                      bytes(plan.row_starts))
+            if grouped is not None:
+                return grouped
         return _chunks_at(job, size, total, plan.chunk_ends)
     ends: list[int] = []
     position = rows = 0
@@ -148,6 +158,24 @@ def _chunks_at(job: Job, size: int, rows: int, ends: list[int]) -> list[Chunk]:
                   row_count=min(size, rows - index * size),
                   byte_start=ends[index - 1] if index else 0, byte_end=end)
             for index, end in enumerate(ends)]
+
+
+def _chunks_grouped(job: Job, size: int, order: bytes, starts: bytes) -> list[Chunk] | None:
+    """The chunks of a grouped plan (jobs.validation.grouping): `size` consecutive rows
+    of the planned order each, every row named by its index and bytes (Chunk.spans), so a
+    chunk reads its own rows alone. None when the plan is not the job's rows (the
+    contiguous plan is used instead)."""
+    rows, bounds = plan_arrays(order, starts)
+    total = job.row_count or 0
+    if len(rows) != total or len(bounds) != total + 1:
+        return None
+    index = rows.astype(np.int64)
+    spans = np.stack([index, bounds[index].astype(np.int64),
+                      bounds[index + 1].astype(np.int64)], axis=1)
+    return [Chunk(job=job, index=number, first_row=first,
+                  row_count=min(size, total - first),
+                  spans=spans[first:first + size].ravel().tolist())
+            for number, first in enumerate(range(0, total, size))]
 
 
 def _input_unchanged(job: Job, planned: list[Chunk]) -> bool:

@@ -17,6 +17,11 @@ The sample is Li's Algorithm L (ACM TOMS 20(4), 1994): a reservoir of `sample_ro
 each later row entering it with the probability that keeps it a uniform sample of the rows
 read so far, found by drawing the gap to the next entering row rather than a number per
 row: a few hundred draws for a million rows.
+
+Given `keys` (jobs.validation.grouping.ShareKeys), it also hands each block's rows, with
+the byte each starts at, to the recorder of share keys, whose grouped order the layout then
+carries (`grouped`): that costs one vector pass for a block's newlines and a hash or a few
+per row, and is the one place a grouped plan's keys are read.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from jobs.jsonl import SPACE
+from jobs.validation.grouping import GroupedPlan, ShareKeys
 
 _NEWLINE = ord("\n")
 
@@ -37,11 +43,14 @@ _NEWLINE = ord("\n")
 class InputLayout:
     """A checked JSONL input's layout: chunks of `chunk_rows` rows, the k-th ending (its
     last newline included) at chunk_ends[k], the last at the file's end; and the sampled
-    rows as Job.sample_rows keeps them, [row index, byte start, byte end], by index."""
+    rows as Job.sample_rows keeps them, [row index, byte start, byte end], by index;
+    and, where share keys were recorded, the grouped order and its statistics (None
+    otherwise: grouping off, a parquet input, keys lost)."""
 
     chunk_rows: int
     chunk_ends: list[int]
     picks: list[list[int]]
+    grouped: GroupedPlan | None = None
 
 
 class RowLayout:
@@ -50,10 +59,11 @@ class RowLayout:
     Holds the chunk ends and the sample: bounded by the file's chunks, not its rows."""
 
     def __init__(self, *, chunk_rows: int, sample_rows: int,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, keys: ShareKeys | None = None) -> None:
         assert chunk_rows >= 1
         self.chunk_rows = chunk_rows
         self.sample_rows = sample_rows
+        self.keys = keys
         self._rng = rng or random.Random()  # noqa: S311 - a sample, not a secret
         self._position = 0  # bytes read so far
         self._rows = 0  # rows so far: the lines up to the last non-blank one
@@ -104,6 +114,12 @@ class RowLayout:
         while self._next < rows:
             line = self._next - first_row
             self._take([self._next, line_end(line - 1) if line else start, line_end(line)])
+        if self.keys is not None and not self.keys.lost:
+            if ends is None:
+                ends = np.flatnonzero(np.frombuffer(chunk, np.uint8) == _NEWLINE) + 1
+            # The block's rows start at its start and after each newline before its last row.
+            starts = np.concatenate(([0], ends[:rows - first_row - 1])) + start
+            self.keys.block(chunk, starts, first=number == 1)
         self._rows = rows
 
     def finish(self, rows: int) -> InputLayout | None:
@@ -114,8 +130,10 @@ class RowLayout:
         ends = list(self._ends)
         if rows % self.chunk_rows:
             ends.append(self._position)  # the last chunk runs to the file's end
+        grouped = self.keys.finish(rows=rows, end=self._position) \
+            if self.keys is not None else None
         return InputLayout(chunk_rows=self.chunk_rows, chunk_ends=ends,
-                           picks=sorted(self._picked))
+                           picks=sorted(self._picked), grouped=grouped)
 
     def _take(self, pick: list[int]) -> None:
         """Row pick[0] enters the sample; the next row to enter is drawn."""

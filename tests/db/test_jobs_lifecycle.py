@@ -42,7 +42,11 @@ def test_get_reports_every_field_of_the_reference(api: APIClient,
         "error_rows", "format_error_rows", "truncated_rows", "pending_rows", "created_at",
         "approved_at", "data_expires_at", "partial", "failure_code", "failure_reason",
         "model", "reasoning", "reasoning_effort", "task_type", "format", "response_format",
-        "dimensions", "video_fps", "data_residency", "data_deleted_at"]
+        "dimensions", "video_fps", "data_residency", "data_deleted_at",
+        # anex's own, after the reference's: what the rows share (docs/estimates.md)
+        "est_shared_prefix_share", "est_identical_rows", "cached_input_tok"]
+    assert (body["est_shared_prefix_share"], body["est_identical_rows"],
+            body["cached_input_tok"]) == (None, None, 0)
     assert body["status"] == "cost_ready"
     assert (body["est_input_tok"], body["est_output_tok"], body["est_cost_cents"]) == (
         120_000, 40_000, 72)

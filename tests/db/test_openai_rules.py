@@ -189,7 +189,8 @@ def test_the_migration_gives_openai_jobs_the_policy_and_no_other_job() -> None:
         policy = ("approve_at_estimate", "collect_row_errors", "row_model")
         assert Job.objects.values_list(*policy).get(pk=openai_job.pk) == (True, True, True)
         assert Job.objects.values_list(*policy).get(pk=anex_job.pk) == (False, False, False)
-        assert Job.objects.get(pk=openai_job.pk).options().row_model is True
+        # (only the columns 0021 has: a later migration's are not there yet)
+        assert Job.objects.only(*policy).get(pk=openai_job.pk).options().row_model is True
     finally:  # the test database as every other test finds it
         latest = MigrationExecutor(connection)
         latest.migrate(latest.loader.graph.leaf_nodes())
