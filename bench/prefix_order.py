@@ -69,6 +69,7 @@ def leader_first(llm: Any, rows: list[tuple[int, list[int]]], params: Any,
     ready: set[int] = set()  # documents whose first row passed the gate
     led: set[int] = set()
     outputs: dict[str, Any] = {}
+    said: dict[str, list[int]] = {}  # a leader's tokens so far (its outputs are deltas)
     next_row = 0
     while next_row < len(rows) or engine.has_unfinished_requests():
         while next_row < len(rows):
@@ -85,22 +86,15 @@ def leader_first(llm: Any, rows: list[tuple[int, list[int]]], params: Any,
             next_row += 1
         for output in engine.step():
             kind = output.request_id.partition(":")[0]
-            if kind.startswith("L") and (after == "step" or output.finished):
-                ready.add(int(kind[1:]))
+            if kind.startswith("L"):
+                if after == "step" or output.finished:
+                    ready.add(int(kind[1:]))
+                said.setdefault(output.request_id, []).extend(output.outputs[0].token_ids)
+                if output.finished:
+                    output.outputs[0].token_ids = said[output.request_id]
             if output.finished:
                 outputs[output.request_id] = output
-            elif kind.startswith("L") and output.request_id not in outputs:
-                # the first delta carries the prompt's cached count: keep it
-                outputs.setdefault("first:" + output.request_id, output)
-    finals = []
-    for request_id, output in outputs.items():
-        if request_id.startswith("first:"):
-            continue
-        first = outputs.get("first:" + request_id)
-        if first is not None and output.num_cached_tokens is None:
-            output.num_cached_tokens = first.num_cached_tokens
-        finals.append(output)
-    return finals
+    return list(outputs.values())
 
 
 def main() -> None:
