@@ -40,7 +40,8 @@ each, every row decoding its cap; the anex job is submitted (its estimate reads 
 the rows: the grouping of rows that share work is done there) and timed from approve to
 done, its submit -> cost_ready printed beside; LLM.chat gets every row in file order. The
 chat engine's KV cache is capped for the run (--kv-cache-tokens, ANEX_KV_CACHE_TOKENS: the
-same engine, so the same budget, on both sides; 16,384 tokens by default with these cases)
+same engine, so the same budget, on both sides, and for every chat case of the run;
+16,384 tokens by default with shared-prefix or system-prompt)
 and its prefix cache emptied (reset_prefix_cache) before each side. The cached share
 printed is vLLM's num_cached_tokens over the prompt tokens of the requests the engine ran
 (anex: those its feed ran; "rows report": the rows' usage.prompt_tokens_details, where
