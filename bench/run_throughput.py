@@ -50,7 +50,7 @@ they carry it), so duplicates merged before the engine count nowhere.
       --questions (5) questions each, one row a question, the document first, the rows
       shuffled: 600 rows of about 1,020 tokens; the budget holds about 15 such rows, about
       an eighth of the documents. About 2 minutes a side in file order on 2 quiet cores
-      (7 minutes at a load of 10: 2026-12-06).
+      (estimated; 5-7 minutes measured at a load of 10, 2026-12-06).
   system-prompt: --system-rows (1,000) rows, each one of --system-prompts (4) system
       prompts of --system-tokens (800) at random and its own short question: vLLM's own
       cache already keeps the few prompts.
