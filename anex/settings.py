@@ -535,6 +535,12 @@ ANEX_CPU_WORKER_THREADS = env.integer("ANEX_CPU_WORKER_THREADS", 8, minimum=1, m
 ANEX_GPU_MEMORY_FRACTION = env.fraction("ANEX_GPU_MEMORY_FRACTION", 0.9)
 ANEX_TENSOR_PARALLEL_SIZE = env.integer("ANEX_TENSOR_PARALLEL_SIZE", 1, minimum=1,
                                         maximum=64)
+# The most tokens a generate engine's KV cache holds (0: as much as the memory above gives,
+# vLLM's own sizing). Rounded up to whole KV blocks (inference/engines/runtime.py); a budget
+# short of the whole context of one row is refused by vLLM as the engine starts. What a
+# smaller cache does to rows sharing a prompt prefix is measured by bench/run_throughput.py
+# (--kv-cache-tokens), which gives the same budget to both sides.
+ANEX_KV_CACHE_TOKENS = env.integer("ANEX_KV_CACHE_TOKENS", 0, minimum=0)
 # Placement: the regions a worker serves are named, never assumed. A worker that names
 # none serves the world region only, so EU data runs only on workers that name "eu"
 # (docs/dev/decisions/2026-12-02-worker-roles-and-placement.md); `make run`'s one machine names

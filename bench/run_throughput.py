@@ -2,8 +2,13 @@
 on one engine, measured in alternating rounds so both sides see the same machine load.
 
     python -m anex.devstack exec -- .venv/bin/python bench/run_throughput.py \
+        [--cases chat embed media cost-ready shared-prefix system-prompt duplicates]
         [--rows 2000] [--tokens 16 128] [--embed-rows 2000] [--cost-ready-rows 100000]
-        [--rounds 3] [--run-batch]
+        [--rounds 3] [--run-batch] [--kv-cache-tokens N]
+
+Without --cases: cost-ready, chat, media (with --media-rows) and embed, as before issue 43.
+`--cases shared-prefix duplicates` runs issue 43's cases (below) and prints the lines
+`shared-prefix`, `system-prompt`, `duplicates chat` and `duplicates embed`.
 
 Chat (tiny-qwen3, greedy, thinking off): for each output cap,
   (a) a whole anex job after the engine is up: approve -> chunks through the broker and a
@@ -29,6 +34,31 @@ thinking off, --media-tokens each): (a) a whole anex job, its pictures decoded b
 (inference.kinds.media) and handed to the engine beside the rendered prompt, against (b)
 LLM.chat on the same engine given the same pictures already decoded (PIL images, as
 `image_pil` parts), every row in one call.
+
+Rows that share work (issue 43), tiny-qwen3 greedy, thinking off, --shared-tokens (16)
+each, every row decoding its cap; the anex job is submitted (its estimate reads and plans
+the rows: the grouping of rows that share work is done there) and timed from approve to
+done, its submit -> cost_ready printed beside; LLM.chat gets every row in file order. The
+chat engine's KV cache is capped for the run (--kv-cache-tokens, ANEX_KV_CACHE_TOKENS: the
+same engine, so the same budget, on both sides, and for every chat case of the run;
+16,384 tokens by default with shared-prefix or system-prompt)
+and its prefix cache emptied (reset_prefix_cache) before each side. The cached share
+printed is vLLM's num_cached_tokens over the prompt tokens of the requests the engine ran
+(anex: those its feed ran; "rows report": the rows' usage.prompt_tokens_details, where
+they carry it), so duplicates merged before the engine count nowhere.
+  shared-prefix: --documents (120) made-up documents of --document-tokens (1,000) asked
+      --questions (5) questions each, one row a question, the document first, the rows
+      shuffled: 600 rows of about 1,020 tokens; the budget holds about 15 such rows, about
+      an eighth of the documents. About 2 minutes a side in file order on 2 quiet cores
+      (estimated; 5-7 minutes measured at a load of 10, 2026-12-06).
+  system-prompt: --system-rows (1,000) rows, each one of --system-prompts (4) system
+      prompts of --system-tokens (800) at random and its own short question: vLLM's own
+      cache already keeps the few prompts.
+  duplicates chat / duplicates embed: --duplicate-rows (2,000) short rows of which
+      --duplicate-share (30 %) repeat an earlier row (its body, another custom_id), chat on
+      tiny-qwen3 and embeddings on all-minilm-l6-v2 (LLM.embed on every row). The chat rows
+      are shorter than a KV block (128 tokens on the CPU build): vLLM's prefix cache saves
+      nothing on a repeat, only computing it once does.
 
 Each round runs both sides, the order swapped every round (prefix caching favours the
 second), on rows not seen before; the ratio printed is the median of the rounds' ratios.
@@ -56,20 +86,36 @@ CHAT_MODEL, EMBED_MODEL, MEDIA_MODEL = "tiny-qwen3", "all-minilm-l6-v2", "tiny-v
 # once a second, and is woken sooner by the broker's doorbell, anex.broker, as in make
 # run), not a faster poll that would flatter the job side.
 WORKER_THREADS = 4
+# The chat engine's KV budget for the shared-prefix cases (both sides): 128 blocks of 128
+# tokens, about 15 rows of a 1,000-token document at once, a tenth of --documents' 120.
+SHARED_KV_TOKENS = 16_384
+
+
+# What the engine feed ran for the jobs since the last reset (decode_the_cap counts it):
+# requests, their prompt tokens and the tokens vLLM found in its prefix cache.
+FED = {"requests": 0, "prompt": 0, "cached": 0}
 
 
 def decode_the_cap() -> None:
     """Every job request decodes its whole cap (ignore_eos), as LLM.chat is asked to: set
-    where the job's SamplingParams are handed to the engine feed, in this process."""
+    where the job's SamplingParams are handed to the engine feed, in this process. What the
+    engine ran is counted into FED (vLLM's num_cached_tokens of each output)."""
     from inference.engines.feed import EngineFeed
 
     run = EngineFeed.run
 
-    def run_to_the_cap(self: EngineFeed, prompts: Any, params: Any) -> Any:
+    def run_to_the_cap(self: EngineFeed, prompts: Any, params: Any, *args: Any,
+                       **kwargs: Any) -> Any:
         for item in params:
             if getattr(item, "max_tokens", None) and item.max_tokens > 1:  # not a decision
                 item.ignore_eos = True
-        return run(self, prompts, params)
+        results = run(self, prompts, params, *args, **kwargs)
+        for result in results:
+            if hasattr(result, "prompt_token_ids"):
+                FED["requests"] += 1
+                FED["prompt"] += len(result.prompt_token_ids or ())
+                FED["cached"] += result.num_cached_tokens or 0
+        return results
 
     EngineFeed.run = run_to_the_cap  # type: ignore[method-assign]
 
@@ -216,7 +262,6 @@ class Bench:
         from inference.kinds import kind_for
         from jobs.constants import JobStatus
         from jobs.models import Job
-        from jobs.services.lifecycle import job_approve
 
         catalog = model_get(model)
         assert catalog is not None
@@ -226,6 +271,36 @@ class Bench:
                                  est_cost_cents=10**7, row_count=rows,
                                  max_output_tokens=tokens,
                                  reasoning=False if tokens is not None else None)
+        return self.approve_and_wait(job, model)
+
+    def job_submit_run(self, source: Path, model: str, rows: int,
+                       tokens: int | None) -> tuple[float, float]:
+        """A job as a customer's: submitted (the estimate reads, checks and plans every row,
+        the grouping of rows that share work included), then approved. (approve -> done,
+        submit -> cost_ready) in seconds."""
+        from anex.regions import Region
+        from inference.rows.core import JobOptions
+        from jobs.constants import JobStatus
+        from jobs.models import Job
+        from jobs.services.submission import JobRequest, job_submit
+
+        options = JobOptions(model=model, max_output_tokens=tokens,
+                             reasoning=False if tokens is not None else None)
+        item = self.input_of(source)
+        wall = time.time()
+        job = job_submit(organization=self.organization, actor=self.actor,
+                         request=JobRequest(options=options, input_id=str(item.pk)),
+                         host_region=Region.WORLD)
+        estimate = self.wait_for(job.pk, (JobStatus.COST_READY, JobStatus.FAILED), wall)
+        job = Job.objects.get(pk=job.pk)
+        assert job.row_count == rows, job.failure_reason
+        return self.approve_and_wait(job, model), estimate
+
+    def approve_and_wait(self, job: Any, model: str) -> float:
+        from jobs.constants import JobStatus
+        from jobs.models import Job
+        from jobs.services.lifecycle import job_approve
+
         feed = _feed(model)
         started, wall = time.monotonic(), time.time()
         job_approve(job=job, actor=self.actor)
@@ -447,6 +522,246 @@ def embed_bench(bench: Bench, rows: int, rounds: int) -> dict[str, Any]:
             "spans": [statistics.median(span) for span in zip(*bench.spans, strict=True)]}
 
 
+# -- rows that share work (issue 43) ---------------------------------------------------------
+
+WORDS = ("batch inference engine token prefix cache document question answer model row file "
+         "chunk worker queue result table river mountain market letter garden window summer "
+         "winter history science number policy report customer invoice order shipment city "
+         "station library music theatre coffee bridge harbour field forest island road").split()
+QUESTIONS = ("What is this document mainly about?", "Who is named first in it?",
+             "Summarise it in one sentence.", "Which place does it mention most?",
+             "What number appears last?", "Is the tone formal or informal?",
+             "What would a good title be?", "Name one thing it leaves out.")
+
+
+def text_of(tokenizer: Any, tag: str, tokens: int) -> str:
+    """Made-up prose of about `tokens` tokens of the checkpoint, opening with its own tag (no
+    two texts share a KV block)."""
+    import random
+
+    rng = random.Random(tag)  # noqa: S311 (a benchmark's rows, the same every run)
+    words = [f"Document {tag}."]
+    while len(tokenizer.encode(" ".join(words), add_special_tokens=False)) < tokens:
+        words += [rng.choice(WORDS) for _ in range(max(8, tokens // 8))]
+    ids = tokenizer.encode(" ".join(words), add_special_tokens=False)[:tokens]
+    return str(tokenizer.decode(ids))
+
+
+def chat_line(custom_id: str, messages: list[dict[str, str]]) -> str:
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
+                       "body": {"messages": messages,
+                                "chat_template_kwargs": {"enable_thinking": False}}}) + "\n"
+
+
+def shared_prefix_rows(path: Path, tokenizer: Any, documents: int, questions: int,
+                       document_tokens: int, tag: str) -> None:
+    """Every document asked `questions` questions, one row each (the document first, so the
+    rows of a document share its tokens as a prefix), in a random order."""
+    import random
+
+    texts = [text_of(tokenizer, f"{tag}-{d}", document_tokens) for d in range(documents)]
+    pairs = [(d, q) for d in range(documents) for q in range(questions)]
+    random.Random(tag).shuffle(pairs)  # noqa: S311
+    with path.open("w") as handle:
+        for i, (d, q) in enumerate(pairs):
+            handle.write(chat_line(f"row-{i}", [{"role": "user", "content":
+                                                 f"{texts[d]}\n\nQuestion: {QUESTIONS[q]}"}]))
+
+
+def system_prompt_rows(path: Path, tokenizer: Any, rows: int, prompts: int,
+                       prompt_tokens: int, tag: str) -> None:
+    """A few long system prompts, each row one of them (at random) and its own question."""
+    import random
+
+    rng = random.Random(tag)  # noqa: S311
+    systems = [text_of(tokenizer, f"system {tag}-{p}", prompt_tokens) for p in range(prompts)]
+    with path.open("w") as handle:
+        for i in range(rows):
+            handle.write(chat_line(f"row-{i}", [
+                {"role": "system", "content": rng.choice(systems)},
+                {"role": "user", "content": f"Tell me about item {tag}-{i}."}]))
+
+
+def repeated(rows: int, share: float, tag: str) -> list[int]:
+    """For each row the row whose body it carries: itself, or (`share` of the rows, never
+    the first) an earlier row's, chosen at random."""
+    import random
+
+    rng = random.Random(tag)  # noqa: S311
+    repeats = set(rng.sample(range(1, rows), round(rows * share)))
+    source: list[int] = []
+    for i in range(rows):
+        source.append(source[rng.randrange(i)] if i in repeats else i)
+    return source
+
+
+def duplicate_chat_rows(path: Path, rows: int, share: float, tag: str) -> None:
+    with path.open("w") as handle:
+        for i, j in enumerate(repeated(rows, share, tag)):
+            handle.write(chat_line(f"row-{i}", [{"role": "user",
+                                                 "content": f"Tell me about item {tag}-{j}."}]))
+
+
+def duplicate_embed_rows(path: Path, rows: int, share: float, tag: str) -> None:
+    with path.open("w") as handle:
+        for i, j in enumerate(repeated(rows, share, tag)):
+            handle.write(json.dumps({
+                "custom_id": f"row-{i}", "method": "POST", "url": "/v1/embeddings",
+                "body": {"input": f"Short row {tag} number {j} about batch inference."}})
+                + "\n")
+
+
+def cached_share(outputs: list[Any]) -> float:
+    prompt = sum(len(o.prompt_token_ids or ()) for o in outputs)
+    return sum(o.num_cached_tokens or 0 for o in outputs) / max(prompt, 1)
+
+
+def served_cached_share(served: dict[str, dict[str, Any]]) -> float | None:
+    """The cached share the job's rows report (usage.prompt_tokens_details.cached_tokens);
+    None where they do not carry it."""
+    prompt = cached = 0
+    for body in served.values():
+        usage = body.get("usage") or {}
+        details = usage.get("prompt_tokens_details") or {}
+        if "cached_tokens" not in details:
+            return None
+        prompt += usage.get("prompt_tokens", 0)
+        cached += details["cached_tokens"]
+    return cached / max(prompt, 1)
+
+
+def shared_chat_bench(bench: Bench, write: Any, rows: int, tokens: int,
+                      rounds: int) -> dict[str, Any]:
+    """A chat case of rows sharing work: `write(path, tag)` writes a round's rows. Both sides
+    on the same engine (and its KV budget), its prefix cache emptied before each: (a) the
+    job submitted (its estimate plans the rows: grouping lands there), approved, timed from
+    approve to done; (b) LLM.chat on every row in file order."""
+    from vllm import SamplingParams
+
+    from inference.kinds import engine_for
+
+    engine = engine_for(CHAT_MODEL)
+    llm = engine.llm  # type: ignore[union-attr]
+    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+    kwargs = {"enable_thinking": False}
+    folder = Path(tempfile.mkdtemp())
+
+    def conversations_of(source: Path) -> list[Any]:
+        return [json.loads(line)["body"]["messages"] for line in source.open()]
+
+    def empty_cache() -> None:
+        with engine.lock:  # type: ignore[union-attr]
+            assert llm.reset_prefix_cache()
+
+    warm = folder / "warm.jsonl"
+    write(warm, "warm")
+    llm.chat(conversations_of(warm)[:256], params, use_tqdm=False, chat_template_kwargs=kwargs)
+    ratios, anex_best, direct_best = [], float("inf"), float("inf")
+    direct_shares, anex_shares, served_shares, estimates = [], [], [], []
+    mismatched = 0
+    bench.spans = []
+    for number in range(rounds):
+        source = folder / f"round-{number}.jsonl"
+        write(source, f"r{number}")
+        conversations = conversations_of(source)
+
+        def direct(conversations: list[Any] = conversations) -> tuple[float, Any]:
+            empty_cache()
+            started = time.monotonic()
+            outputs = llm.chat(conversations, params, use_tqdm=False,
+                               chat_template_kwargs=kwargs)
+            return time.monotonic() - started, outputs
+
+        def anex(source: Path = source) -> float:
+            empty_cache()
+            FED.update(requests=0, prompt=0, cached=0)
+            seconds, estimate = bench.job_submit_run(source, CHAT_MODEL, rows, tokens)
+            estimates.append(estimate)
+            anex_shares.append(FED["cached"] / max(FED["prompt"], 1))
+            return seconds
+
+        if number % 2 == 0:
+            direct_seconds, outputs = direct()
+            anex_seconds = anex()
+        else:
+            anex_seconds = anex()
+            direct_seconds, outputs = direct()
+        ratios.append(direct_seconds / anex_seconds)
+        anex_best, direct_best = min(anex_best, anex_seconds), min(direct_best, direct_seconds)
+        direct_shares.append(cached_share(outputs))
+        served = bench.result_rows()
+        share = served_cached_share(served)
+        if share is not None:
+            served_shares.append(share)
+        for i, output in enumerate(outputs):
+            if served[f"row-{i}"]["choices"][0]["message"]["content"] != output.outputs[0].text:
+                mismatched += 1
+    return {"anex": rows / anex_best, "direct": rows / direct_best,
+            "ratio": statistics.median(ratios), "ratios": ratios, "mismatched": mismatched,
+            "anex_cached": statistics.median(anex_shares),
+            "direct_cached": statistics.median(direct_shares),
+            "served_cached": statistics.median(served_shares) if served_shares else None,
+            "engine_requests": FED["requests"], "estimate": statistics.median(estimates),
+            "spans": [statistics.median(span) for span in zip(*bench.spans, strict=True)]}
+
+
+def duplicate_embed_bench(bench: Bench, rows: int, share: float,
+                          rounds: int) -> dict[str, Any]:
+    """Embedding rows of which `share` repeat an earlier row: the job submitted and approved
+    (approve -> done) against LLM.embed on every row."""
+    from vllm.pooling_params import PoolingParams
+
+    from inference.kinds import engine_for
+
+    engine = engine_for(EMBED_MODEL)
+    if not hasattr(engine, "busy_periods"):
+        time_embedding_runs(engine)
+    llm = engine.llm  # type: ignore[union-attr]
+    params = PoolingParams(use_activation=False)
+    llm.embed([f"warm up {i}" for i in range(rows)], pooling_params=params, use_tqdm=False)
+    ratios, anex_best, direct_best, estimates = [], float("inf"), float("inf"), []
+    bench.spans = []
+    folder = Path(tempfile.mkdtemp())
+    for number in range(rounds):
+        source = folder / f"embed-duplicates-{number}.jsonl"
+        duplicate_embed_rows(source, rows, share, tag=f"d{number}")
+        texts = [json.loads(line)["body"]["input"] for line in source.open()]
+
+        def direct(texts: list[str] = texts) -> float:
+            started = time.monotonic()
+            llm.embed(texts, pooling_params=params, use_tqdm=False)
+            return time.monotonic() - started
+
+        def anex(source: Path = source) -> float:
+            seconds, estimate = bench.job_submit_run(source, EMBED_MODEL, rows, None)
+            estimates.append(estimate)
+            return seconds
+
+        if number % 2 == 0:
+            direct_seconds = direct()
+            anex_seconds = anex()
+        else:
+            anex_seconds = anex()
+            direct_seconds = direct()
+        ratios.append(direct_seconds / anex_seconds)
+        anex_best, direct_best = min(anex_best, anex_seconds), min(direct_best, direct_seconds)
+    return {"anex": rows / anex_best, "direct": rows / direct_best,
+            "ratio": statistics.median(ratios), "ratios": ratios,
+            "estimate": statistics.median(estimates),
+            "spans": [statistics.median(span) for span in zip(*bench.spans, strict=True)]}
+
+
+def shared_print(name: str, r: dict[str, Any], rows: int, rounds: int) -> None:
+    served = "n/a" if r["served_cached"] is None else f"{r['served_cached']:.1%}"
+    print(f"{name}: anex {r['anex']:7.1f} rows/s (engine cached {r['anex_cached']:.1%}, rows "
+          f"report {served})  LLM.chat {r['direct']:7.1f} rows/s (cached "
+          f"{r['direct_cached']:.1%})  anex/direct = {r['ratio']:.2f} (rounds "
+          f"{', '.join(f'{x:.2f}' for x in r['ratios'])}); engine requests of the last job "
+          f"{r['engine_requests']} of {rows} rows; submit -> cost_ready {r['estimate']:.2f} s; "
+          f"greedy outputs differing: {r['mismatched']} of {rows * rounds} rows", flush=True)
+    spans_print(r["spans"])
+
+
 def spans_print(spans: list[float]) -> None:
     if spans:
         start, busy, idle, finish = spans
@@ -455,8 +770,15 @@ def spans_print(spans: list[float]) -> None:
               f"step -> done {finish:.2f} s", flush=True)
 
 
+CASES = ("cost-ready", "chat", "media", "embed", "shared-prefix", "system-prompt",
+         "duplicates")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", nargs="+", choices=CASES,
+                        help="the cases to run (default: cost-ready, chat, media where "
+                             "--media-rows, embed, as before issue 43)")
     parser.add_argument("--rows", type=int, default=2000)
     parser.add_argument("--tokens", type=int, nargs="*", default=[16, 128])
     parser.add_argument("--embed-rows", type=int, default=2_000, help="0: skip")
@@ -465,8 +787,32 @@ def main() -> None:
     parser.add_argument("--run-batch", action="store_true")
     parser.add_argument("--media-rows", type=int, default=0, help="0: skip")
     parser.add_argument("--media-tokens", type=int, default=16)
+    parser.add_argument("--kv-cache-tokens", type=int, default=None,
+                        help="the chat engine's KV budget (ANEX_KV_CACHE_TOKENS), both sides; "
+                             f"default {SHARED_KV_TOKENS} with shared-prefix or system-prompt, "
+                             "else vLLM's own sizing (0)")
+    parser.add_argument("--documents", type=int, default=120)
+    parser.add_argument("--questions", type=int, default=5)
+    parser.add_argument("--document-tokens", type=int, default=1000)
+    parser.add_argument("--system-prompts", type=int, default=4)
+    parser.add_argument("--system-rows", type=int, default=1000)
+    parser.add_argument("--system-tokens", type=int, default=800)
+    parser.add_argument("--duplicate-rows", type=int, default=2000)
+    parser.add_argument("--duplicate-share", type=float, default=0.3)
+    parser.add_argument("--shared-tokens", type=int, default=16,
+                        help="output tokens of the issue-43 chat cases")
     args = parser.parse_args()
+    cases = args.cases or [c for c in ("cost-ready", "chat", "media", "embed")
+                           if (c != "cost-ready" or args.cost_ready_rows)
+                           and (c != "media" or args.media_rows)
+                           and (c != "embed" or args.embed_rows)]
+    if "shared-prefix" in cases and "system-prompt" not in cases:
+        cases.append("system-prompt")  # the shared prefix vLLM's own cache already serves
+    budget = args.kv_cache_tokens
+    if budget is None:
+        budget = SHARED_KV_TOKENS if {"shared-prefix", "system-prompt"} & set(cases) else 0
     bench = Bench()
+    bench.settings.ANEX_KV_CACHE_TOKENS = budget  # before the chat engine is built
     import dramatiq
 
     from jobs.dispatch import run_queues_declare
@@ -477,17 +823,65 @@ def main() -> None:
     decode_the_cap()
     worker = dramatiq.Worker(broker, worker_threads=WORKER_THREADS)  # Dramatiq's poll
     worker.start()
-    print(f"{time.strftime('%Y-%m-%d')}  {os.cpu_count()} CPU cores, load "
+    print(f"{time.strftime('%Y-%m-%d %H:%M')}  {os.cpu_count()} CPU cores, load "
           f"{os.getloadavg()[0]:.1f}, chunks of {bench.settings.ANEX_CHUNK_ROWS} rows, "
           f"{bench.settings.ANEX_DISPATCH_IN_FLIGHT} in flight, worker threads "
           f"{WORKER_THREADS} polling every {worker.worker_timeout} ms and woken by the broker's "
           f"doorbell (as make run), every "
-          f"row decoding its cap, median of {args.rounds} alternating rounds", flush=True)
+          f"row decoding its cap, median of {args.rounds} alternating rounds; cases "
+          f"{' '.join(cases)}", flush=True)
     try:
-        if args.cost_ready_rows:
-            seconds = cost_ready_seconds(bench, args.cost_ready_rows)
-            print(f"embed {args.cost_ready_rows} rows: submit -> cost_ready {seconds:.2f} s",
-                  flush=True)
+        run_cases(bench, cases, args, budget)
+    finally:
+        worker.stop()
+    print(f"load at the end {os.getloadavg()[0]:.1f}")
+
+
+def run_cases(bench: Bench, cases: list[str], args: argparse.Namespace, budget: int) -> None:
+    if "cost-ready" in cases and args.cost_ready_rows:
+        seconds = cost_ready_seconds(bench, args.cost_ready_rows)
+        print(f"embed {args.cost_ready_rows} rows: submit -> cost_ready {seconds:.2f} s",
+              flush=True)
+    if {"shared-prefix", "system-prompt", "duplicates"} & set(cases):
+        from inference.engines.runtime import kv_cache_tokens
+        from inference.kinds import engine_for
+
+        engine = engine_for(CHAT_MODEL)
+        tokenizer = engine.llm.get_tokenizer()  # type: ignore[union-attr]
+        held = kv_cache_tokens(engine.llm)  # type: ignore[union-attr]
+        print(f"chat engine's KV cache: {held} tokens (budget {budget or 'unset'}): "
+              f"{(held or 0) // (args.document_tokens + 40 + args.shared_tokens)} rows of a "
+              f"{args.document_tokens}-token document at once, or that many of the "
+              f"{args.documents} documents held for their other questions", flush=True)
+    if "shared-prefix" in cases:
+        rows = args.documents * args.questions
+        r = shared_chat_bench(
+            bench, lambda path, tag: shared_prefix_rows(
+                path, tokenizer, args.documents, args.questions, args.document_tokens, tag),
+            rows, args.shared_tokens, args.rounds)
+        shared_print(f"shared-prefix {args.documents} documents of {args.document_tokens} "
+                     f"tokens x {args.questions} questions = {rows} rows (shuffled) x "
+                     f"{args.shared_tokens} tokens, KV {held} tokens", r, rows, args.rounds)
+    if "system-prompt" in cases:
+        r = shared_chat_bench(
+            bench, lambda path, tag: system_prompt_rows(
+                path, tokenizer, args.system_rows, args.system_prompts, args.system_tokens,
+                tag),
+            args.system_rows, args.shared_tokens, args.rounds)
+        shared_print(f"system-prompt {args.system_prompts} system prompts of "
+                     f"{args.system_tokens} tokens x {args.system_rows} rows x "
+                     f"{args.shared_tokens} tokens, KV {held} tokens", r, args.system_rows,
+                     args.rounds)
+    if "duplicates" in cases:
+        repeats = round(args.duplicate_rows * args.duplicate_share)
+        r = shared_chat_bench(
+            bench, lambda path, tag: duplicate_chat_rows(
+                path, args.duplicate_rows, args.duplicate_share, tag),
+            args.duplicate_rows, args.shared_tokens, args.rounds)
+        shared_print(f"duplicates chat {args.duplicate_rows} rows ({repeats} repeating an "
+                     f"earlier row) x {args.shared_tokens} tokens", r, args.duplicate_rows,
+                     args.rounds)
+    if "chat" in cases:
         for tokens in args.tokens:
             r = chat_bench(bench, args.rows, tokens, args.rounds, args.run_batch)
             print(
@@ -502,25 +896,33 @@ def main() -> None:
             if "run_batch" in r:
                 print(f"      vLLM run-batch {r['run_batch']:.1f} rows/s whole, "
                       f"{r['run_batch_work']:.1f} rows/s without its start-up", flush=True)
-        if args.media_rows:
-            r = media_bench(bench, args.media_rows, args.media_tokens, args.rounds)
-            print(
-                f"media {args.media_rows} image rows x {args.media_tokens} tokens: anex "
-                f"{r['anex']:7.1f} rows/s  LLM.chat (pictures decoded) {r['direct']:7.1f} "
-                f"rows/s  anex/direct = {r['ratio']:.2f} (rounds "
-                f"{', '.join(f'{x:.2f}' for x in r['ratios'])}); greedy outputs differing: "
-                f"{r['mismatched']} of {args.media_rows * args.rounds} rows", flush=True)
-            spans_print(r["spans"])
-        if args.embed_rows:
-            r = embed_bench(bench, args.embed_rows, args.rounds)
-            print(
-                f"embed {args.embed_rows} rows: anex {r['anex']:7.1f} rows/s  LLM.embed "
-                f"{r['direct']:7.1f} rows/s  anex/direct = {r['ratio']:.2f} (rounds "
-                f"{', '.join(f'{x:.2f}' for x in r['ratios'])})", flush=True)
-            spans_print(r["spans"])
-    finally:
-        worker.stop()
-    print(f"load at the end {os.getloadavg()[0]:.1f}")
+    if "media" in cases:
+        media_rows = args.media_rows or 200
+        r = media_bench(bench, media_rows, args.media_tokens, args.rounds)
+        print(
+            f"media {media_rows} image rows x {args.media_tokens} tokens: anex "
+            f"{r['anex']:7.1f} rows/s  LLM.chat (pictures decoded) {r['direct']:7.1f} "
+            f"rows/s  anex/direct = {r['ratio']:.2f} (rounds "
+            f"{', '.join(f'{x:.2f}' for x in r['ratios'])}); greedy outputs differing: "
+            f"{r['mismatched']} of {media_rows * args.rounds} rows", flush=True)
+        spans_print(r["spans"])
+    if "embed" in cases and args.embed_rows:
+        r = embed_bench(bench, args.embed_rows, args.rounds)
+        print(
+            f"embed {args.embed_rows} rows: anex {r['anex']:7.1f} rows/s  LLM.embed "
+            f"{r['direct']:7.1f} rows/s  anex/direct = {r['ratio']:.2f} (rounds "
+            f"{', '.join(f'{x:.2f}' for x in r['ratios'])})", flush=True)
+        spans_print(r["spans"])
+    if "duplicates" in cases:
+        r = duplicate_embed_bench(bench, args.duplicate_rows, args.duplicate_share,
+                                  args.rounds)
+        print(
+            f"duplicates embed {args.duplicate_rows} rows ({repeats} repeating an earlier "
+            f"row): anex {r['anex']:7.1f} rows/s  LLM.embed {r['direct']:7.1f} rows/s  "
+            f"anex/direct = {r['ratio']:.2f} (rounds "
+            f"{', '.join(f'{x:.2f}' for x in r['ratios'])}); submit -> cost_ready "
+            f"{r['estimate']:.2f} s", flush=True)
+        spans_print(r["spans"])
 
 
 if __name__ == "__main__":

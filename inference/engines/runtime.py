@@ -31,6 +31,12 @@ from inference.engines.media import MediaLimits
 logger = logging.getLogger(__name__)
 
 CPU_KVCACHE_GIB = "1"
+# The tokens of one KV-cache block as vLLM lays it out when asked for no size: 128 on the CPU
+# build (vllm/platforms/cpu.py), 16 for the GPU attention backends. A KV budget
+# (ANEX_KV_CACHE_TOKENS) becomes a count of blocks with it; kv_cache_tokens reads back what
+# the engine really holds.
+CPU_KV_BLOCK_TOKENS = 128
+GPU_KV_BLOCK_TOKENS = 16
 CPU_GPU_MEMORY_UTILIZATION = 0.1
 # The CPU features (Linux's /proc/cpuinfo flags: x86 `flags`, Arm `Features`) under which a
 # CPU computes float16 itself rather than converting each value
@@ -140,6 +146,12 @@ def engine_options(checkpoint: Path, *, runner: str, max_model_len: int, cpu: bo
         # Every question of a decision row, every turn of a conversation, shares its
         # prefix. (Pooling is left to vLLM: an encoder such as MiniLM has no KV cache.)
         options["enable_prefix_caching"] = True
+        if settings.ANEX_KV_CACHE_TOKENS:
+            # A cap on the KV cache, in vLLM's unit (blocks), the same on every platform:
+            # VLLM_CPU_KVCACHE_SPACE counts whole GiB, and kv_cache_memory_bytes is
+            # overwritten by it on the CPU build.
+            block = CPU_KV_BLOCK_TOKENS if cpu else GPU_KV_BLOCK_TOKENS
+            options["num_gpu_blocks_override"] = -(-settings.ANEX_KV_CACHE_TOKENS // block)
         # Compact JSON: a grammar that allows any whitespace lets a weak model pad forever.
         options["structured_outputs_config"] = {"backend": "xgrammar",
                                                 "disable_any_whitespace": True}
@@ -149,6 +161,14 @@ def engine_options(checkpoint: Path, *, runner: str, max_model_len: int, cpu: bo
             # parser recognises (</think> in the prompt or the output).
             options["reasoning_parser"] = reasoning_parser
     return options
+
+
+def kv_cache_tokens(llm: Any) -> int | None:
+    """The tokens a built engine's KV cache holds (its blocks times their size); None where
+    vLLM does not say (a pooling engine without one)."""
+    config = llm.llm_engine.vllm_config.cache_config
+    blocks, size = config.num_gpu_blocks, config.block_size
+    return int(blocks) * int(size) if blocks and size else None
 
 
 def cpu_flags(cpuinfo: Path | None = None) -> frozenset[str]:
@@ -184,7 +204,8 @@ def _build(checkpoint: Path, *, runner: str, max_model_len: int,
     with _kernel_scan_safe(), FORWARD:
         llm = LLM(**options)
     seconds = time.monotonic() - started
-    logger.info("engine for %s (%s) ready in %.1f s", checkpoint, runner, seconds)
+    logger.info("engine for %s (%s) ready in %.1f s; KV cache %s tokens", checkpoint, runner,
+                seconds, kv_cache_tokens(llm))
     return Loaded(llm=llm, seconds=seconds, native=native)
 
 

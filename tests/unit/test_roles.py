@@ -110,6 +110,21 @@ def test_the_engine_takes_the_deployments_gpu_share_and_tensor_parallel_size(
     assert "tensor_parallel_size" not in on_cpu
 
 
+def test_a_kv_budget_caps_a_chat_engines_cache_in_whole_blocks(
+        settings: Settings, tmp_path: Path) -> None:
+    # unset: vLLM sizes the cache from the memory it is given, as before
+    assert "num_gpu_blocks_override" not in engine_options(
+        tmp_path, runner="generate", max_model_len=512, cpu=True)
+    settings.ANEX_KV_CACHE_TOKENS = 1000
+    on_cpu = engine_options(tmp_path, runner="generate", max_model_len=512, cpu=True)
+    assert on_cpu["num_gpu_blocks_override"] == 8  # 128-token blocks, rounded up
+    on_gpu = engine_options(tmp_path, runner="generate", max_model_len=512, cpu=False)
+    assert on_gpu["num_gpu_blocks_override"] == 63  # 16-token blocks
+    # an encoder keeps no KV cache
+    assert "num_gpu_blocks_override" not in engine_options(
+        tmp_path, runner="pooling", max_model_len=512, cpu=True)
+
+
 @pytest.mark.parametrize("flags,dtype", [
     ("fpu avx2 avx512f avx512_bf16", "float32"),  # no float16 arithmetic: the checkpoint's own
     ("fpu avx2 avx512f avx512_fp16", None),       # float16 computed: vLLM's choice stands
