@@ -19,6 +19,7 @@ this machine unless --insecure says otherwise.
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import ipaddress
 import json
@@ -311,8 +312,8 @@ def download(url: str, out: Path, *, quiet: bool) -> None:
     tag = version.read_text().strip() if have else ""
     for resumes in range(DOWNLOAD_RESUMES + 1):
         headers = {"Range": f"bytes={have}-", "If-Range": tag} if have and tag else {}
-        response = _retrying(lambda headers=headers: requests.get(
-            url, stream=True, timeout=TIMEOUT_SECONDS, headers=headers))
+        response = _retrying(functools.partial(
+            requests.get, url, stream=True, timeout=TIMEOUT_SECONDS, headers=headers))
         if response.status_code == 416 and headers and _whole_at(response, have):
             break  # the partial file is the whole of it already
         if response.status_code not in (200, 206):

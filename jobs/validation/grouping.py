@@ -1,9 +1,11 @@
 """The prefix-grouped order of a JSONL job's rows (issue 43; docs/dev/decisions/
 2026-12-06-prefix-grouped-plan.md): rows whose prompts share a prefix are planned next to
-each other, and identical rows side by side, so that the first row of a group warms the
-engine's prefix cache before the rest of the group join the running batch, and the chunk
-that holds identical rows computes them once (inference.kinds). vLLM schedules in arrival
-order: the product has to order its rows before they reach it.
+each other, and identical rows side by side, so that a group's rows reach the engine
+together and its shared prefix is computed once while it is cached (vLLM v1 finds a block
+in its prefix cache as soon as a request scheduled in the same step holds it, so no row
+needs to go first: bench/prefix_order.py), and the chunk that holds identical rows
+computes them once (inference.kinds). vLLM schedules in arrival order: the product has to
+order its rows before they reach it.
 
 Two halves. `ShareKeys` is fed every block the estimate's checks read (through
 jobs.validation.layout.RowLayout) and keeps, per row, in numpy columns: the byte it starts
