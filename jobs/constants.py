@@ -105,6 +105,16 @@ AWAITING_APPROVAL_STATUSES = frozenset({JobStatus.SUBMITTED, JobStatus.ESTIMATIN
                                         JobStatus.COST_READY})
 
 
+class Priority(models.TextChoices):
+    """A job's urgency tier (docs/dev/decisions/2026-12-06-urgency-tiers.md): what it pays
+    (a price multiplier) and where its chunks wait in dispatch. standard is the
+    reference's behaviour."""
+
+    FLEX = "flex"
+    STANDARD = "standard"
+    PRIORITY = "priority"
+
+
 class FailureCode(models.TextChoices):
     INVALID_INPUT = "invalid_input"
     INTERNAL_ERROR = "internal_error"

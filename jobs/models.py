@@ -25,6 +25,7 @@ from jobs.constants import (
     JobState,
     JobStatus,
     JobSubstate,
+    Priority,
     TaskType,
     job_state,
 )
@@ -46,6 +47,9 @@ class Job(models.Model):
                               default=InputFormat.JSONL)
     data_residency = models.CharField(max_length=8, choices=Region.choices,
                                       default=Region.WORLD)
+    # The urgency tier (jobs.constants.Priority): set at submission, never changed.
+    priority = models.CharField(max_length=8, choices=Priority.choices,
+                                default=Priority.STANDARD)
     status = models.CharField(max_length=16, choices=JobStatus.choices,
                               default=JobStatus.SUBMITTED, db_index=True)
     # The internal step of its status the job is in (jobs.constants.JobSubstate: the
