@@ -115,18 +115,26 @@ def audit_event_list(*, organization: Organization) -> QuerySet[AuditEvent]:
     return AuditEvent.objects.for_org(organization)
 
 
-def spend_per_day(*, organization: Organization, days: int = 30) -> list[tuple[date, int]]:
-    """Credits charged per day over the last `days` days (today included), oldest first;
-    a day without charges is 0. A sum over the ledger's charge entries."""
+# A charge with no job is realtime usage, settled per key over every model it used.
+REALTIME_SPEND = "realtime (all models)"
+
+
+def spend_per_day(*, organization: Organization,
+                  days: int = 30) -> tuple[list[date], dict[tuple[date, str], int]]:
+    """The last `days` UTC days (today included), oldest first, and the credits charged
+    on each by model: a sum over the ledger's charge entries, each a job's (its model) or
+    realtime usage's (REALTIME_SPEND). A day or model without charges has no entry."""
     today = timezone.localdate()
     first = today - timedelta(days=days - 1)
     rows = (LedgerEntry.objects.for_org(organization)
             .filter(kind=EntryKind.CHARGE, created_at__date__gte=first)
-            .annotate(day=TruncDate("created_at")).values("day")
+            .annotate(day=TruncDate("created_at")).values("day", "job__model")
             .annotate(spent=Sum("balance_delta")))
-    spent = {row["day"]: -row["spent"] for row in rows}
-    return [(first + timedelta(days=n), spent.get(first + timedelta(days=n), 0))
-            for n in range(days)]
+    spent: dict[tuple[date, str], int] = {}
+    for row in rows:
+        key = (row["day"], row["job__model"] or REALTIME_SPEND)
+        spent[key] = spent.get(key, 0) - row["spent"]
+    return [first + timedelta(days=n) for n in range(days)], spent
 
 
 def model_for_key(model_id: str, key: ApiKey | None) -> CatalogModel:

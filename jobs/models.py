@@ -382,6 +382,10 @@ class Chunk(models.Model):
     truncated_rows = models.PositiveIntegerField(default=0)
     # What the chunk's billable rows consumed, as inference.pricing.Usage fields.
     usage = models.JSONField(default=dict, blank=True)
+    # Its failed rows by error ({jobs.services.outcomes.error_key: rows}), recorded with its
+    # counts by the move to done: the console's outcome breakdown sums them, and a page of
+    # one error's rows reads only the chunks that have it.
+    error_codes = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["job", "index"]

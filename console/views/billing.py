@@ -1,11 +1,9 @@
-"""The Billing page: balance, held and available credits, spend per day, the ledger, and
-a Stripe Checkout top-up for owners."""
+"""The Billing page: balance, held and available credits, spend per day by model, the
+ledger, and a Stripe Checkout top-up for owners."""
 
 from __future__ import annotations
 
 import logging
-from datetime import date
-from typing import Any
 
 import stripe
 from django.contrib import messages
@@ -22,26 +20,10 @@ from billing.stripe_gateway import checkout_session_create, topup_available
 from console.forms import TopupForm
 from console.selectors import spend_per_day
 from console.views.base import Console, console_page, page
+from console.views.charts import spend_chart
 
 logger = logging.getLogger(__name__)
 TOPUP_UNAVAILABLE = "Top-up is unavailable right now: card payments are not set up here."
-CHART_WIDTH, CHART_HEIGHT, CHART_PAD = 600, 160, 2
-
-
-def spend_chart(series: list[tuple[date, int]]) -> dict[str, Any]:
-    """Bars for the server-rendered SVG: one per day, scaled to the busiest day."""
-    top = max((spent for _day, spent in series), default=0) or 1
-    slot = CHART_WIDTH / len(series)
-    bars = []
-    for n, (day, spent) in enumerate(series):
-        height = (CHART_HEIGHT - CHART_PAD) * spent / top
-        bars.append({"x": round(n * slot + 1, 1), "width": round(max(slot - 2, 1), 1),
-                     "y": round(CHART_HEIGHT - CHART_PAD - height, 1),
-                     "height": round(height, 1), "day": day, "spent": spent})
-    return {"bars": bars, "width": CHART_WIDTH, "height": CHART_HEIGHT,
-            "baseline": CHART_HEIGHT - CHART_PAD, "top": top,
-            "total": sum(spent for _day, spent in series),
-            "first": series[0][0], "last": series[-1][0]}
 
 
 @require_http_methods(["GET", "POST"])
@@ -72,7 +54,7 @@ def billing_page(request: HttpRequest, console: Console) -> HttpResponse:
     return page(request, console, "console/billing.html", "billing",
                 credits=credits_summary(organization=organization),
                 page_obj=entries.get_page(request.GET.get("page")),
-                chart=spend_chart(spend_per_day(organization=organization)),
+                chart=spend_chart(*spend_per_day(organization=organization)),
                 form=form, topup_available=topup_available(),
                 topup_unavailable_message=TOPUP_UNAVAILABLE,
                 topup_result=request.GET.get("topup"))

@@ -9,30 +9,36 @@ from uuid import UUID
 
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import redirect
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from anex.api.errors import error_json_response
 from anex.csp import csp_connect_add
 from anex.errors import DomainError
 from anex.regions import organization_region
+from billing.selectors import job_money
 from console.forms import JobSubmitForm
 from console.selectors import console_models
 from console.views.base import Console, console_page, fragment, page
+from console.views.charts import cost_chart, outcomes_chart, rows_chart
 from inference.constants import InputFormat
-from jobs.constants import TERMINAL_STATUSES, FailureCode, JobStatus
+from jobs.constants import TERMINAL_STATUSES, FailureCode, JobStatus, Priority
 from jobs.models import Job
-from jobs.selectors import job_get, job_list, job_models_used, job_progress_of
+from jobs.selectors import Progress, job_get, job_list, job_models_used, job_progress_of
 from jobs.serializers import JobOut
 from jobs.services.data import job_data_delete, job_result_link
 from jobs.services.inputs import input_create
 from jobs.services.lifecycle import job_approve, job_cancel, job_cancellable
+from jobs.services.metering import job_cost_so_far
+from jobs.services.outcomes import job_error_rows, job_outcomes, job_timeline
 from jobs.services.submission import job_submit
 from jobs.storage import storage_for
 
 PAGE_SIZE = 25
+ERROR_ROWS_PAGE_SIZE = 50
 # How often a page with a job in flight asks for its fresh state (one small GET).
 POLL_MS = 2000
 FAILURES = {
@@ -49,6 +55,11 @@ STATUS_WORDS = {
     JobStatus.FAILED: "Failed.",
     JobStatus.CANCELLING: "Cancelling: rows already running finish first.",
     JobStatus.CANCELLED: "Cancelled.",
+}
+TIER_WORDS = {
+    Priority.FLEX: "Flex",
+    Priority.STANDARD: "Standard",
+    Priority.PRIORITY: "Priority",
 }
 
 
@@ -83,12 +94,36 @@ def job_list_page(request: HttpRequest, console: Console) -> HttpResponse:
     return page(request, console, "console/jobs/list.html", "jobs", **context)
 
 
+def _picture(job: Job, progress: Progress) -> dict[str, Any]:
+    """The job as a picture (issue 44): its rows over time with the ETA, its rows by
+    outcome and error, and its cost against its hold; nothing before approval, when no
+    row has run and nothing is held."""
+    if job.approved_at is None:
+        return {}
+    terminal = job.status in TERMINAL_STATUSES
+    now = (job.finished_at or timezone.now()) if terminal else timezone.now()
+    outcomes = job_outcomes(job=job)
+    money = job_money(job_id=job.pk)
+    return {
+        "rows_chart": rows_chart(points=job_timeline(job=job, until=now), progress=progress,
+                                 start=job.approved_at, now=now,
+                                 running=job.status == JobStatus.IN_PROGRESS),
+        "outcomes": outcomes_chart(outcomes),
+        "cost_chart": cost_chart(cost_so_far=0 if money.settled else job_cost_so_far(job=job),
+                                 money=money),
+    }
+
+
 def _job_context(console: Console, job: Job) -> dict[str, Any]:
     fields = JobOut(job).data
+    progress = job_progress_of(job=job)
     return {
         "organization": console.organization,  # the live part's forms carry it
         "job": job, "fields": fields,
-        "progress": job_progress_of(job=job),
+        "progress": progress,
+        "tier": TIER_WORDS.get(Priority(job.priority), job.priority),
+        "rows_readable": job.data_deleted_at is None and not job.data_delete_requested,
+        **_picture(job, progress),
         "status_words": STATUS_WORDS.get(JobStatus(job.status), job.status),
         "failure_words": FAILURES.get(FailureCode(job.failure_code)) if job.failure_code else "",
         "can_approve": job.status == JobStatus.COST_READY,
@@ -110,6 +145,28 @@ def job_page(request: HttpRequest, console: Console, job_id: UUID) -> HttpRespon
     if request.GET.get("fragment"):
         return fragment(request, "console/jobs/_live.html", context)
     return page(request, console, "console/jobs/detail.html", "jobs", **context)
+
+
+@require_GET
+@console_page()
+def job_error_rows_page(request: HttpRequest, console: Console, job_id: UUID) -> HttpResponse:
+    """The rows of one of a job's errors (the outcome breakdown's link): custom_id and
+    message, a page at a time, read from the job's chunk results. Once the job's data is
+    deleted (or being deleted) there are none to read: the page says so, 410 as the API's
+    result answers."""
+    job = job_get(organization=console.organization, id=job_id)
+    key = request.GET.get("code", "")
+    if job.data_deleted_at is not None or job.data_delete_requested:
+        response = page(request, console, "console/jobs/errors.html", "jobs", job=job,
+                        key=key, deleted=True)
+        response.status_code = 410
+        return response
+    rows = job_error_rows(job=job, key=key)
+    if not key or not len(rows):
+        raise Http404("This job has no rows with that error.")
+    current = Paginator(rows, ERROR_ROWS_PAGE_SIZE).get_page(request.GET.get("page"))
+    return page(request, console, "console/jobs/errors.html", "jobs", job=job, key=key,
+                page_obj=current, code_query=quote(key))
 
 
 @require_POST

@@ -101,15 +101,17 @@ def chunk_heartbeat(*, chunk_id: uuid.UUID | str) -> bool:
 
 
 def chunk_complete(*, chunk_id: uuid.UUID | str, counts: dict[RowOutcome, int],
-                   usage: Usage) -> bool:
-    """running -> done, its rows' counts by outcome and their usage recorded with the
-    move: a redelivered chunk's results overwrite, its counts are never added twice."""
+                   usage: Usage, error_codes: dict[str, int] | None = None) -> bool:
+    """running -> done, its rows' counts by outcome (and its failed rows' by error,
+    jobs.services.outcomes.error_codes_count) and their usage recorded with the move: a
+    redelivered chunk's results overwrite, its counts are never added twice."""
     return chunk_transition(
         chunk_id=chunk_id, to=ChunkStatus.DONE, sources=_RUNNING,
         success_rows=counts.get(RowOutcome.SUCCESS, 0),
         error_rows=counts.get(RowOutcome.ERROR, 0),
         truncated_rows=counts.get(RowOutcome.TRUNCATED, 0),
-        format_error_rows=counts.get(RowOutcome.FORMAT_ERROR, 0), usage=usage_json(usage))
+        format_error_rows=counts.get(RowOutcome.FORMAT_ERROR, 0), usage=usage_json(usage),
+        error_codes=error_codes or {})
 
 
 def chunk_fail(*, chunk: Chunk, reaped: bool = False) -> bool:

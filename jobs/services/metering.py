@@ -12,7 +12,9 @@ from django.db.models import BigIntegerField, DecimalField, QuerySet, Sum
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 
-from inference.pricing import USAGE_RENAMED, Usage, usage_from_json, usage_json
+from billing.selectors import job_money
+from inference.catalog import model_get
+from inference.pricing import USAGE_RENAMED, Usage, price, usage_from_json, usage_json
 from jobs.constants import TERMINAL_STATUSES, ChunkStatus
 from jobs.models import Chunk, Job
 
@@ -44,3 +46,19 @@ def job_usage_recorded(*, job: Job) -> Usage:
     if job.status in TERMINAL_STATUSES:
         Job.objects.filter(pk=job.pk, usage__isnull=True).update(usage=usage_json(usage))
     return usage
+
+
+def job_price_cents(job: Job, usage: Usage) -> int:
+    """What `usage` of this job costs in credits, rounded up, with the model's minimum job
+    price (inference.pricing.price): the one job-level price, which the finalize charges
+    (within the hold) and the console's cost so far shows."""
+    model = model_get(job.model)
+    return price(model, usage).cents if model is not None else 0
+
+
+def job_cost_so_far(*, job: Job) -> int:
+    """What the job would be charged were it to end now: its done chunks' usage priced as
+    the finalize prices it, and never more than its hold, as the settlement charges."""
+    cost = job_price_cents(job, job_usage_done(job.pk))
+    held = job_money(job_id=job.pk).held
+    return min(cost, held) if held else cost

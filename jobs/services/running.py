@@ -33,7 +33,7 @@ from inference.constants import InputFormat, RowOutcome
 from inference.kinds import kind_named
 from inference.kinds.base import InputRow
 from inference.kinds.metering import RowMeter
-from inference.pricing import Usage, price, usage_cost_usd, usage_json
+from inference.pricing import Usage, usage_cost_usd, usage_json
 from jobs.constants import CHUNK_SETTLED, ChunkStatus, FailureCode, JobStatus
 from jobs.failures import (
     BREAKER_RESEND_MS,
@@ -67,7 +67,8 @@ from jobs.services.lifecycle import (
     job_lease_claim,
     job_transition,
 )
-from jobs.services.metering import job_usage_done
+from jobs.services.metering import job_price_cents, job_usage_done
+from jobs.services.outcomes import error_codes_count
 from jobs.services.progress import job_progress_notify
 from jobs.services.rows import record, rows_read
 from jobs.storage import StorageChanged, storage_for
@@ -328,17 +329,19 @@ def chunk_run(*, chunk_id: uuid.UUID | str) -> ChunkStatus | None:
     counts = {outcome: 0 for outcome in RowOutcome}
     for item in results:
         counts[RowOutcome(item["outcome"])] += 1
-    _settle_done(chunk, counts, usage)
+    _settle_done(chunk, counts, usage, error_codes_count(results))
     return ChunkStatus.DONE
 
 
-def _settle_done(chunk: Chunk, counts: dict[RowOutcome, int], usage: Usage) -> None:
+def _settle_done(chunk: Chunk, counts: dict[RowOutcome, int], usage: Usage,
+                 error_codes: dict[str, int]) -> None:
     """chunk_settle(done), through a database that fails for a while (SETTLE_RETRY_SECONDS):
     a connection the failure broke is closed and the next try opens one. The move is
     guarded, so a try after an error that hid a commit moves nothing twice."""
     for wait in (*SETTLE_RETRY_SECONDS, None):
         try:
-            chunk_settle(chunk=chunk, to=ChunkStatus.DONE, counts=counts, usage=usage)
+            chunk_settle(chunk=chunk, to=ChunkStatus.DONE, counts=counts, usage=usage,
+                         error_codes=error_codes)
             return
         except (OperationalError, InterfaceError) as error:
             if wait is None:
@@ -381,15 +384,18 @@ def _chunk_retry_or_fail(chunk: Chunk, failure: FailureClass = FailureClass.UNEX
 
 
 def chunk_settle(*, chunk: Chunk, to: ChunkStatus, reaped: bool = False,
-                 counts: dict[RowOutcome, int] | None = None, usage: Usage | None = None) -> bool:
-    """The one way a running chunk ends: it settles (`to` done, with its rows' `counts`
-    and `usage`; failed, its attempts spent or its job's hold reached, or `reaped` by the
-    recovery pass; skipped, its job cancelled), and its job's finalize is sent once its
-    last chunk has. False when the move was not made (a repeat, or a worker that beat the
-    recovery pass to it), and then nothing follows: whoever made it sends the finalize."""
+                 counts: dict[RowOutcome, int] | None = None, usage: Usage | None = None,
+                 error_codes: dict[str, int] | None = None) -> bool:
+    """The one way a running chunk ends: it settles (`to` done, with its rows' `counts`,
+    their `error_codes` and `usage`; failed, its attempts spent or its job's hold reached,
+    or `reaped` by the recovery pass; skipped, its job cancelled), and its job's finalize
+    is sent once its last chunk has. False when the move was not made (a repeat, or a
+    worker that beat the recovery pass to it), and then nothing follows: whoever made it
+    sends the finalize."""
     if to == ChunkStatus.DONE:
         assert counts is not None and usage is not None
-        moved = chunk_complete(chunk_id=chunk.pk, counts=counts, usage=usage)
+        moved = chunk_complete(chunk_id=chunk.pk, counts=counts, usage=usage,
+                               error_codes=error_codes)
         if moved:
             job_progress_notify(job_id=chunk.job_id)  # before finalize: its events first
     elif to == ChunkStatus.FAILED:
@@ -458,11 +464,9 @@ def job_finalize(*, job_id: uuid.UUID | str) -> JobStatus | None:
     skipped = any(chunk.status == ChunkStatus.SKIPPED for chunk in chunks)
     failed = any(chunk.status == ChunkStatus.FAILED for chunk in chunks)
     usage = job_usage(job)
-    model = model_get(job.model)
     # Priced once, at the end; what the settlement will charge (never over the hold) is
     # what the result's per-row costs add up to.
-    cost = min(price(model, usage).cents if model is not None else 0,
-               hold_open_cents(job=job))
+    cost = min(job_price_cents(job, usage), hold_open_cents(job=job))
     # The merge streams every row once (a large job's takes hours at the slowest rate):
     # its lease is renewed meanwhile, so the recovery pass hands the finalize out only
     # when this worker died or its time limit stopped it.

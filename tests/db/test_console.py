@@ -446,9 +446,9 @@ def test_spend_per_day_sums_the_days_charges(organization: Organization, owner: 
     LedgerEntry.objects.create(organization=organization, kind=EntryKind.CHARGE,
                                balance_delta=-7, held_delta=0, job=job,
                                idempotency_key=f"test:{job.pk}:charge")
-    series = spend_per_day(organization=organization)
-    assert len(series) == 30 and series[-1] == (timezone.localdate(), 7)
-    assert sum(spent for _day, spent in series) == 7
+    days, spent = spend_per_day(organization=organization)
+    assert len(days) == 30 and days[-1] == timezone.localdate()
+    assert spent == {(timezone.localdate(), job.model): 7}
     page = owner.get("/console/billing").content.decode()
     assert "<svg" in page and "7 credits" in page
     assert f"/console/jobs/{job.pk}" in page  # the ledger entry links its job
