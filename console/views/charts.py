@@ -129,17 +129,19 @@ def outcomes_chart(outcomes: Outcomes) -> dict[str, Any]:
 # --- cost so far against the hold ---------------------------------------------------------
 
 
-def cost_chart(*, cost_so_far: int, money: JobMoney) -> dict[str, Any] | None:
+def cost_chart(*, cost_so_far: int, money: JobMoney, minimum: int) -> dict[str, Any] | None:
     """The job's cost against what approval held: while it runs, what it would be charged
     were it to end now; once settled, the charge and the release. None when nothing was
-    held (not approved yet, or an estimate of 0)."""
+    held (not approved yet, or an estimate of 0). `minimum`: the model's minimum job price,
+    which a small job's cost is from its first row (the caption says so)."""
     if not money.held:
         return None
     spent = money.charged if money.settled else cost_so_far
     spent = min(spent, money.held)
     return {"width": CHART_WIDTH, "height": BAR_HEIGHT, "held": money.held, "spent": spent,
             "spent_width": _n(CHART_WIDTH * spent / money.held), "settled": money.settled,
-            "released": money.released,
+            "released": money.released, "minimum": minimum,
+            "at_minimum": bool(spent) and spent == minimum,
             "percent": round(100 * spent / money.held)}
 
 
@@ -167,7 +169,8 @@ def spend_chart(days: list[date], spend: dict[tuple[date, str], int]) -> dict[st
     slot = CHART_WIDTH / max(len(days), 1)
     bars, table = [], []
     for n, day in enumerate(days):
-        stack, floor = [], SPEND_HEIGHT - PAD
+        stack: list[dict[str, Any]] = []
+        floor = float(SPEND_HEIGHT - PAD)
         models = sorted(((model, cents) for (when, model), cents in spend.items()
                          if when == day and cents), key=lambda item: ranked.index(item[0]))
         for model, cents in models:

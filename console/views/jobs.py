@@ -24,7 +24,9 @@ from console.forms import JobSubmitForm
 from console.selectors import console_models
 from console.views.base import Console, console_page, fragment, page
 from console.views.charts import cost_chart, outcomes_chart, rows_chart
+from inference.catalog import model_get
 from inference.constants import InputFormat
+from inference.pricing import minimum_job_cents
 from jobs.constants import TERMINAL_STATUSES, FailureCode, JobStatus, Priority
 from jobs.models import Job
 from jobs.selectors import Progress, job_get, job_list, job_models_used, job_progress_of
@@ -94,6 +96,11 @@ def job_list_page(request: HttpRequest, console: Console) -> HttpResponse:
     return page(request, console, "console/jobs/list.html", "jobs", **context)
 
 
+def _minimum_price(job: Job) -> int:
+    model = model_get(job.model)
+    return minimum_job_cents(model) if model is not None else 0
+
+
 def _picture(job: Job, progress: Progress) -> dict[str, Any]:
     """The job as a picture (issue 44): its rows over time with the ETA, its rows by
     outcome and error, and its cost against its hold; nothing before approval, when no
@@ -110,7 +117,7 @@ def _picture(job: Job, progress: Progress) -> dict[str, Any]:
                                  running=job.status == JobStatus.IN_PROGRESS),
         "outcomes": outcomes_chart(outcomes),
         "cost_chart": cost_chart(cost_so_far=0 if money.settled else job_cost_so_far(job=job),
-                                 money=money),
+                                 money=money, minimum=_minimum_price(job)),
     }
 
 

@@ -241,9 +241,12 @@ def test_the_console_walk(browser: Browser, served: tuple[str, LocalServer],
     expect(page.locator("#estimate")).to_contain_text("$")
     shoot(page, "job-cost-ready")
 
-    # Approve, and watch the bar move to done.
+    # Approve, and watch the bar move to done, and the job drawn as it runs (issue 44): its
+    # rows over time with the ETA line, read in one turn of the page's script (the poller
+    # redraws the part).
     page.get_by_role("button", name=re.compile(r"^Approve")).click()
     seen: set[int] = set()
+    drawn_running: list[dict[str, Any]] = []
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         if page.locator("#rows-done").count():
@@ -252,11 +255,26 @@ def test_the_console_walk(browser: Browser, served: tuple[str, LocalServer],
             break
         if len(seen) == 2:
             shoot(page, "job-running")
+        drawn = page.evaluate("""() => ({
+            status: document.querySelector("[data-status]").dataset.status,
+            done: Number((document.getElementById("rows-done") || {}).textContent || 0),
+            rows: Boolean(document.querySelector("#rows-chart svg path.area-finished")),
+            eta: Boolean(document.querySelector("#rows-chart svg line.line-eta")),
+            cost: Boolean(document.querySelector("#cost-chart svg rect.spent"))})""")
+        if drawn["status"] == "in_progress" and 0 < drawn["done"] < ROWS:
+            drawn_running.append(drawn)
         time.sleep(0.1)
     expect(status).to_have_attribute("data-status", "done")
     assert any(0 < rows < ROWS for rows in seen), f"the bar never moved: {sorted(seen)}"
+    assert any(d["rows"] and d["eta"] and d["cost"] for d in drawn_running), drawn_running
     expect(page.locator("#rows-done")).to_have_text(str(ROWS))
     expect(page.locator("#cost")).to_contain_text("$")
+    # Ended: the rows drawn to the last, no ETA, every row succeeded, the charge.
+    expect(page.locator("#rows-chart figcaption")).to_contain_text(
+        f"{ROWS} of {ROWS} rows done when the job ended")
+    expect(page.locator("#rows-chart line.line-eta")).to_have_count(0)
+    expect(page.locator("#outcomes-chart tr", has_text="Succeeded")).to_contain_text(str(ROWS))
+    expect(page.locator("#cost-chart figcaption")).to_contain_text("Charged")
     shoot(page, "job-done")
 
     # Download the result: one line per row.

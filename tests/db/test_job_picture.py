@@ -65,6 +65,7 @@ RED = (255, 0, 0)
 # hold [0, 2, 3], [8, 1, 4] and [5, 6, 7]: the 429s fall in the second and the third.
 LIMITED, GONE = "media_fetch_error:429", "media_fetch_error:404"
 DAMAGED = "invalid_request_error:invalid_media"
+DAMAGED_GIF = b"GIF89a" + b"\x00" * 64
 
 
 @pytest.fixture
@@ -93,17 +94,11 @@ class Run:
         return self.job
 
 
-@pytest.fixture
-def run(api: APIClient, organization: Organization, settings: Settings, checkpoints: Any,
-        engine: Any, host: LocalServer, monkeypatch: pytest.MonkeyPatch) -> Run:  # noqa: F811
-    settings.ANEX_FREE_GRANT_CENTS = 10_000
-    settings.ANEX_CHUNK_ROWS = 3
-    monkeypatch.setattr(kinds_media, "FETCH_RETRY_SECONDS", (0.01, 0.01))
-    red = data_uri(picture(RED), "image/png")
-    parts = [image(red), image(host.url("/red.png")), image(red),
-             image(red), image(host.url("/limited.png")), image(host.url("/limited.png")),
-             image(host.url("/gone.png")), image(data_uri(b"GIF89a" + b"\x00" * 64, "image/gif")),
-             image(red)]
+def started(api: APIClient, organization: Organization, parts: list[dict[str, Any]],
+            monkeypatch: pytest.MonkeyPatch) -> Run:
+    """A gemma4-12b job of one row per image part, through the API's submit, the estimate
+    and approval (a minute ago: the pace, and so the ETA, is measured from approval), then
+    started: its chunks wait for Run.chunks."""
     lines = b"".join(json.dumps({
         "custom_id": f"row-{i}", "method": "POST", "url": "/v1/chat/completions",
         "body": {"messages": [{"role": "user", "content": [
@@ -115,14 +110,28 @@ def run(api: APIClient, organization: Organization, settings: Settings, checkpoi
     job = Job.objects.get(pk=response.json()["id"])
     assert job_estimate(job_id=job.pk) == JobStatus.COST_READY
     assert api.post(f"{JOBS}/{job.pk}/approve").status_code == 200
-    # Approved a minute ago: the pace, and so the ETA, is measured from approval.
     Job.objects.filter(pk=job.pk).update(approved_at=timezone.now() - timedelta(minutes=1))
     sent: list[str] = []
     dispatch_catch(monkeypatch, lambda message: sent.append(message.id), "chunk_run_task")
     dispatch_catch(monkeypatch, lambda message: None, "job_finalize_task")
     job_start(job_id=job.pk)
-    assert len(sent) == 3
     return Run(Job.objects.get(pk=job.pk), sent)
+
+
+@pytest.fixture
+def run(api: APIClient, organization: Organization, settings: Settings, checkpoints: Any,
+        engine: Any, host: LocalServer, monkeypatch: pytest.MonkeyPatch) -> Run:  # noqa: F811
+    settings.ANEX_FREE_GRANT_CENTS = 10_000
+    settings.ANEX_CHUNK_ROWS = 3
+    monkeypatch.setattr(kinds_media, "FETCH_RETRY_SECONDS", (0.01, 0.01))
+    red = data_uri(picture(RED), "image/png")
+    parts = [image(red), image(host.url("/red.png")), image(red),
+             image(red), image(host.url("/limited.png")), image(host.url("/limited.png")),
+             image(host.url("/gone.png")), image(data_uri(DAMAGED_GIF, "image/gif")),
+             image(red)]
+    started_run = started(api, organization, parts, monkeypatch)
+    assert len(started_run.chunk_ids) == 3
+    return started_run
 
 
 def test_an_error_is_counted_under_its_type_and_its_code() -> None:
