@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import math
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from django.contrib.postgres.expressions import ArraySubquery
+from django.db import connection
 from django.db.models import OuterRef, Q, QuerySet, Sum
 from django.utils import timezone
 
 from anex.errors import NotFound
 from console.models import Organization
 from console.tenancy import ScopedGet, scoped_get
-from jobs.constants import ChunkStatus, DeliveryStatus, JobStatus
+from jobs.constants import TERMINAL_STATUSES, ChunkStatus, DeliveryStatus, JobStatus
 from jobs.models import Chunk, Input, Job, PreflightCheck, WebhookDelivery, WorkerHeartbeat
 
 
@@ -56,6 +57,8 @@ class Progress:
     total_rows: int | None
     eta_seconds: int | None
     rows_per_second: float | None
+    # GET /jobs/{id}/rows's cursor readable now (rows_readable_after); 0 where not asked.
+    rows_readable_after: int = 0
 
     @property
     def percent(self) -> int:
@@ -67,7 +70,8 @@ class Progress:
 
 def job_progress(*, organization: Organization, id: uuid.UUID | str) -> Progress:
     """GET /jobs/{id}/progress: another organization's job is 404."""
-    return job_progress_of(job=job_get(organization=organization, id=id))
+    job = job_get(organization=organization, id=id)
+    return replace(job_progress_of(job=job), rows_readable_after=rows_readable_after(job))
 
 
 def job_progress_of(*, job: Job) -> Progress:
@@ -277,3 +281,53 @@ def deliveries_given_up_recent(*, hours: int = 24) -> int:
     return WebhookDelivery.objects.filter(
         status=DeliveryStatus.GAVE_UP,
         next_attempt_at__gte=timezone.now() - timedelta(hours=hours)).count()
+
+
+# --- GET /jobs/{id}/rows: how far a job's lines can be read (jobs.services.pages) --------
+
+# The states in which rows finish (or have finished) before the result is written.
+ROWS_RUNNING = frozenset({JobStatus.IN_PROGRESS, JobStatus.CANCELLING, JobStatus.FINALIZING})
+# A grouped chunk's row indexes: the first of each (row index, byte start, byte end).
+SPAN_ROWS = ("CROSS JOIN LATERAL unnest(c.spans) WITH ORDINALITY AS s(row_index, place) "
+             "WHERE c.job_id = %s AND c.spans IS NOT NULL AND s.place %% 3 = 1")
+
+
+def job_done_rows(job: Job) -> int:
+    """The rows of the job's done chunks: every row delivered, or (running) finished."""
+    done = Chunk.objects.filter(job_id=job.pk, status=ChunkStatus.DONE).aggregate(
+        rows=Sum("row_count"))["rows"]
+    return int(done or 0)
+
+
+def job_grouped(job: Job) -> bool:
+    """Whether the job's chunks hold rows spread over the file (Chunk.spans)."""
+    return Chunk.objects.filter(job_id=job.pk, spans__isnull=False).exists()
+
+
+def readable_end(job: Job) -> int | None:
+    """The first row of any chunk of the job that is not done (pending, running, failed or
+    skipped): every row before it is finished. None when every chunk is done."""
+    if job_grouped(job):
+        with connection.cursor() as cursor:
+            # The table's name and SPAN_ROWS are the code's; the values are parameters.
+            cursor.execute(f"SELECT min(s.row_index) FROM {Chunk._meta.db_table} c "  # noqa: S608
+                           f"{SPAN_ROWS} AND c.status <> %s", [job.pk, ChunkStatus.DONE])
+            first = cursor.fetchone()[0]
+    else:
+        first = Chunk.objects.filter(job_id=job.pk).exclude(status=ChunkStatus.DONE) \
+            .order_by("first_row").values_list("first_row", flat=True).first()
+    return None if first is None else int(first)
+
+
+def rows_readable_after(job: Job) -> int:
+    """The cursor up to which a job's lines can be read now (progress webhooks and GET
+    /jobs/{id}/progress): the readable end while it runs, every delivered line once it
+    has ended with a result, 0 before a row has finished or when nothing can be read."""
+    if job.data_deleted_at is not None:
+        return 0
+    if job.status in TERMINAL_STATUSES:
+        return job_done_rows(job) if job.result_key else 0
+    if job.status not in ROWS_RUNNING:
+        return 0
+    end = readable_end(job)
+    return job_done_rows(job) if end is None else end
