@@ -29,7 +29,10 @@ from jobs.services.lifecycle import job_cancel
 from jobs.services.running import chunk_run, job_finalize, job_start
 from jobs.storage import storage_for
 from tests.chunks import chunk_done, row_record
+from tests.db import test_grouped_plan as grouped
+from tests.db.test_grouped_plan import fake  # noqa: F401
 from tests.db.test_row_cost import approved, usage_of
+from tests.dispatched import dispatch_catch
 from tests.factories import SYSTEM, api_key_make, job_make, organization_make
 
 JOBS = "/batch/v1/jobs"
@@ -279,6 +282,47 @@ def test_a_parquet_jobs_rows_are_jsonl_envelopes_while_it_runs_and_after(
     assert job_finalize(job_id=job.pk) == JobStatus.DONE
     # after the end, the same lines (the parquet file has its own cost column)
     assert all_pages(api, job, 45) == running
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_grouped_jobs_rows_are_read_in_file_order_as_its_chunks_finish(
+        api: APIClient, organization: Organization, fake: None,  # noqa: F811
+        settings: Settings, checkpoints: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # given a grouped plan: 100 rows, 20 documents' questions interleaved in the file, run
+    # in 7 chunks of 16 rows spread over it
+    settings.ANEX_CHUNK_ROWS = grouped.CHUNK_ROWS
+    settings.ANEX_GROUP_ROWS = True
+    dispatch_catch(monkeypatch, lambda message: None, "job_estimate_task", "job_start_task",
+                   "chunk_run_task", "job_finalize_task")
+    content, _docs = grouped.documents_file(seed=44)
+    job = grouped.submitted(api, organization, content)
+    chunks = grouped.started(api, job)
+    assert all(chunk.spans is not None for chunk in chunks)
+    # when they run in their planned order, the rows are read as far as they are contiguous
+    read, after, pending = b"", 0, list(chunks)
+    while pending:
+        ran = pending.pop(0)
+        assert chunk_run(chunk_id=ran.pk) == ChunkStatus.DONE
+        readable = min((row for chunk in pending for row in (chunk.spans or [])[0::3]),
+                       default=100)
+        finished = 100 - sum(chunk.row_count for chunk in pending)
+        body, following, ahead = page(api, job, after)
+        assert ids(body) == [f"r{i}" for i in range(after, readable)]
+        assert (following, ahead) == (readable, finished - readable)
+        read, after = read + body, following
+    # with a page bounded to 2 chunks' results, a page is cut before a third chunk's row,
+    # and its cursor says where
+    monkeypatch.setattr(pages, "PAGE_CHUNKS", 2)
+    owner = {row: chunk.index for chunk in chunks for row in (chunk.spans or [])[0::3]}
+    body, following, _ahead = page(api, job, 0)
+    third = next(row for row in range(100) if len({owner[r] for r in range(row + 1)}) == 3)
+    assert ids(body) == [f"r{i}" for i in range(third)] and following == third
+    monkeypatch.setattr(pages, "PAGE_CHUNKS", 64)
+    # then, ended, the result is the lines read with their costs, and its pages are the file
+    job_finalize(job_id=job.pk)
+    final = result_bytes(job)
+    assert_costed(read, final)
+    assert all_pages(api, job, 30) == final
 
 
 def test_the_docs_name_the_endpoint() -> None:
