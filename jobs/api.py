@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
@@ -10,7 +12,7 @@ from drf_spectacular.utils import (
     PolymorphicProxySerializer,
     extend_schema,
 )
-from rest_framework.renderers import JSONRenderer
+from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -215,14 +217,18 @@ class JobResultView(APIView):
         return Response(JobResultOut(job_result_link(job=job)).data)
 
 
+# The largest cursor taken (PostgreSQL's bigint: a row index is compared with it).
+ROWS_AFTER_MAX = 2**63 - 1
 ROWS_PARAMETERS = [
     OpenApiParameter(
-        "after", OpenApiTypes.INT, OpenApiParameter.QUERY, required=False,
+        "after", {"type": "integer", "minimum": 0, "maximum": ROWS_AFTER_MAX},
+        OpenApiParameter.QUERY, required=False,
         description="The last line already read (a line number of the result file, 1 for "
                     "its first line); 0, the default, reads from the start. Pass the "
                     "previous page's Anex-Next-After."),
     OpenApiParameter(
-        "limit", OpenApiTypes.INT, OpenApiParameter.QUERY, required=False,
+        "limit", {"type": "integer", "minimum": 1, "maximum": ROWS_LIMIT_MAX},
+        OpenApiParameter.QUERY, required=False,
         description=f"The most lines a page holds, 1 to {ROWS_LIMIT_MAX:,} (default "
                     f"{ROWS_LIMIT_DEFAULT:,}). A page may hold fewer: only rows finished "
                     "in order are read, and one page reads a bounded number of chunks."),
@@ -250,16 +256,18 @@ ROWS_DESCRIPTION = (
     "page (nothing new yet) is 200 with Anex-Next-After equal to after.")
 
 
-class JsonlRenderer(JSONRenderer):
-    """Lets a client that asks for application/jsonl (Accept) reach GET /jobs/{id}/rows,
-    whose page is not rendered (a stream); a refusal is the usual JSON object."""
+class AnyAccept(DefaultContentNegotiation):
+    """GET /jobs/{id}/rows answers JSONL whatever Accept asks for (its page is a stream,
+    not rendered), and a refusal the usual JSON object: no 406 for a client that asks
+    for application/jsonl."""
 
-    media_type = "application/jsonl"
-    format = "jsonl"
+    def select_renderer(self, request: Request, renderers: list[Any],
+                        format_suffix: str | None = None) -> tuple[Any, str]:
+        return renderers[0], renderers[0].media_type
 
 
 class JobRowsView(APIView):
-    renderer_classes = [JSONRenderer, JsonlRenderer]
+    content_negotiation_class = AnyAccept
 
     @extend_schema(
         operation_id="getJobRows", parameters=[JOB_ID, *ROWS_PARAMETERS],
@@ -283,25 +291,24 @@ class JobRowsView(APIView):
         return response
 
 
-# A rows query's counts: default, least, most (None: no most), and the 422's words.
-ROWS_COUNTS: dict[str, tuple[int, int, int | None, str]] = {
-    "after": (0, 0, None, "after must be a whole number, 0 or more."),
+# A rows query's counts: default, least, most, and the 422's words.
+ROWS_COUNTS: dict[str, tuple[int, int, int, str]] = {
+    "after": (0, 0, ROWS_AFTER_MAX, "after must be a whole number, 0 or more."),
     "limit": (ROWS_LIMIT_DEFAULT, 1, ROWS_LIMIT_MAX,
               f"limit must be a whole number from 1 to {ROWS_LIMIT_MAX}."),
 }
 
 
-def _count(request: Request, name: str, rule: tuple[int, int, int | None, str]) -> int:
+def _count(request: Request, name: str, rule: tuple[int, int, int, str]) -> int:
+    """A whole number in the query (digits only), within its bounds; 422 otherwise."""
     default, least, most, problem = rule
     raw = request.query_params.get(name)
     if raw is None:
         return default
-    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > len(str(most)) \
+            or not least <= int(raw) <= most:
         raise ApiError(422, problem)
-    value = int(raw)
-    if value < least or (most is not None and value > most):
-        raise ApiError(422, problem)
-    return value
+    return int(raw)
 
 
 class JobRerunView(APIView):

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 import uuid
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.contrib.postgres.expressions import ArraySubquery
 from django.db import connection
-from django.db.models import OuterRef, Q, QuerySet, Sum
+from django.db.models import Count, Min, OuterRef, Q, QuerySet, Sum
 from django.utils import timezone
 
 from anex.errors import NotFound
@@ -57,7 +58,7 @@ class Progress:
     total_rows: int | None
     eta_seconds: int | None
     rows_per_second: float | None
-    # GET /jobs/{id}/rows's cursor readable now (rows_readable_after); 0 where not asked.
+    # How far GET /jobs/{id}/rows reads now (rows_readable_after).
     rows_readable_after: int = 0
 
     @property
@@ -70,8 +71,7 @@ class Progress:
 
 def job_progress(*, organization: Organization, id: uuid.UUID | str) -> Progress:
     """GET /jobs/{id}/progress: another organization's job is 404."""
-    job = job_get(organization=organization, id=id)
-    return replace(job_progress_of(job=job), rows_readable_after=rows_readable_after(job))
+    return job_progress_of(job=job_get(organization=organization, id=id))
 
 
 def job_progress_of(*, job: Job) -> Progress:
@@ -86,7 +86,10 @@ def job_progress_of(*, job: Job) -> Progress:
     """
     chunks = Chunk.objects.filter(job_id=job.pk).aggregate(
         planned=Sum("row_count"),
-        done=Sum("row_count", filter=Q(status=ChunkStatus.DONE)))
+        done=Sum("row_count", filter=Q(status=ChunkStatus.DONE)),
+        # GET /jobs/{id}/rows's readable end: a contiguous plan's is in the same query.
+        undone_first=Min("first_row", filter=~Q(status=ChunkStatus.DONE)),
+        grouped=Count("pk", filter=Q(spans__isnull=False)))
     total = job.row_count if job.row_count is not None else chunks["planned"]
     done = chunks["done"] or 0
     rate: float | None = None
@@ -99,7 +102,10 @@ def job_progress_of(*, job: Job) -> Progress:
         eta = 0
     elif left and rate and job.status == JobStatus.IN_PROGRESS:
         eta = math.ceil(left / rate)
-    return Progress(done_rows=done, total_rows=total, eta_seconds=eta, rows_per_second=rate)
+    readable = _readable_after(job, done=lambda: done, end=lambda: (
+        readable_end(job) if chunks["grouped"] else chunks["undone_first"]))
+    return Progress(done_rows=done, total_rows=total, eta_seconds=eta, rows_per_second=rate,
+                    rows_readable_after=readable)
 
 
 def webhook_delivery_list(*, organization: Organization) -> QuerySet[WebhookDelivery]:
@@ -323,11 +329,19 @@ def rows_readable_after(job: Job) -> int:
     """The cursor up to which a job's lines can be read now (progress webhooks and GET
     /jobs/{id}/progress): the readable end while it runs, every delivered line once it
     has ended with a result, 0 before a row has finished or when nothing can be read."""
+    return _readable_after(job, done=lambda: job_done_rows(job),
+                           end=lambda: readable_end(job))
+
+
+def _readable_after(job: Job, *, done: Callable[[], int],
+                    end: Callable[[], int | None]) -> int:
+    """rows_readable_after, given how to count the done rows and find the readable end
+    (read only when the job's state needs them)."""
     if job.data_deleted_at is not None:
         return 0
     if job.status in TERMINAL_STATUSES:
-        return job_done_rows(job) if job.result_key else 0
+        return done() if job.result_key else 0
     if job.status not in ROWS_RUNNING:
         return 0
-    end = readable_end(job)
-    return job_done_rows(job) if end is None else end
+    first = end()
+    return done() if first is None else first
