@@ -41,16 +41,10 @@ from jobs.serializers import (
     RerunOut,
 )
 from jobs.services.checks import check_create
-from jobs.services.data import STOPPING, job_data_delete, job_result_link
+from jobs.services.data import NOTHING_DELIVERED, STOPPING, job_data_delete, job_result_link
 from jobs.services.inputs import input_create, input_refresh
 from jobs.services.lifecycle import job_approve, job_cancel
-from jobs.services.pages import (
-    NO_ROW_YET,
-    NOTHING_DELIVERED,
-    ROWS_LIMIT_DEFAULT,
-    ROWS_LIMIT_MAX,
-    job_rows_page,
-)
+from jobs.services.pages import NO_ROW_YET, ROWS_LIMIT_DEFAULT, ROWS_LIMIT_MAX, job_rows_page
 from jobs.services.rerun import DEFAULT_INCLUDE, job_rerun, job_result_merged_link
 from jobs.services.submission import JobRequest, job_submit
 

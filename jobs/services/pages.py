@@ -34,7 +34,7 @@ from jobs.constants import TERMINAL_STATUSES, ChunkStatus
 from jobs.models import Chunk, Job
 from jobs.results import chunk_key, chunk_result_lines, line_uncosted, rows_in_order
 from jobs.selectors import ROWS_RUNNING, SPAN_ROWS, job_done_rows, job_grouped, readable_end
-from jobs.services.data import DELETED
+from jobs.services.data import DELETED, NOTHING_DELIVERED
 from jobs.storage import storage_for
 
 ROWS_LIMIT_DEFAULT = 1000
@@ -42,8 +42,6 @@ ROWS_LIMIT_MAX = 10_000
 # Chunk results one page reads at most.
 PAGE_CHUNKS = 64
 NO_ROW_YET = "This job is {status}: no row has finished yet."
-NOTHING_DELIVERED = ("This job is {status} and delivered no rows: there is nothing to "
-                     "download.")
 
 
 @dataclass(frozen=True)
