@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
 
 from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
@@ -13,6 +13,7 @@ from drf_spectacular.utils import (
     extend_schema,
 )
 from rest_framework.negotiation import DefaultContentNegotiation
+from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -255,9 +256,10 @@ class AnyAccept(DefaultContentNegotiation):
     not rendered), and a refusal the usual JSON object: no 406 for a client that asks
     for application/jsonl."""
 
-    def select_renderer(self, request: Request, renderers: list[Any],
-                        format_suffix: str | None = None) -> tuple[Any, str]:
-        return renderers[0], renderers[0].media_type
+    def select_renderer(self, request: Request, renderers: Iterable[BaseRenderer],
+                        format_suffix: str | None = None) -> tuple[BaseRenderer, str]:
+        first = next(iter(renderers))
+        return first, first.media_type
 
 
 class JobRowsView(APIView):

@@ -140,10 +140,10 @@ def _grouped_page(job: Job, *, after: int, stop: int, done: int, running: bool) 
              "AND c.status = %s")
     if running:
         query += " AND s.row_index >= %s AND s.row_index < %s ORDER BY s.row_index"
-        params = [job.pk, ChunkStatus.DONE, after, stop]
+        params: list[str | int] = [str(job.pk), ChunkStatus.DONE, after, stop]
     else:
         query += " ORDER BY s.row_index OFFSET %s LIMIT %s"
-        params = [job.pk, ChunkStatus.DONE, after, stop - after]
+        params = [str(job.pk), ChunkStatus.DONE, after, stop - after]
     with connection.cursor() as cursor:
         cursor.execute(query, params)
         found = cursor.fetchall()

@@ -64,7 +64,7 @@ def page(api: APIClient, job: Job, after: int | None = None, limit: int | None =
     assert response.status_code == 200, response.content
     assert response["Content-Type"] == "application/jsonl"
     assert response.streaming
-    body = b"".join(response.streaming_content)
+    body = b"".join(response.streaming_content)  # type: ignore[attr-defined]
     following = int(response["Anex-Next-After"])
     assert body.count(b"\n") == following - (after or 0)
     return body, following, int(response["Anex-Rows-Ahead"])
