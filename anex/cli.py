@@ -585,7 +585,7 @@ def cmd_rerun(api: Api, args: argparse.Namespace) -> int:
 
 # --- rows as they finish ------------------------------------------------------------------
 
-TAIL_LIMIT = 1000
+TAIL_LIMIT = 10_000  # the most a page takes
 TAIL_INTERVAL_SECONDS = 2.0
 
 
@@ -638,6 +638,12 @@ def rows_page(api: Api, job_id: str, after: int, sink: IO[bytes]) -> tuple[int, 
     return wrote, wrote > after
 
 
+def _replaced_by_result(job: dict[str, Any]) -> bool:
+    """Whether tail's FILE ends as the job's result file: a JSONL job that ended with one."""
+    return job.get("format", "jsonl") == "jsonl" and job["status"] in TERMINAL and (
+        job["status"] == "done" or bool(job.get("partial")))
+
+
 def cmd_tail(api: Api, args: argparse.Namespace) -> int:
     """Write a job's rows as they finish, in file order, until it ends; exit as `submit
     --wait` does. With -o FILE, go on from the lines FILE already holds, and once the job
@@ -655,8 +661,10 @@ def cmd_tail(api: Api, args: argparse.Namespace) -> int:
     try:
         while True:
             job = api.call("GET", f"/jobs/{job_id}")
-            # Pages read after the job is seen ended are its result's: the rest of it.
             ended = job["status"] in TERMINAL
+            if ended and out is not None and _replaced_by_result(job):
+                break  # the download below brings the rest, with every line's cost
+            # Pages read after the job is seen ended are its result's: the rest of it.
             while True:
                 after, more = rows_page(api, job_id, after, sink)
                 if not more:
@@ -668,15 +676,16 @@ def cmd_tail(api: Api, args: argparse.Namespace) -> int:
         if out is not None:
             sink.close()
     status = job["status"]
-    report: dict[str, Any] = {"id": job_id, "status": status, "rows": after}
-    if out is not None and job.get("format", "jsonl") == "jsonl" and (
-            status == "done" or job.get("partial")):
+    report: dict[str, Any] = {"id": job_id, "status": status}
+    if out is not None and _replaced_by_result(job):
         fetch_result(api, job_id, out, quiet=quiet)
+        after = complete_lines(out)
         report["result_file"] = str(out)
         say(f"{status}: {after} rows; the result in {out}", quiet=quiet)
     elif out is not None:
         report["rows_file"] = str(out)
         say(f"{status}: {after} rows in {out}", quiet=quiet)
+    report["rows"] = after
     if job.get("failure_reason"):
         say(f"{status}: {job['failure_reason']}", quiet=args.json)
     _emit(args, report)
