@@ -3,6 +3,7 @@
     anex submit FILE --model M [--approve] [--wait] [-o OUT]
     anex check FILE --model M
     anex status|approve|cancel|result|rerun JOB
+    anex tail JOB [-o FILE] [--interval S]
 
 It reads ANEX_API_KEY and ANEX_BASE_URL (default http://localhost:8000, `make run`'s
 address), speaks only HTTP (requests; tqdm draws the bars on stderr), and needs nothing of
@@ -582,6 +583,115 @@ def cmd_rerun(api: Api, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# --- rows as they finish ------------------------------------------------------------------
+
+TAIL_LIMIT = 10_000  # the most a page takes
+TAIL_INTERVAL_SECONDS = 2.0
+
+
+def complete_lines(path: Path) -> int:
+    """The whole lines a file holds, a torn last line (a tail cut off mid-line) cut off so
+    the next line is appended after a newline."""
+    if not path.is_file():
+        return 0
+    lines, whole = 0, 0
+    with path.open("rb") as source:
+        for line in source:
+            if not line.endswith(b"\n"):
+                break
+            lines += 1
+            whole += len(line)
+    if whole != path.stat().st_size:
+        with path.open("r+b") as sink:
+            sink.truncate(whole)
+    return lines
+
+
+def rows_page(api: Api, job_id: str, after: int, sink: IO[bytes]) -> tuple[int, bool]:
+    """One GET /jobs/{id}/rows from line `after`, each whole line written to `sink` as it
+    arrives; the cursor after what was written, and whether any row was (a page cut off
+    mid-way leaves the cursor at the last whole line, the next page goes on from there).
+    A job no row of which has finished yet (409) is an empty page."""
+    url = f"{api.base}/jobs/{job_id}/rows"
+    response = _retrying(functools.partial(
+        api.session.get, url, params={"after": after, "limit": TAIL_LIMIT}, stream=True,
+        timeout=TIMEOUT_SECONDS))
+    if response.status_code == 409:
+        return after, False
+    if response.status_code != 200:
+        raise _not_deployed(_refused(response), "rows while a job runs "
+                                                "(GET /batch/v1/jobs/{id}/rows)")
+    held, wrote = b"", after
+    try:
+        for block in iter(partial_read(response), b""):
+            held += block
+            cut = held.rfind(b"\n") + 1
+            if cut:
+                sink.write(held[:cut])
+                sink.flush()
+                wrote += held[:cut].count(b"\n")
+                held = held[cut:]
+    except _CUT_OFF:
+        pass  # what arrived whole is kept; the next page goes on from it
+    finally:
+        response.close()
+    return wrote, wrote > after
+
+
+def _replaced_by_result(job: dict[str, Any]) -> bool:
+    """Whether tail's FILE ends as the job's result file: a JSONL job that ended with one."""
+    return job.get("format", "jsonl") == "jsonl" and job["status"] in TERMINAL and (
+        job["status"] == "done" or bool(job.get("partial")))
+
+
+def cmd_tail(api: Api, args: argparse.Namespace) -> int:
+    """Write a job's rows as they finish, in file order, until it ends; exit as `submit
+    --wait` does. With -o FILE, go on from the lines FILE already holds, and once the job
+    has ended replace FILE by its result file (a JSONL job's: the same lines, each with its
+    cost), so FILE ends the result byte for byte."""
+    job_id = server_id(args.job, "job")
+    quiet = args.json
+    out = Path(args.output) if args.output else None
+    if args.json and out is None:
+        raise CliError("--json needs -o FILE: without it the rows go to stdout.", EXIT_USAGE)
+    after = complete_lines(out) if out is not None else 0
+    if after:
+        say(f"{out}: {after} rows already there; going on from row {after + 1}", quiet=quiet)
+    sink: IO[bytes] = out.open("ab") if out is not None else sys.stdout.buffer
+    try:
+        while True:
+            job = api.call("GET", f"/jobs/{job_id}")
+            ended = job["status"] in TERMINAL
+            if ended and out is not None and _replaced_by_result(job):
+                break  # the download below brings the rest, with every line's cost
+            # Pages read after the job is seen ended are its result's: the rest of it.
+            while True:
+                after, more = rows_page(api, job_id, after, sink)
+                if not more:
+                    break
+            if ended:
+                break
+            time.sleep(args.interval)
+    finally:
+        if out is not None:
+            sink.close()
+    status = job["status"]
+    report: dict[str, Any] = {"id": job_id, "status": status}
+    if out is not None and _replaced_by_result(job):
+        fetch_result(api, job_id, out, quiet=quiet)
+        after = complete_lines(out)
+        report["result_file"] = str(out)
+        say(f"{status}: {after} rows; the result in {out}", quiet=quiet)
+    elif out is not None:
+        report["rows_file"] = str(out)
+        say(f"{status}: {after} rows in {out}", quiet=quiet)
+    report["rows"] = after
+    if job.get("failure_reason"):
+        say(f"{status}: {job['failure_reason']}", quiet=args.json)
+    _emit(args, report)
+    return EXIT_OK if status == "done" else EXIT_UNSUCCESSFUL
+
+
 # --- the command line -------------------------------------------------------------------
 
 
@@ -631,6 +741,15 @@ def parser() -> argparse.ArgumentParser:
                                  help="comma-separated outcomes to run again: error, "
                                       "truncated, format_error (default: error)")
         command.set_defaults(run=run)
+    tail = commands.add_parser("tail", parents=[common],
+                               help="write a job's rows as they finish, until it ends")
+    tail.add_argument("job", help="the job id")
+    tail.add_argument("-o", "--output", metavar="FILE",
+                      help="append to FILE (going on from the rows it holds) and, once the "
+                           "job has ended, replace it by the result file; default stdout")
+    tail.add_argument("--interval", type=float, default=TAIL_INTERVAL_SECONDS, metavar="S",
+                      help=f"seconds between polls (default {TAIL_INTERVAL_SECONDS:g})")
+    tail.set_defaults(run=cmd_tail)
     return top
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiParameter,
@@ -9,6 +12,8 @@ from drf_spectacular.utils import (
     PolymorphicProxySerializer,
     extend_schema,
 )
+from rest_framework.negotiation import DefaultContentNegotiation
+from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -37,9 +42,10 @@ from jobs.serializers import (
     RerunOut,
 )
 from jobs.services.checks import check_create
-from jobs.services.data import STOPPING, job_data_delete, job_result_link
+from jobs.services.data import NOTHING_DELIVERED, STOPPING, job_data_delete, job_result_link
 from jobs.services.inputs import input_create, input_refresh
 from jobs.services.lifecycle import job_approve, job_cancel
+from jobs.services.pages import NO_ROW_YET, ROWS_LIMIT_DEFAULT, ROWS_LIMIT_MAX, job_rows_page
 from jobs.services.rerun import DEFAULT_INCLUDE, job_rerun, job_result_merged_link
 from jobs.services.submission import JobRequest, job_submit
 
@@ -63,8 +69,8 @@ def _id(name: str, noun: str) -> OpenApiParameter:
 INPUT_ID, JOB_ID, CHECK_ID = _id("input_id", "input"), _id("job_id", "job"), \
     _id("check_id", "preflight check")
 # The operations that take a job's id: what a submit or a re-run links to.
-JOB_OPERATIONS = ("getJob", "getJobProgress", "getJobResult", "approveJob", "cancelJob",
-                  "rerunJob", "deleteJobData")
+JOB_OPERATIONS = ("getJob", "getJobProgress", "getJobResult", "getJobRows", "approveJob",
+                  "cancelJob", "rerunJob", "deleteJobData")
 
 
 class InputsView(APIView):
@@ -204,6 +210,101 @@ class JobResultView(APIView):
         if merged == "true":
             return Response(JobResultOut(job_result_merged_link(job=job)).data)
         return Response(JobResultOut(job_result_link(job=job)).data)
+
+
+# The largest cursor taken (PostgreSQL's bigint: a row index is compared with it).
+ROWS_AFTER_MAX = 2**63 - 1
+ROWS_PARAMETERS = [
+    OpenApiParameter(
+        "after", {"type": "integer", "minimum": 0, "maximum": ROWS_AFTER_MAX},
+        OpenApiParameter.QUERY, required=False,
+        description="The last line already read (a line number of the result file, 1 for "
+                    "its first line); 0, the default, reads from the start. Pass the "
+                    "previous page's Anex-Next-After."),
+    OpenApiParameter(
+        "limit", {"type": "integer", "minimum": 1, "maximum": ROWS_LIMIT_MAX},
+        OpenApiParameter.QUERY, required=False,
+        description=f"The most lines a page holds, 1 to {ROWS_LIMIT_MAX:,} (default "
+                    f"{ROWS_LIMIT_DEFAULT:,}). A page may hold fewer: only rows finished "
+                    "in order are read, and one page reads a bounded number of chunks."),
+    OpenApiParameter(
+        "Anex-Next-After", OpenApiTypes.INT, OpenApiParameter.HEADER, response=[200],
+        description="The line number of this page's last line (the after you sent when "
+                    "the page is empty): the after of the next request. The page holds "
+                    "exactly Anex-Next-After minus after lines."),
+    OpenApiParameter(
+        "Anex-Rows-Ahead", OpenApiTypes.INT, OpenApiParameter.HEADER, response=[200],
+        description="Rows already finished after Anex-Next-After: readable on the next "
+                    "pages, or (while the job runs) once the rows before them finish."),
+]
+ROWS_DESCRIPTION = (
+    "The result's lines after line `after`, as JSONL (application/jsonl), streamed: while "
+    "the job runs, the finished rows in file order as far as they are contiguous (a row "
+    "finished past one still running waits, counted in Anex-Rows-Ahead); once it has "
+    "ended, every line of the result. A running job's line is the result file's line "
+    "without its last member, \"cost\" (the job's charge is shared over its rows only "
+    "when it is priced at the end): the final line is the same bytes with "
+    ",\"cost\":{\"credits\":\"…\"} before the closing brace. Once the job has "
+    "ended, a JSONL job's pages are the result file's lines byte for byte, so the pages "
+    "read from after=0 join up to the file; a parquet job's pages are its rows' JSONL "
+    "envelopes without cost, while it runs and after (docs/output-format.md). An empty "
+    "page (nothing new yet) is 200 with Anex-Next-After equal to after.")
+
+
+class AnyAccept(DefaultContentNegotiation):
+    """GET /jobs/{id}/rows answers JSONL whatever Accept asks for (its page is a stream,
+    not rendered), and a refusal the usual JSON object: no 406 for a client that asks
+    for application/jsonl."""
+
+    def select_renderer(self, request: Request, renderers: Iterable[BaseRenderer],
+                        format_suffix: str | None = None) -> tuple[BaseRenderer, str]:
+        first = next(iter(renderers))
+        return first, first.media_type
+
+
+class JobRowsView(APIView):
+    content_negotiation_class = AnyAccept
+
+    @extend_schema(
+        operation_id="getJobRows", parameters=[JOB_ID, *ROWS_PARAMETERS],
+        responses={(200, "application/jsonl"): OpenApiResponse(
+                       OpenApiTypes.STR, description=ROWS_DESCRIPTION),
+                   409: _error(f"No row finished yet ({NO_ROW_YET}), or the job ended "
+                               f"with nothing to deliver ({NOTHING_DELIVERED})"),
+                   410: _error("Result data deleted"),
+                   **ERRORS},
+        summary="Read the finished rows, while the job runs and after: a page of JSONL")
+    def get(self, request: Request, job_id: str) -> StreamingHttpResponse:
+        job = job_get(organization=request_organization(request), id=job_id)
+        region_require(request, residency=job.data_residency, noun="job")
+        after = _count(request, "after", ROWS_COUNTS["after"])
+        limit = _count(request, "limit", ROWS_COUNTS["limit"])
+        page = job_rows_page(job=job, after=after, limit=limit)
+        response = StreamingHttpResponse(page.lines, content_type="application/jsonl")
+        response["Anex-Next-After"] = str(page.next_after)
+        response["Anex-Rows-Ahead"] = str(page.ahead)
+        response["Cache-Control"] = "no-store"
+        return response
+
+
+# A rows query's counts: default, least, most, and the 422's words.
+ROWS_COUNTS: dict[str, tuple[int, int, int, str]] = {
+    "after": (0, 0, ROWS_AFTER_MAX, "after must be a whole number, 0 or more."),
+    "limit": (ROWS_LIMIT_DEFAULT, 1, ROWS_LIMIT_MAX,
+              f"limit must be a whole number from 1 to {ROWS_LIMIT_MAX}."),
+}
+
+
+def _count(request: Request, name: str, rule: tuple[int, int, int, str]) -> int:
+    """A whole number in the query (digits only), within its bounds; 422 otherwise."""
+    default, least, most, problem = rule
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > len(str(most)) \
+            or not least <= int(raw) <= most:
+        raise ApiError(422, problem)
+    return int(raw)
 
 
 class JobRerunView(APIView):

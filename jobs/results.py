@@ -311,6 +311,27 @@ def lines_costed(job: Job, chunks: list[Chunk], *,
                failed)
 
 
+def line_uncosted(line: bytes) -> bytes:
+    """A chunk line's result line before the job is priced (GET /jobs/{id}/rows while it
+    runs): envelope() of its row as lines_costed writes it (_enveloped), less the cost
+    member. The result file's line is this one with `,"cost":{"credits":…}` put before its
+    closing brace."""
+    return _enveloped(line)[2]
+
+
+def chunk_result_lines(data: bytes) -> Iterator[bytes]:
+    """A contiguous chunk's result object's rows, in row order (_lines)."""
+    return _lines(data)
+
+
+def rows_in_order(job: Job, chunks: list[Chunk]) -> Iterator[tuple[int, bytes]]:
+    """These chunks' rows (any plan) with each row's index, in row-index order
+    (_in_row_order's spool: no result held in memory)."""
+    for batch in _in_row_order(job, chunks):
+        for line in batch:
+            yield _row_index(line), line
+
+
 class ResultWritten(NamedTuple):
     """A result file written: its key, its rows, and (JSONL) the bytes of its lines with
     no error and with one - the OpenAI surface's output and error files."""

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.contrib.postgres.expressions import ArraySubquery
-from django.db.models import OuterRef, Q, QuerySet, Sum
+from django.db import connection
+from django.db.models import Count, Min, OuterRef, Q, QuerySet, Sum
 from django.utils import timezone
 
 from anex.errors import NotFound
 from console.models import Organization
 from console.tenancy import ScopedGet, scoped_get
-from jobs.constants import ChunkStatus, DeliveryStatus, JobStatus
+from jobs.constants import TERMINAL_STATUSES, ChunkStatus, DeliveryStatus, JobStatus
 from jobs.models import Chunk, Input, Job, PreflightCheck, WebhookDelivery, WorkerHeartbeat
 
 
@@ -56,6 +58,8 @@ class Progress:
     total_rows: int | None
     eta_seconds: int | None
     rows_per_second: float | None
+    # How far GET /jobs/{id}/rows reads now (rows_readable_after).
+    rows_readable_after: int = 0
 
     @property
     def percent(self) -> int:
@@ -82,7 +86,10 @@ def job_progress_of(*, job: Job) -> Progress:
     """
     chunks = Chunk.objects.filter(job_id=job.pk).aggregate(
         planned=Sum("row_count"),
-        done=Sum("row_count", filter=Q(status=ChunkStatus.DONE)))
+        done=Sum("row_count", filter=Q(status=ChunkStatus.DONE)),
+        # GET /jobs/{id}/rows's readable end: a contiguous plan's is in the same query.
+        undone_first=Min("first_row", filter=~Q(status=ChunkStatus.DONE)),
+        grouped=Count("pk", filter=Q(spans__isnull=False)))
     total = job.row_count if job.row_count is not None else chunks["planned"]
     done = chunks["done"] or 0
     rate: float | None = None
@@ -95,7 +102,10 @@ def job_progress_of(*, job: Job) -> Progress:
         eta = 0
     elif left and rate and job.status == JobStatus.IN_PROGRESS:
         eta = math.ceil(left / rate)
-    return Progress(done_rows=done, total_rows=total, eta_seconds=eta, rows_per_second=rate)
+    readable = _readable_after(job, done=lambda: done, end=lambda: (
+        readable_end(job) if chunks["grouped"] else chunks["undone_first"]))
+    return Progress(done_rows=done, total_rows=total, eta_seconds=eta, rows_per_second=rate,
+                    rows_readable_after=readable)
 
 
 def webhook_delivery_list(*, organization: Organization) -> QuerySet[WebhookDelivery]:
@@ -277,3 +287,61 @@ def deliveries_given_up_recent(*, hours: int = 24) -> int:
     return WebhookDelivery.objects.filter(
         status=DeliveryStatus.GAVE_UP,
         next_attempt_at__gte=timezone.now() - timedelta(hours=hours)).count()
+
+
+# --- GET /jobs/{id}/rows: how far a job's lines can be read (jobs.services.pages) --------
+
+# The states in which rows finish (or have finished) before the result is written.
+ROWS_RUNNING = frozenset({JobStatus.IN_PROGRESS, JobStatus.CANCELLING, JobStatus.FINALIZING})
+# A grouped chunk's row indexes: the first of each (row index, byte start, byte end).
+SPAN_ROWS = ("CROSS JOIN LATERAL unnest(c.spans) WITH ORDINALITY AS s(row_index, place) "
+             "WHERE c.job_id = %s AND c.spans IS NOT NULL AND s.place %% 3 = 1")
+
+
+def job_done_rows(job: Job) -> int:
+    """The rows of the job's done chunks: every row delivered, or (running) finished."""
+    done = Chunk.objects.filter(job_id=job.pk, status=ChunkStatus.DONE).aggregate(
+        rows=Sum("row_count"))["rows"]
+    return int(done or 0)
+
+
+def job_grouped(job: Job) -> bool:
+    """Whether the job's chunks hold rows spread over the file (Chunk.spans)."""
+    return Chunk.objects.filter(job_id=job.pk, spans__isnull=False).exists()
+
+
+def readable_end(job: Job) -> int | None:
+    """The first row of any chunk of the job that is not done (pending, running, failed or
+    skipped): every row before it is finished. None when every chunk is done."""
+    if job_grouped(job):
+        with connection.cursor() as cursor:
+            # The table's name and SPAN_ROWS are the code's; the values are parameters.
+            cursor.execute(f"SELECT min(s.row_index) FROM {Chunk._meta.db_table} c "  # noqa: S608
+                           f"{SPAN_ROWS} AND c.status <> %s", [job.pk, ChunkStatus.DONE])
+            first = cursor.fetchone()[0]
+    else:
+        first = Chunk.objects.filter(job_id=job.pk).exclude(status=ChunkStatus.DONE) \
+            .order_by("first_row").values_list("first_row", flat=True).first()
+    return None if first is None else int(first)
+
+
+def rows_readable_after(job: Job) -> int:
+    """The cursor up to which a job's lines can be read now (progress webhooks and GET
+    /jobs/{id}/progress): the readable end while it runs, every delivered line once it
+    has ended with a result, 0 before a row has finished or when nothing can be read."""
+    return _readable_after(job, done=lambda: job_done_rows(job),
+                           end=lambda: readable_end(job))
+
+
+def _readable_after(job: Job, *, done: Callable[[], int],
+                    end: Callable[[], int | None]) -> int:
+    """rows_readable_after, given how to count the done rows and find the readable end
+    (read only when the job's state needs them)."""
+    if job.data_deleted_at is not None:
+        return 0
+    if job.status in TERMINAL_STATUSES:
+        return done() if job.result_key else 0
+    if job.status not in ROWS_RUNNING:
+        return 0
+    first = end()
+    return done() if first is None else first

@@ -365,6 +365,9 @@ class ProgressOut(Prototyped, serializers.Serializer):  # type: ignore[type-arg]
     rows_per_second = serializers.FloatField(
         allow_null=True, help_text="Rows done per second since approval; null before the "
                                    "first rows are done.")
+    rows_readable_after = serializers.IntegerField(
+        help_text="How far GET /jobs/{id}/rows reads now: the result lines up to this line "
+                  "number are finished and in order (0 before any is).")
 
 
 class JobResultOut(serializers.Serializer):  # type: ignore[type-arg]

@@ -13,6 +13,7 @@ from jobs.api import (
     JobProgressView,
     JobRerunView,
     JobResultView,
+    JobRowsView,
     JobsView,
     JobView,
 )
@@ -26,6 +27,7 @@ urlpatterns = [
     path("jobs/<str:job_id>/cancel", JobCancelView.as_view(), name="job-cancel"),
     path("jobs/<str:job_id>/progress", JobProgressView.as_view(), name="job-progress"),
     path("jobs/<str:job_id>/result", JobResultView.as_view(), name="job-result"),
+    path("jobs/<str:job_id>/rows", JobRowsView.as_view(), name="job-rows"),
     path("jobs/<str:job_id>/data", JobDataView.as_view(), name="job-data"),
     path("jobs/<str:job_id>/rerun", JobRerunView.as_view(), name="job-rerun"),
     path("checks", ChecksView.as_view(), name="checks"),

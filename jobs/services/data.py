@@ -14,6 +14,9 @@ from jobs.services.lifecycle import job_cancel, job_cancellable
 from jobs.services.purge import job_data_purge
 
 DELETED = "The result data has been deleted: job payloads are kept for 30 days after completion."
+# A finished job with no result file: the result's 409, and the rows' (jobs.services.pages).
+NOTHING_DELIVERED = ("This job is {status} and delivered no rows: there is nothing to "
+                     "download.")
 STOPPING = "the job is being cancelled; its input and any result will be deleted once it stops"
 
 
@@ -24,8 +27,7 @@ def job_result_link(*, job: Job) -> dict[str, object]:
     if job.status not in TERMINAL_STATUSES:
         raise Conflict(f"This job is {job.status}: its result does not exist yet.")
     if not job.result_key:
-        raise Conflict(f"This job is {job.status} and delivered no rows: there is "
-                       "nothing to download.")
+        raise Conflict(NOTHING_DELIVERED.format(status=job.status))
     url = result_download_url(job)
     rows = (job.success_rows or 0) + (job.error_rows or 0) + (job.truncated_rows or 0) \
         + (job.format_error_rows or 0)

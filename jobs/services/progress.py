@@ -19,6 +19,7 @@ from django.db.models import Q, Sum
 from console.models import Organization
 from jobs.constants import PROGRESS_THRESHOLDS, ChunkStatus, JobStatus
 from jobs.models import Chunk, Job, WebhookDelivery
+from jobs.selectors import rows_readable_after
 from jobs.services.webhooks import delivery_enqueue
 
 PROGRESS_EVENT = "progress"
@@ -47,8 +48,10 @@ def job_progress_notify(*, job_id: uuid.UUID | str) -> list[WebhookDelivery]:
     if not due:
         return []
     Job.objects.filter(pk=job.pk).update(progress_sent=due[-1])
+    # The cursor GET /jobs/{id}/rows reads up to now (jobs.selectors).
+    readable = rows_readable_after(job)
     return [delivery_enqueue(
         organization=organization, url=organization.webhook_url, event_type=PROGRESS_EVENT,
         job=job, data={"job_id": str(job.pk), "percent": threshold, "done_rows": done,
-                       "total_rows": total})
+                       "total_rows": total, "rows_readable_after": readable})
         for threshold in due]

@@ -364,3 +364,131 @@ def test_a_download_left_partial_by_an_earlier_run_is_finished_or_started_again(
     cli.download(server.url("/result"), out, quiet=True)
     assert out.read_bytes() == RESULT
     assert sorted(path.name for path in tmp_path.iterdir()) == ["result.jsonl"]
+
+
+# --- anex tail: rows as they finish (issue 44 item 1) ----------------------------------
+
+
+@pytest.fixture
+def running_job(organization: Organization, settings: Settings, sent: list[str]) -> Job:
+    """A started JSONL job of 150 rows in 3 chunks of 50, none finished."""
+    from jobs.services.running import job_start
+    from tests.db.test_row_cost import approved
+
+    settings.ANEX_CHUNK_ROWS = 50
+    job = approved(organization, 150, est=50)  # within the organization's free grant
+    job_start(job_id=job.pk)
+    return job
+
+
+def finishing(monkeypatch: pytest.MonkeyPatch, job: Job, order: list[int],
+              seen: Any) -> None:
+    """The CLI's waits between polls each finish the next chunk of `order` (then the
+    job), recording what `seen()` says before it."""
+    import types
+
+    from jobs.services.running import job_finalize
+    from tests.db.test_rows_pages import complete
+
+    steps: list[Any] = []
+    chunks = list(job.chunks.order_by("index"))
+
+    def step(_seconds: float) -> None:
+        steps.append(seen())
+        if order:
+            complete(chunks[order.pop(0)])
+        else:
+            job_finalize(job_id=job.pk)
+
+    monkeypatch.setattr(cli, "time", types.SimpleNamespace(sleep=step))
+    finishing.steps = steps  # type: ignore[attr-defined]
+
+
+def test_tail_writes_rows_as_they_finish_and_ends_with_the_result(
+        anex: Any, running_job: Job, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "rows.jsonl"
+
+    def lines() -> list[str]:
+        text = out.read_bytes() if out.exists() else b""
+        return [json.loads(line)["custom_id"] for line in text.splitlines()]
+
+    # the chunks finish out of order: the third first, then the first, then the second
+    finishing(monkeypatch, running_job, [2, 0, 1], lines)
+    code, _out, _err = anex("tail", str(running_job.pk), "-o", str(out), "--interval", "0")
+    assert code == cli.EXIT_OK
+    # FILE grew as the rows finished in order: nothing, nothing while only the third was
+    # done, the first's 50, then all 150
+    seen = finishing.steps  # type: ignore[attr-defined]
+    assert [len(step) for step in seen] == [0, 0, 50, 150]
+    assert seen[2] == [f"r{i}" for i in range(50)]
+    # and it ends the result file, byte for byte (each line with its cost)
+    running_job.refresh_from_db()
+    from jobs.storage import storage_for
+    result = storage_for("world").path(running_job.result_key).read_bytes()  # type: ignore[attr-defined]
+    assert out.read_bytes() == result and b'"cost"' in result
+    assert not out.with_name(out.name + ".part").exists()
+
+
+def test_tail_goes_on_from_the_lines_a_file_holds_and_cuts_a_torn_one(
+        anex: Any, running_job: Job, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.db.test_rows_pages import complete
+
+    chunks = list(running_job.chunks.order_by("index"))
+    complete(chunks[0])
+    out = tmp_path / "rows.jsonl"
+    # a first tail, stopped after its first page (the wait is where it stops)
+    def interrupted(_seconds: float) -> None:
+        raise KeyboardInterrupt
+
+    import types
+    monkeypatch.setattr(cli, "time", types.SimpleNamespace(sleep=interrupted))
+    assert anex("tail", str(running_job.pk), "-o", str(out))[0] == 130
+    first = out.read_bytes()
+    assert first.count(b"\n") == 50
+    # its file torn mid-line, as a machine stopped mid-write leaves it
+    out.write_bytes(first + first.splitlines(keepends=True)[0][:30])
+    asked: list[str] = []
+    real = cli.rows_page
+
+    def recorded(api: Any, job_id: str, after: int, sink: Any) -> tuple[int, bool]:
+        asked.append(str(after))
+        return real(api, job_id, after, sink)
+
+    monkeypatch.setattr(cli, "rows_page", recorded)
+    seen: list[bytes] = []
+    finishing(monkeypatch, running_job, [1, 2], lambda: seen.append(out.read_bytes()))
+    code, _out, err = anex("tail", str(running_job.pk), "-o", str(out), "--interval", "0")
+    assert code == cli.EXIT_OK
+    assert "50 rows already there" in err
+    # it asked from line 50 on, and the torn line was cut before anything was appended
+    assert asked[0] == "50"
+    assert seen[0] == first
+    assert seen[1].splitlines(keepends=True)[:50] == first.splitlines(keepends=True)
+    assert [json.loads(line)["custom_id"] for line in seen[1].splitlines()] == \
+        [f"r{i}" for i in range(100)]
+
+
+def test_tail_to_stdout_and_its_exit_codes(anex: Any, organization: Organization,
+                                           running_job: Job, monkeypatch: pytest.MonkeyPatch
+                                           ) -> None:
+    from jobs.services.running import job_finalize
+    from tests.db.test_rows_pages import complete
+
+    for chunk in running_job.chunks.all():
+        complete(chunk)
+    job_finalize(job_id=running_job.pk)
+    running_job.refresh_from_db()
+    from jobs.storage import storage_for
+    result = storage_for("world").path(running_job.result_key).read_bytes()  # type: ignore[attr-defined]
+    # an ended job's rows on stdout: its result file
+    code, out, _ = anex("tail", str(running_job.pk))
+    assert (code, out.encode()) == (cli.EXIT_OK, result)
+    # a job that ended with nothing to deliver: no rows, and the exit code of a failure
+    failed = job_make(organization, status=JobStatus.FAILED)
+    assert anex("tail", str(failed.pk))[:2] == (cli.EXIT_UNSUCCESSFUL, "")
+    # another organization's job is not found; --json needs a file
+    theirs = job_make(organization_make(), status=JobStatus.DONE)
+    assert anex("tail", str(theirs.pk)) == (cli.EXIT_ERROR, "", "anex: 404: Job not found\n")
+    assert anex("tail", str(running_job.pk), "--json")[0] == cli.EXIT_USAGE

@@ -361,8 +361,8 @@ def test_each_create_links_to_the_operations_that_take_its_id() -> None:
              for operation_id, op in by_id.items()
              for status, answer in op["responses"].items()
              for name, link in answer.get("links", {}).items()}
-    job = ("getJob", "getJobProgress", "getJobResult", "approveJob", "cancelJob", "rerunJob",
-           "deleteJobData")
+    job = ("getJob", "getJobProgress", "getJobResult", "getJobRows", "approveJob", "cancelJob",
+           "rerunJob", "deleteJobData")
     assert found == {
         ("createInput", "200", "getInput", "{'input_id': '$response.body#/id'}"),
         ("createCheck", "202", "getCheck", "{'check_id': '$response.body#/id'}"),

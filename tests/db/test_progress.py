@@ -50,8 +50,11 @@ def test_a_running_job_reports_rows_done_its_rate_and_eta(api: APIClient,
         (256, ChunkStatus.DONE), (256, ChunkStatus.DONE), (100, ChunkStatus.RUNNING)])
     # then 512 rows are done at about 5.12 a second, 100 left: about 20 s to go
     body = progress(api, job)
-    assert list(body) == ["done_rows", "total_rows", "eta_seconds", "rows_per_second"]
+    assert list(body) == ["done_rows", "total_rows", "eta_seconds", "rows_per_second",
+                          "rows_readable_after"]
     assert (body["done_rows"], body["total_rows"]) == (512, 612)
+    # and GET /jobs/{id}/rows reads the first two chunks' rows: up to line 512
+    assert body["rows_readable_after"] == 512
     assert body["rows_per_second"] == pytest.approx(5.12, rel=0.01)
     assert body["eta_seconds"] in (20, 21)
 
@@ -61,14 +64,15 @@ def test_before_any_chunk_finished_rate_and_eta_are_unknown(
     job = running(organization, rows=300, seconds_ago=5, chunks=[
         (256, ChunkStatus.RUNNING), (44, ChunkStatus.PENDING)])
     assert progress(api, job) == {"done_rows": 0, "total_rows": 300, "eta_seconds": None,
-                                  "rows_per_second": None}
+                                  "rows_per_second": None, "rows_readable_after": 0}
 
 
 def test_a_job_not_yet_approved_has_done_nothing(api: APIClient,
                                                  organization: Organization) -> None:
     submitted = job_make(organization, status=JobStatus.SUBMITTED)
     assert progress(api, submitted) == {"done_rows": 0, "total_rows": None,
-                                        "eta_seconds": None, "rows_per_second": None}
+                                        "eta_seconds": None, "rows_per_second": None,
+                                        "rows_readable_after": 0}
     ready = job_make(organization, status=JobStatus.COST_READY)
     Job.objects.filter(pk=ready.pk).update(row_count=40)
     assert progress(api, ready)["total_rows"] == 40
@@ -80,8 +84,10 @@ def test_a_finished_job_reports_every_row_done_at_the_runs_rate(
     job = running(organization, rows=300, seconds_ago=600, finished_after=60,
                   status=JobStatus.DONE, chunks=[(256, ChunkStatus.DONE),
                                                  (44, ChunkStatus.DONE)])
+    Job.objects.filter(pk=job.pk).update(result_key="results/x/result.jsonl")
+    job.refresh_from_db()
     assert progress(api, job) == {"done_rows": 300, "total_rows": 300, "eta_seconds": 0,
-                                  "rows_per_second": 5.0}
+                                  "rows_per_second": 5.0, "rows_readable_after": 300}
 
 
 def test_finalizing_has_no_rows_left(api: APIClient, organization: Organization) -> None:
@@ -142,7 +148,8 @@ def test_the_openapi_document_describes_progress_and_the_key_header() -> None:
     operation = document["paths"]["/batch/v1/jobs/{job_id}/progress"]["get"]
     assert operation["operationId"] == "getJobProgress"
     schema = operation["responses"]["200"]["content"]["application/json"]["schema"]
-    assert schema["required"] == ["done_rows", "total_rows", "eta_seconds", "rows_per_second"]
+    assert schema["required"] == ["done_rows", "total_rows", "eta_seconds", "rows_per_second",
+                                  "rows_readable_after"]
     keyed = {(path, method) for path, item in document["paths"].items()
              for method, op in item.items() if isinstance(op, dict) and any(
                  p.get("name") == "Idempotency-Key" and p.get("in") == "header"

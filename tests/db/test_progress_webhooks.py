@@ -91,7 +91,25 @@ def test_one_event_at_each_of_25_50_75_percent(sent: list[str]) -> None:
     assert percents == [[], [25], [25], [25, 50], [25, 50], [25, 50, 75], [25, 50, 75],
                         [25, 50, 75]]
     assert progress_events(job)[1] == {"job_id": str(job.pk), "percent": 50, "done_rows": 8,
-                                       "total_rows": 16}
+                                       "total_rows": 16, "rows_readable_after": 8}
+
+
+def test_the_event_carries_the_cursor_readable_now(sent: list[str]) -> None:
+    # given a 16-row job in 8 chunks whose later chunks finish first
+    job = running(opted_in(), 16)
+    chunks = list(job.chunks.order_by("index"))
+    for chunk in (chunks[3], chunks[1]):
+        finish(chunk)
+    job_progress_notify(job_id=job.pk)
+    # 4 rows are done, but the first chunk is not: no line is readable yet
+    assert progress_events(job)[-1]["done_rows"] == 4
+    assert progress_events(job)[-1]["rows_readable_after"] == 0
+    for chunk in (chunks[0], chunks[5]):
+        finish(chunk)
+    job_progress_notify(job_id=job.pk)
+    # with the first done too, the lines of rows 0 to 3 are (the third chunk is not)
+    assert progress_events(job)[-1]["done_rows"] == 8
+    assert progress_events(job)[-1]["rows_readable_after"] == 4
 
 
 def test_a_chunk_that_crosses_several_thresholds_sends_each_in_order(sent: list[str]) -> None:
@@ -126,7 +144,8 @@ def test_the_event_is_signed_and_delivered_like_every_job_event(
     events = [verified(seen, secret) for seen in hooks(receiver)]
     progress = [e for e in events if e["type"] == "progress"]
     assert [e["data"] for e in progress] == [
-        {"job_id": str(job.pk), "percent": 25, "done_rows": 2, "total_rows": 8}]
+        {"job_id": str(job.pk), "percent": 25, "done_rows": 2, "total_rows": 8,
+         "rows_readable_after": 2}]
     # after the job's in_progress event, as recorded
     assert [e["type"] for e in events][-2:] == ["in_progress", "progress"]
 
