@@ -139,7 +139,7 @@ class QueueDepth:
 
 def queue_names() -> list[str]:
     """Every Dramatiq queue work is sent to (jobs.dispatch): the fixed ones, then each
-    region's run and sample queue of every model that is in the catalog or served."""
+    region's run, flex and sample queue of every model that is in the catalog or served."""
     from django.conf import settings
 
     from anex.regions import Region
@@ -149,8 +149,8 @@ def queue_names() -> list[str]:
     fixed = list(dispatch.FIXED_QUEUES)
     model_ids = sorted(set(catalog()) | set(settings.ANEX_CHECKPOINTS)
                        | set(settings.ANEX_WORKER_MODELS))
-    return fixed + [name(region.value, model_id) for region in Region for model_id in model_ids
-                    for name in (dispatch.run_queue, dispatch.sample_queue)]
+    return fixed + [queue for region in Region for model_id in model_ids
+                    for queue in dispatch.model_queues(region.value, model_id)]
 
 
 def queue_depths() -> list[QueueDepth] | None:

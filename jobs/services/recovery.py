@@ -38,6 +38,7 @@ from jobs.services.chunks import (
     chunk_send,
     chunks_release,
     chunks_waiting_models,
+    jobs_flex_promote,
 )
 from jobs.services.inputs import (
     COPY_TIME_LIMIT,
@@ -312,6 +313,8 @@ def recover() -> dict[str, int]:
     now = timezone.now()
     counts = {"broker wiped": broker_wipe_recover()}
     counts.update({lease.what: lease_recover(lease, now) for lease in LEASES})
+    # Flex jobs past their wait promoted to standard dispatch (their chunks released).
+    counts["flex promoted"] = jobs_flex_promote()
     # Chunks waiting to be sent, in case no chunk's end released them (a dispatcher or a
     # start that died between its commit and its release).
     counts["chunk release"] = sum(len(chunks_release(region=region, model=model))

@@ -33,7 +33,7 @@ from inference.constants import InputFormat, RowOutcome
 from inference.kinds import kind_named
 from inference.kinds.base import InputRow
 from inference.kinds.metering import RowMeter
-from inference.pricing import Usage, price, usage_cost_usd, usage_json
+from inference.pricing import Usage, job_cost_usd, price, usage_json
 from jobs.constants import CHUNK_SETTLED, ChunkStatus, FailureCode, JobStatus
 from jobs.failures import (
     BREAKER_RESEND_MS,
@@ -231,14 +231,15 @@ def job_usage(job: Job) -> Usage:
 def hold_reached(job: Job, usage: Usage | None = None) -> bool:
     """Whether what the job's finished chunks consumed (`usage`, when already summed)
     already reaches its hold (the reference: est_cost_cents is the most the job can
-    consume). Compared exactly, before rounding up and before the minimum job price, so an
-    honest job whose rows cost what the estimate counted never stops early."""
+    consume). Compared exactly, at the job's tier (its price multiplier), before rounding
+    up and before the minimum job price, so an honest job whose rows cost what the estimate
+    counted never stops early."""
     if job.est_cost_cents is None:
         return False
     model = model_get(job.model)
     if model is None:
         return job.est_cost_cents <= 0
-    spent = usage_cost_usd(model, job_usage(job) if usage is None else usage)
+    spent = job_cost_usd(model, job_usage(job) if usage is None else usage, job.priority)
     return spent * 100 >= job.est_cost_cents
 
 
@@ -461,7 +462,7 @@ def job_finalize(*, job_id: uuid.UUID | str) -> JobStatus | None:
     model = model_get(job.model)
     # Priced once, at the end; what the settlement will charge (never over the hold) is
     # what the result's per-row costs add up to.
-    cost = min(price(model, usage).cents if model is not None else 0,
+    cost = min(price(model, usage, job.priority).cents if model is not None else 0,
                hold_open_cents(job=job))
     # The merge streams every row once (a large job's takes hours at the slowest rate):
     # its lease is renewed meanwhile, so the recovery pass hands the finalize out only
