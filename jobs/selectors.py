@@ -262,6 +262,54 @@ def chunk_oldest_waiting() -> ChunkWaiting | None:
                         sent=chunk.queued_at is not None)
 
 
+@dataclass
+class TierFigures:
+    """One urgency tier on the operations page (docs/dev/decisions/2026-12-06-urgency-tiers.md)."""
+
+    tier: str
+    jobs_running: int = 0
+    promoted: int = 0  # of them, flex jobs dispatched as standard since 48 h after approval
+    chunks_waiting: int = 0  # to be sent (fair dispatch)
+    chunks_in_flight: int = 0  # sent or running
+    started: int = 0  # chunks started in the last hour
+    wait_mean_seconds: float | None = None  # their wait from approval to start
+    wait_max_seconds: float | None = None
+
+
+def tier_figures(*, hours: int = 1) -> list[TierFigures]:
+    """Per urgency tier: jobs running, their chunks waiting and in flight, and the queue
+    wait (the job's approval to the chunk's start) of the chunks started in the last
+    `hours`, in the order dispatch serves them."""
+    from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Max
+
+    from jobs.constants import Priority
+    from jobs.services.chunks import IN_FLIGHT, WAITING
+
+    figures = {tier: TierFigures(tier=tier) for tier in
+               (Priority.PRIORITY, Priority.STANDARD, Priority.FLEX)}
+    running = Job.objects.filter(status=JobStatus.IN_PROGRESS)
+    for row in running.values("priority").annotate(
+            n=Count("pk"), promoted=Count("pk", filter=Q(promoted_at__isnull=False))):
+        figures[row["priority"]].jobs_running = row["n"]
+        figures[row["priority"]].promoted = row["promoted"]
+    chunks = Chunk.objects.filter(job__status=JobStatus.IN_PROGRESS)
+    for row in chunks.values("job__priority").annotate(
+            waiting=Count("pk", filter=WAITING), flying=Count("pk", filter=IN_FLIGHT)):
+        figures[row["job__priority"]].chunks_waiting = row["waiting"]
+        figures[row["job__priority"]].chunks_in_flight = row["flying"]
+    waited = ExpressionWrapper(F("started_at") - F("job__approved_at"),
+                               output_field=DurationField())
+    for row in Chunk.objects.filter(
+            started_at__gte=timezone.now() - timedelta(hours=hours),
+            job__approved_at__isnull=False).values("job__priority").annotate(
+            n=Count("pk"), mean=Avg(waited), longest=Max(waited)):
+        item = figures[row["job__priority"]]
+        item.started = row["n"]
+        item.wait_mean_seconds = row["mean"].total_seconds() if row["mean"] else 0.0
+        item.wait_max_seconds = row["longest"].total_seconds() if row["longest"] else 0.0
+    return list(figures.values())
+
+
 def jobs_failed_recent(*, hours: int = 24) -> dict[str, int]:
     """Jobs that ended failed in the last `hours`, by failure code."""
     from django.db.models import Count
