@@ -597,11 +597,11 @@ def s13(h: Harness) -> bool:
 
 def s14(h: Harness) -> bool:
     """S14: urgency, flex: the big job is flex; at 20 % of it another organization's
-    standard job is approved. No flex chunk starts while a standard chunk waits to be sent,
-    and no standard chunk waits, from its send to its start, longer than one chunk's run
-    (what a flex chunk may delay it by: the chunks running when it came); the standard job
-    run alone first is the baseline. The flex job finishes after; each job charged once,
-    at its tier's multiplier."""
+    standard job is approved; the same standard job run alone first is the baseline. No flex
+    chunk starts while a standard chunk waits to be sent; the standard job's approve -> done
+    beside flex is within one chunk's run of its time alone, and so is its chunks' longest
+    wait from send to start (what flex may cost it: the flex chunks running when it came).
+    The flex job finishes after; each job charged once, at its tier's multiplier."""
     rows = h.args.rows
     other_rows = max(h.args.other_rows, rows // 4)
     alone_api, alone_id, alone_path = h.other_job("S14-alone", rows=other_rows)
@@ -619,13 +619,18 @@ def s14(h: Harness) -> bool:
     ok = h.verify(run.api, run.job_id, run.path, "S14 flex job result", priority="flex") and ok
     from jobs.models import Chunk
 
-    standard = list(h.db(lambda: list(Chunk.objects.filter(job_id=job_id).values_list(
-        "queued_at", "started_at", "finished_at"))))
+    def chunks_of(job: str) -> list[tuple[Any, Any, Any]]:
+        return list(h.db(lambda: list(Chunk.objects.filter(job_id=job).values_list(
+            "queued_at", "started_at", "finished_at"))))
+
+    def longest_wait(rows: list[tuple[Any, Any, Any]]) -> float:
+        return max(((s - q).total_seconds() for q, s, _ in rows if q and s), default=0.0)
+
+    standard = chunks_of(job_id)
     durations = sorted((f - s).total_seconds() for _, s, f in standard if s and f)
     chunk_s = durations[len(durations) // 2] if durations else float("inf")
     longest = durations[-1] if durations else float("inf")
-    waits = sorted((s - q).total_seconds() for q, s, _ in standard if q and s)
-    longest_wait = waits[-1] if waits else float("inf")
+    wait_beside, wait_alone = longest_wait(standard), longest_wait(chunks_of(alone_id))
     approved = _approved_at(h, job_id)
     last_sent = max((q for q, _, _ in standard if q), default=approved)
     flex_started = sum(1 for s, _ in _chunk_times(h, run.job_id)
@@ -638,13 +643,14 @@ def s14(h: Harness) -> bool:
     say(f"S14 the flex job: {spans(h, run.job_id)}")
     ok = verdict(
         "S14 flex never delays standard by more than one chunk",
-        ok and longest_wait <= longest and flex_started == 0,
+        ok and flex_started == 0 and beside_s - alone_s <= longest
+        and wait_beside - wait_alone <= longest,
         f"{other_rows:,}-row standard job approved at 20 % of a {rows:,}-row flex job of "
-        f"another organization: the longest any of its chunks waited from its send to its "
-        f"start {longest_wait:.1f} s (one chunk runs {chunk_s:.1f} s, median; the longest "
-        f"{longest:.1f} s); {flex_started} flex chunks started while one of its chunks waited "
-        f"to be sent; approve -> done {beside_s:.1f} s beside flex, {alone_s:.1f} s alone "
-        f"(difference {beside_s - alone_s:+.1f} s)") and ok
+        f"another organization: approve -> done {beside_s:.1f} s beside flex, {alone_s:.1f} s "
+        f"alone (delay {beside_s - alone_s:+.1f} s; one chunk runs {chunk_s:.1f} s, median, "
+        f"{longest:.1f} s the longest); the longest any of its chunks waited from its send to "
+        f"its start {wait_beside:.1f} s beside flex, {wait_alone:.1f} s alone; {flex_started} "
+        "flex chunks started while one of its chunks waited to be sent") and ok
     return verdict("S14 flex finishes after", standard_done is not None and flex_done is not None
                    and standard_done < flex_done,
                    f"standard done {(flex_done - standard_done).total_seconds():.1f} s before "

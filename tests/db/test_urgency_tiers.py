@@ -432,3 +432,33 @@ def test_the_operations_page_shows_each_tier(sent: list[Sent]) -> None:
     assert tiers["priority"].jobs_running == 0
     html = page.content.decode()
     assert "Urgency tiers" in html and "promoted to standard dispatch" in html
+
+
+# --- the console ------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_console_submits_a_tier_and_shows_it(organization: Organization, settings: Settings,
+                                                 tokenizer_dir: Any) -> None:
+    from tests.db.test_console import form, signed_in
+    from tests.factories import input_ready
+
+    settings.ANEX_CHECKPOINTS = {"tiny-qwen3": tokenizer_dir}
+    owner = signed_in(organization)[0]
+    assert 'name="priority"' in owner.get("/console/jobs/new").content.decode()
+    item = input_ready(organization, b'{"custom_id": "a", "method": "POST", "url": '
+                                     b'"/v1/chat/completions", "body": {"messages": []}}\n')
+    response = owner.post("/console/jobs/new", form(organization, {
+        "input_id": str(item.pk), "model": "tiny-qwen3", "priority": "priority"}))
+    assert response.status_code == 302, response.content
+    job = Job.objects.for_org(organization).get()
+    assert job.priority == Priority.PRIORITY
+    assert "priority tier" in owner.get(f"/console/jobs/{job.pk}").content.decode()
+    assert '<span class="badge">priority</span>' in owner.get("/console/jobs").content.decode()
+    # A plain submit is standard; an unknown tier is the form's refusal, nothing created.
+    page = owner.post("/console/jobs/new", form(organization, {
+        "input_id": str(item.pk), "model": "tiny-qwen3", "priority": "urgent"}))
+    assert page.status_code == 200 and Job.objects.for_org(organization).count() == 1
+    owner.post("/console/jobs/new", form(organization, {"input_id": str(item.pk),
+                                                        "model": "tiny-qwen3"}))
+    assert Job.objects.for_org(organization).exclude(pk=job.pk).get().priority == "standard"
