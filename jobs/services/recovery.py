@@ -290,7 +290,7 @@ def broker_wipe_recover() -> int:
     if not dispatch.broker_wiped():
         return 0
     count = 0
-    held = dispatch.broker_held("chunk_run_task")
+    held = dispatch.broker_held("chunk_run_task") | dispatch.broker_held("chunk_flex_run_task")
     for chunk in CHUNK_QUEUED.rows().select_related("job").iterator():
         # chunk_send is guarded on the queued_at read: two senders at once send it once.
         if str(chunk.pk) not in held and chunk_send(chunk=chunk):
