@@ -197,7 +197,8 @@ def chunk_send(*, chunk: Chunk, delay_ms: int | None = None) -> bool:
 # leaves chunks whose queued_at the recovery pass finds stale and sends again.
 #
 # Urgency tiers (docs/dev/decisions/2026-12-06-urgency-tiers.md): places go in strict tier
-# order, priority then standard then flex, the fair share above holding inside each tier.
+# order, priority then standard then flex, the fair share above holding inside each tier
+# (an organization's chunks in flight of that tier counted).
 # Flex runs only on capacity nothing else wants: its chunks are sent only when no priority
 # or standard chunk is left waiting, into the model's flex queue, whose actor a worker runs
 # after every other chunk it holds; and the flex chunks in flight hold no place a priority
@@ -246,19 +247,27 @@ def fair_picks(jobs: list[Waiting], organizations: Counter[uuid.UUID], room: int
     return picks
 
 
-def tier_picks(jobs: list[Waiting], organizations: Counter[uuid.UUID], *, firm_in_flight: int,
-               flex_in_flight: int, cap: int, job_cap: int) -> list[uuid.UUID]:
-    """The places given in one release: priority and standard chunks (the firm tiers) up
-    to `cap` of theirs in flight, the flex chunks in flight not counted; then, only if no
-    firm chunk that could be sent is left waiting, flex chunks into what is left of `cap`
-    with every chunk in flight counted."""
+def tier_picks(jobs: list[Waiting], organizations: dict[int, Counter[uuid.UUID]], *,
+               firm_in_flight: int, flex_in_flight: int, cap: int,
+               job_cap: int) -> list[uuid.UUID]:
+    """The places given in one release, tier by tier (lowest rank first), each tier's
+    shared out by fair_picks over its own organizations' chunks in flight
+    (`organizations[rank]`): priority and standard chunks (the firm tiers) up to `cap` of
+    theirs in flight, the flex chunks in flight not counted; then, only if no firm chunk
+    that could be sent is left waiting, flex chunks into what is left of `cap` with every
+    chunk in flight counted."""
+    picks: list[uuid.UUID] = []
     firm = [job for job in jobs if job.rank < FLEX_RANK]
-    picks = fair_picks(firm, organizations, max(cap - firm_in_flight, 0), job_cap)
+    for rank in sorted({job.rank for job in firm}):
+        picks += fair_picks([job for job in firm if job.rank == rank],
+                            organizations.setdefault(rank, Counter()),
+                            max(cap - firm_in_flight - len(picks), 0), job_cap)
     if any(job.waiting and job.in_flight < job_cap for job in firm):
         return picks
     flex = [job for job in jobs if job.rank >= FLEX_RANK]
     room = cap - firm_in_flight - len(picks) - flex_in_flight
-    return picks + fair_picks(flex, organizations, max(room, 0), job_cap)
+    return picks + fair_picks(flex, organizations.setdefault(FLEX_RANK, Counter()),
+                              max(room, 0), job_cap)
 
 
 def _release_lock(region: str, model: str) -> None:
@@ -276,14 +285,16 @@ def chunks_release(*, region: str, model: str) -> list[uuid.UUID]:
         model_chunks = Chunk.objects.filter(
             job__data_residency=region, job__model=model,
             job__status__in=[JobStatus.IN_PROGRESS, JobStatus.CANCELLING])
-        flying: Counter[uuid.UUID] = Counter()
+        # Each tier's chunks in flight by organization: the fair share inside a tier.
+        flying: dict[int, Counter[uuid.UUID]] = {}
         firm_in_flight = flex_in_flight = 0
         for organization_id, priority, promoted_at, count in model_chunks.filter(
                 IN_FLIGHT).values_list("job__organization_id", "job__priority",
                                        "job__promoted_at").annotate(n=Count("pk")).values_list(
                 "job__organization_id", "job__priority", "job__promoted_at", "n"):
-            flying[organization_id] += count
-            if dispatch_tier(priority, promoted_at) == Priority.FLEX:
+            tier = dispatch_tier(priority, promoted_at)
+            flying.setdefault(TIER_RANK[tier], Counter())[organization_id] += count
+            if tier == Priority.FLEX:
                 flex_in_flight += count
             else:
                 firm_in_flight += count

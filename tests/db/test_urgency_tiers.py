@@ -211,7 +211,7 @@ def test_places_go_in_tier_order_and_fairly_inside_a_tier() -> None:
     # a has priority work and much in flight; b priority work and none; c standard, none.
     pa, pb = _waiting(0, a, in_flight=3), _waiting(0, b, waiting=2)
     sc, fx = _waiting(1, c), _waiting(2, c)
-    picks = tier_picks([sc, pa, pb, fx], Counter({a: 3}), firm_in_flight=3,
+    picks = tier_picks([sc, pa, pb, fx], {0: Counter({a: 3})}, firm_in_flight=3,
                        flex_in_flight=0, cap=10, job_cap=10)
     # Priority first, b's (fewest in flight) before a's; a's once b has none left
     # waiting; standard only then; no flex while standard waits.
@@ -223,13 +223,25 @@ def test_flex_takes_only_what_nothing_else_wants_and_never_a_firm_place() -> Non
     a, b = uuid.uuid4(), uuid.uuid4()
     fx = _waiting(2, a)
     # Nothing firm waiting: flex fills the room left by everything in flight.
-    assert tier_picks([fx], Counter(), firm_in_flight=1, flex_in_flight=1, cap=4,
+    assert tier_picks([fx], {}, firm_in_flight=1, flex_in_flight=1, cap=4,
                       job_cap=10) == [fx.job_id] * 2
     # Flex in flight holds no place from a standard job: it gets the whole firm room.
     st = _waiting(1, b, waiting=3)
     fx = _waiting(2, a, in_flight=4)
-    assert tier_picks([st, fx], Counter({a: 4}), firm_in_flight=0, flex_in_flight=4,
+    assert tier_picks([st, fx], {2: Counter({a: 4})}, firm_in_flight=0, flex_in_flight=4,
                       cap=4, job_cap=10) == [st.job_id] * 3
+
+
+def test_fair_share_inside_a_tier_counts_that_tiers_chunks_in_flight() -> None:
+    a, b = uuid.uuid4(), uuid.uuid4()
+    # a has five flex chunks in flight, b none: in the standard tier both start level (a's
+    # flex work does not cost its standard share), so the places alternate, a's job
+    # (approved first) leading; counted across tiers, b would take all four.
+    sa, sb = _waiting(1, a), _waiting(1, b)
+    sa.approved_at = sb.approved_at - timedelta(seconds=1)  # type: ignore[operator]
+    picks = tier_picks([sa, sb], {2: Counter({a: 5})}, firm_in_flight=0, flex_in_flight=5,
+                       cap=4, job_cap=10)
+    assert picks == [sa.job_id, sb.job_id, sa.job_id, sb.job_id]
 
 
 @pytest.mark.django_db
