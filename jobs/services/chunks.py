@@ -201,9 +201,11 @@ def chunk_send(*, chunk: Chunk, delay_ms: int | None = None) -> bool:
 # (an organization's chunks in flight of that tier counted).
 # Flex runs only on capacity nothing else wants: its chunks are sent only when no priority
 # or standard chunk is left waiting, into the model's flex queue, whose actor a worker runs
-# after every other chunk it holds; and the flex chunks in flight hold no place a priority
-# or standard chunk needs (their room is counted without them). So a standard chunk waits
-# for a flex one at most until one running chunk ends.
+# after every other chunk it holds; the flex chunks in flight hold no place a priority or
+# standard chunk needs (their room is counted without them); and a worker that takes a flex
+# chunk while a priority or standard chunk of the model is pending hands it back unclaimed
+# (chunk_unsend: jobs.services.running.chunk_run). So a standard chunk waits for a flex one
+# at most until one running chunk ends.
 
 # Sent (or taken and lost with a worker: the recovery pass resends it) or being run.
 IN_FLIGHT = Q(status=ChunkStatus.RUNNING) | Q(status=ChunkStatus.PENDING,
@@ -332,6 +334,27 @@ def chunks_release(*, region: str, model: str) -> list[uuid.UUID]:
     for chunk_id, flex in released:
         dispatch.chunk_send(chunk_id=chunk_id, region=region, model=model, flex=flex)
     return [chunk_id for chunk_id, _ in released]
+
+
+# Pending chunks of the firm tiers (priority, standard, or a promoted flex job's).
+FIRM_PENDING = Q(status=ChunkStatus.PENDING, job__status=JobStatus.IN_PROGRESS) & (
+    ~Q(job__priority=Priority.FLEX) | Q(job__promoted_at__isnull=False))
+
+
+def firm_pending(*, region: str, model: str) -> bool:
+    """Whether a priority or standard chunk of the model waits in this region: to be sent,
+    or sent and not yet started (in a queue, or held by a worker whose threads are busy)."""
+    return Chunk.objects.filter(FIRM_PENDING, job__data_residency=region,
+                                job__model=model).exists()
+
+
+def chunk_unsend(*, chunk: Chunk) -> bool:
+    """A sent flex chunk back to waiting its turn (queued_at cleared), unclaimed: a worker
+    took its message while priority or standard work waited (flex runs only on capacity
+    nothing else wants). The dispatcher sends it again when no firm chunk waits. Only
+    while it is pending and its last send is the one read."""
+    return Chunk.objects.filter(pk=chunk.pk, status=ChunkStatus.PENDING,
+                                queued_at=chunk.queued_at).update(queued_at=None) == 1
 
 
 def jobs_flex_promote() -> int:

@@ -34,7 +34,7 @@ from inference.kinds import kind_named
 from inference.kinds.base import InputRow
 from inference.kinds.metering import RowMeter
 from inference.pricing import Usage, job_cost_usd, price, usage_json
-from jobs.constants import CHUNK_SETTLED, ChunkStatus, FailureCode, JobStatus
+from jobs.constants import CHUNK_SETTLED, ChunkStatus, FailureCode, JobStatus, Priority
 from jobs.failures import (
     BREAKER_RESEND_MS,
     FailureClass,
@@ -55,7 +55,9 @@ from jobs.services.chunks import (
     chunk_requeue,
     chunk_send,
     chunk_skip,
+    chunk_unsend,
     chunks_release,
+    firm_pending,
 )
 from jobs.services.inputs import INPUT_CHANGED
 from jobs.services.lifecycle import (
@@ -285,6 +287,13 @@ def chunk_run(*, chunk_id: uuid.UUID | str) -> ChunkStatus | None:
         pk=chunk_id, status=ChunkStatus.PENDING).first()
     if waiting is None:
         return None  # taken already, or settled: a duplicate message
+    if waiting.job.dispatch_tier == Priority.FLEX and firm_pending(
+            region=waiting.job.data_residency, model=waiting.job.model):
+        # Flex runs only on capacity nothing else wants: a priority or standard chunk
+        # waits, so this one goes back to waiting its turn, unclaimed, and this thread to
+        # the worker's next message (docs/dev/decisions/2026-12-06-urgency-tiers.md).
+        chunk_unsend(chunk=waiting)
+        return None
     breaker = breaker_for(waiting.job.model)
     if not breaker.allows():
         # This worker's engine for the model keeps failing: the chunk goes back, unclaimed

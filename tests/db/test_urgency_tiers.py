@@ -293,6 +293,33 @@ def test_a_flex_chunk_is_sent_only_once_no_firm_chunk_waits(sent: list[Sent]) ->
 
 
 @pytest.mark.django_db
+def test_a_flex_chunk_taken_while_firm_work_is_pending_goes_back_unclaimed(
+        sent: list[Sent], monkeypatch: pytest.MonkeyPatch) -> None:
+    from jobs.services.running import chunk_run
+
+    ran: list[uuid.UUID] = []
+    monkeypatch.setattr("jobs.services.running.execute", lambda job, rows: (
+        ran.append(job.pk), (_ for _ in ()).throw(AssertionError("not to run")))[1])
+    flex = tiered_job(organization_make(), 2, "flex")
+    job_start(job_id=flex.pk)
+    taken = Chunk.objects.get(pk=sent[0].id)
+    standard = tiered_job(organization_make(), 1, "standard")
+    job_start(job_id=standard.pk)  # its chunk sent, not yet started: pending
+    assert chunk_run(chunk_id=taken.pk) is None
+    taken.refresh_from_db()
+    # Back to waiting its turn, unclaimed, no attempt spent; nothing ran.
+    assert (taken.status, taken.queued_at, taken.attempts) == (ChunkStatus.PENDING, None, 0)
+    assert ran == []
+    # Once the standard chunk has run, no firm chunk is pending: the release sends the
+    # flex chunk again (the place the standard chunk held), and it runs.
+    standard_message = next(m for m in sent if _job_of(m) == standard.pk)
+    _run_chunk(standard_message.id, Usage(input_tokens=3))
+    taken.refresh_from_db()
+    assert taken.queued_at is not None
+    assert sent[-1].id == str(taken.pk) and sent[-1].actor == "chunk_flex_run_task"
+
+
+@pytest.mark.django_db
 def test_fair_share_holds_inside_the_priority_tier(sent: list[Sent]) -> None:
     standard = tiered_job(organization_make(), 4, "standard")
     job_start(job_id=standard.pk)
@@ -474,3 +501,52 @@ def test_the_console_submits_a_tier_and_shows_it(organization: Organization, set
     owner.post("/console/jobs/new", form(organization, {"input_id": str(item.pk),
                                                         "model": "tiny-qwen3"}))
     assert Job.objects.for_org(organization).exclude(pk=job.pk).get().priority == "standard"
+
+
+# --- through the broker -----------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_through_the_broker_a_standard_job_overtakes_the_flex_job_holding_the_model(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real Dramatiq worker on the real broker (only the engine step replaced): the flex
+    chunks already sent hold no place from the standard job, and a flex chunk the worker
+    takes while a standard chunk is pending goes back unclaimed, so the standard job's
+    chunks run first."""
+    import dramatiq
+
+    from inference.kinds.base import InputRow
+    from tests.db.test_fair_dispatch import answer
+    from tests.workers import broker_flush, running_worker, until
+
+    ran: list[uuid.UUID] = []
+
+    def engine_step(job: Job, rows: list[InputRow]) -> tuple[list[dict[str, Any]], Usage]:
+        ran.append(job.pk)
+        return answer(rows)
+
+    monkeypatch.setattr("jobs.services.running.execute", engine_step)
+    dispatch_catch(monkeypatch, lambda message: None, "job_start_task")  # started here
+    broker = dramatiq.get_broker()
+    broker_flush()
+    for queue in dispatch.model_queues("world", "gemma4-12b"):
+        broker.declare_queue(queue)
+    flex = tiered_job(organization_make(), 6, "flex")
+    standard = tiered_job(organization_make(), 2, "standard")
+    assert job_start(job_id=flex.pk) == 2  # the model's room, all flex's
+    assert job_start(job_id=standard.pk) == 2  # sent at once beside them
+
+    def done() -> bool:
+        return Job.objects.filter(pk__in=[flex.pk, standard.pk],
+                                  status=JobStatus.DONE).count() == 2
+
+    with running_worker(threads=1):
+        until(done, timeout=120)
+    assert Counter(ran) == {flex.pk: 6, standard.pk: 2}  # every chunk once
+    # A flex chunk the worker took while the standard chunks were pending went back
+    # unclaimed: the standard job's chunks ran first.
+    assert ran[:2] == [standard.pk, standard.pk], ran
+    flex.refresh_from_db()
+    standard.refresh_from_db()
+    assert standard.finished_at is not None and flex.finished_at is not None
+    assert standard.finished_at < flex.finished_at
