@@ -238,7 +238,8 @@ def test_fair_share_inside_a_tier_counts_that_tiers_chunks_in_flight() -> None:
     # flex work does not cost its standard share), so the places alternate, a's job
     # (approved first) leading; counted across tiers, b would take all four.
     sa, sb = _waiting(1, a), _waiting(1, b)
-    sa.approved_at = sb.approved_at - timedelta(seconds=1)  # type: ignore[operator]
+    assert sb.approved_at is not None
+    sa.approved_at = sb.approved_at - timedelta(seconds=1)
     picks = tier_picks([sa, sb], {2: Counter({a: 5})}, firm_in_flight=0, flex_in_flight=5,
                        cap=4, job_cap=10)
     assert picks == [sa.job_id, sb.job_id, sa.job_id, sb.job_id]
@@ -298,8 +299,12 @@ def test_a_flex_chunk_taken_while_firm_work_is_pending_goes_back_unclaimed(
     from jobs.services.running import chunk_run
 
     ran: list[uuid.UUID] = []
-    monkeypatch.setattr("jobs.services.running.execute", lambda job, rows: (
-        ran.append(job.pk), (_ for _ in ()).throw(AssertionError("not to run")))[1])
+
+    def engine_step(job: Job, rows: Any) -> Any:
+        ran.append(job.pk)
+        raise AssertionError("a flex chunk ran while standard work was pending")
+
+    monkeypatch.setattr("jobs.services.running.execute", engine_step)
     flex = tiered_job(organization_make(), 2, "flex")
     job_start(job_id=flex.pk)
     taken = Chunk.objects.get(pk=sent[0].id)
