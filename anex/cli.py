@@ -1,6 +1,6 @@
 """`anex`: the batch API from a terminal (docs/cli.md).
 
-    anex submit FILE --model M [--approve] [--wait] [-o OUT]
+    anex submit FILE --model M [--priority flex|standard|priority] [--approve] [--wait] [-o OUT]
     anex check FILE --model M
     anex status|approve|cancel|result|rerun JOB
     anex tail JOB [-o FILE] [--interval S]
@@ -52,6 +52,8 @@ EXIT_UNAVAILABLE = 5  # this server does not offer the command (an older deploym
 
 TERMINAL = frozenset({"done", "failed", "cancelled"})
 ESTIMATING = frozenset({"submitted", "estimating"})
+# The urgency tiers POST /jobs takes (docs/estimates.md, "Urgency tiers").
+PRIORITIES = ("flex", "standard", "priority")
 POLL_SECONDS = 1.0
 RETRIES = 5
 RETRY_STATUSES = frozenset({502, 503, 504})
@@ -405,6 +407,8 @@ def estimate_lines(job: dict[str, Any], rows: int | None) -> list[str]:
         "(estimated)",
         f"  cost:      at most {credits(job.get('est_cost_cents'))}, held on approval",
         f"  time:      about {job.get('est_processing_seconds')} s once approved",
+        *([f"  priority:  {job['priority']}, within {job.get('completion_window_hours')} h "
+           "of approval"] if job.get("priority") else []),
     ]
 
 
@@ -451,6 +455,8 @@ def cmd_submit(api: Api, args: argparse.Namespace) -> int:
     body: dict[str, Any] = {"input_id": input_id, "model": args.model}
     if args.max_output_tokens is not None:
         body["max_output_tokens"] = args.max_output_tokens
+    if args.priority is not None:
+        body["priority"] = args.priority
     job_id = server_id(api.call("POST", "/jobs", body).get("id"), "job")
     job = wait_estimate(api, job_id, quiet=quiet)
     report: dict[str, Any] = {"id": job_id, "input_id": input_id, "estimate": job}
@@ -713,6 +719,9 @@ def parser() -> argparse.ArgumentParser:
     submit.add_argument("file", help="a JSONL (or .parquet) file of requests")
     submit.add_argument("--model", required=True)
     submit.add_argument("--max-output-tokens", type=int, default=None)
+    submit.add_argument("--priority", choices=PRIORITIES, default=None,
+                        help="the urgency tier: flex (half price, within 72 h), standard (the "
+                             "server's default) or priority (1.75x, dispatched first)")
     submit.add_argument("--approve", action="store_true", help="approve without asking")
     submit.add_argument("--wait", action="store_true",
                         help="wait for the job to end and download its result")

@@ -121,7 +121,7 @@ def docs_page(request: HttpRequest, slug: str = "index", suffix: str = "") -> Ht
 
 def pricing_markdown() -> str:
     """The /docs/pricing page, generated from the catalog so it can never drift from it."""
-    from inference.catalog import catalog
+    from inference.catalog import catalog, catalog_tiers
     from inference.kinds import kind_for, kinds_all
 
     models = list(catalog().values())
@@ -141,6 +141,18 @@ def pricing_markdown() -> str:
     for kind in kinds_all():
         lines += kind.pricing_section([m for m in models if kind_for(m) is kind])
         lines.append("")
+    lines += [
+        "## Urgency tiers",
+        "",
+        "A job's `priority` multiplies its exact cost before it is rounded up (the minimum job",
+        "price is not multiplied); see [estimates](estimates#urgency-tiers).",
+        "",
+        "| `priority` | Price multiplier | Completion window |",
+        "| --- | --- | --- |",
+        *(f"| `{tier.name}` | {tier.multiplier.normalize():f} x | {tier.completion_hours} h |"
+          for tier in catalog_tiers().values()),
+        "",
+    ]
     ceilings = [
         f"{_duration(m.media.audio_max_seconds)} of audio on `{m.id}`"
         for m in models if m.media.audio_max_seconds

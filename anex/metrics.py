@@ -59,7 +59,7 @@ from prometheus_client.utils import floatToGoString
 
 from inference.catalog import model_get
 from inference.pricing import USAGE_RENAMED, Usage
-from jobs.constants import TERMINAL_STATUSES, JobStatus
+from jobs.constants import TERMINAL_STATUSES, JobStatus, Priority
 from jobs.models import Chunk, Job
 from jobs.selectors import queue_depths
 from jobs.services.chunks import IN_FLIGHT, WAITING
@@ -180,13 +180,19 @@ class Ended:
     tokens: Counter[tuple[str, str]] = field(default_factory=Counter)
     wait: Buckets = field(default_factory=Buckets)
     processing: dict[str, Buckets] = field(default_factory=dict)
+    # By urgency tier: each chunk's wait from its job's approval to its start.
+    chunk_wait: dict[str, Buckets] = field(default_factory=dict)
 
     def __add__(self, other: Ended) -> Ended:
         return Ended(
             self.jobs + other.jobs, self.rows + other.rows, self.tokens + other.tokens,
-            self.wait + other.wait,
-            {size: self.processing.get(size, Buckets()) + other.processing.get(size, Buckets())
-             for size in {*self.processing, *other.processing}})
+            self.wait + other.wait, _by_label(self.processing, other.processing),
+            _by_label(self.chunk_wait, other.chunk_wait))
+
+
+def _by_label(one: dict[str, Buckets], two: dict[str, Buckets]) -> dict[str, Buckets]:
+    return {label: one.get(label, Buckets()) + two.get(label, Buckets())
+            for label in {*one, *two}}
 
 
 def _bucket_sql(seconds: str) -> str:
@@ -247,6 +253,19 @@ def ended_figures(*, after: datetime | None, upto: datetime | None) -> Ended:
         for bucket, count, seconds in cursor.fetchall():
             figures.wait.counts[bucket] += count
             figures.wait.total += float(seconds or 0)
+        # Each chunk's queue wait, by its job's urgency tier: from the approval (when its
+        # chunks may first be sent) to the chunk's start (docs/dev/decisions/
+        # 2026-12-06-urgency-tiers.md).
+        chunk_wait = "extract(epoch FROM c.started_at - j.approved_at)"
+        cursor.execute(
+            f"SELECT j.priority, {_bucket_sql(chunk_wait)}, count(*), "  # noqa: S608
+            f"sum({chunk_wait}) FROM {job_table} j JOIN {chunk_table} c ON c.job_id = j.id "
+            f"WHERE {window} AND j.approved_at IS NOT NULL AND c.started_at IS NOT NULL "
+            f"GROUP BY 1, 2", [bounds, *params])
+        for tier, bucket, count, seconds in cursor.fetchall():
+            buckets = figures.chunk_wait.setdefault(tier, Buckets())
+            buckets.counts[bucket] += count
+            buckets.total += float(seconds or 0)
         sums = ", ".join(f"coalesce(sum((c.usage ->> '{name}')::bigint), 0)"
                          for name in usage_names)
         cursor.execute(
@@ -341,6 +360,13 @@ class FleetCollector(Collector):
             buckets = ended.processing.get(size, Buckets())
             processing.add_metric([size], buckets.cumulative(), buckets.total)
         yield processing
+        chunk_wait = HistogramMetricFamily(
+            "anex_chunk_queue_wait_seconds", "Ended jobs' chunks: from the job's approval to "
+            "the chunk's start, by urgency tier (flex, standard, priority).", labels=["tier"])
+        for tier in Priority.values:
+            buckets = ended.chunk_wait.get(tier, Buckets())
+            chunk_wait.add_metric([tier], buckets.cumulative(), buckets.total)
+        yield chunk_wait
         for name, where, doc in (
                 ("anex_chunks_in_flight", IN_FLIGHT, "Chunks sent to a worker or running."),
                 ("anex_chunks_waiting", WAITING, "Chunks waiting for room to be sent.")):

@@ -62,12 +62,12 @@ class Worker:
 
 
 def gpu_worker() -> Worker:
-    """The run and sample queues of the models this worker serves, in the regions it names
+    """The run, flex and sample queues of the models this worker serves, in the regions it names
     (jobs.dispatch), in one process."""
     from django.conf import settings
     from django.core.exceptions import ImproperlyConfigured
 
-    from jobs.dispatch import run_queue, sample_queue
+    from jobs.dispatch import model_queues
 
     models = settings.ANEX_WORKER_MODELS
     if not models:
@@ -78,8 +78,8 @@ def gpu_worker() -> Worker:
         raise ImproperlyConfigured(
             f"ANEX_WORKER_MODELS names {', '.join(missing)}, with no checkpoint in "
             "ANEX_CHECKPOINTS on this worker.")
-    queues = tuple(name(region, model) for region in settings.ANEX_WORKER_REGIONS
-                   for model in models for name in (run_queue, sample_queue))
+    queues = tuple(queue for region in settings.ANEX_WORKER_REGIONS
+                   for model in models for queue in model_queues(region, model))
     return Worker(queues=queues, processes=1, threads=settings.ANEX_GPU_WORKER_THREADS)
 
 

@@ -13,6 +13,7 @@ from console.constants import Role
 from console.selectors import console_models
 from inference.constants import MAX_OUTPUT_TOKENS
 from inference.rows.core import JobOptions
+from jobs.constants import Priority
 from jobs.services.submission import JobRequest
 
 
@@ -84,6 +85,9 @@ class JobSubmitForm(forms.Form):
     video_fps = forms.FloatField(required=False, min_value=0.001, label="Video frames/second")
     response_format = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}),
                                       label="Response format (JSON, optional)")
+    # The urgency tier (docs/estimates.md, "Urgency tiers"): price and dispatch order.
+    priority = forms.ChoiceField(choices=Priority.choices, initial=Priority.STANDARD,
+                                 required=False, label="Priority")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -119,7 +123,8 @@ class JobSubmitForm(forms.Form):
             response_format=data.get("response_format"))
 
     def job_request(self) -> JobRequest:
-        return JobRequest(options=self.options(), input_id=str(self.cleaned_data["input_id"]))
+        return JobRequest(options=self.options(), input_id=str(self.cleaned_data["input_id"]),
+                          priority=self.cleaned_data.get("priority") or Priority.STANDARD)
 
 
 class WebhookForm(forms.Form):

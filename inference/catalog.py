@@ -179,6 +179,49 @@ def catalog_limits() -> CatalogLimits:
     return catalog_limits_load()
 
 
+@dataclass(frozen=True)
+class CatalogTier:
+    """An urgency tier's catalog entry (the catalog's [tiers]; a job's `priority`)."""
+
+    name: str
+    multiplier: Decimal  # scales the job's exact cost before rounding (inference.pricing)
+    completion_hours: int  # the completion window, from approval
+
+
+TIER_NAMES = ("flex", "standard", "priority")
+
+
+def _tiers(raw: dict[str, Any]) -> dict[str, CatalogTier]:
+    if set(raw) != set(TIER_NAMES):
+        raise CatalogError(f"tiers must be exactly {list(TIER_NAMES)}")
+    tiers: dict[str, CatalogTier] = {}
+    for name in TIER_NAMES:
+        entry = dict(raw[name])
+        unknown = set(entry) - {"multiplier", "completion_hours"}
+        if unknown:
+            raise CatalogError(f"tiers.{name}: unknown fields {sorted(unknown)}")
+        multiplier = _decimal(f"tiers.{name}", "multiplier", entry.get("multiplier"))
+        hours = entry.get("completion_hours")
+        if not multiplier or not isinstance(hours, int) or hours <= 0:
+            raise CatalogError(f"tiers.{name}: multiplier and completion_hours must be "
+                               "above 0")
+        tiers[name] = CatalogTier(name=name, multiplier=multiplier, completion_hours=hours)
+    if tiers["standard"].multiplier != 1:
+        raise CatalogError("tiers.standard: the multiplier is 1 (the reference's prices)")
+    return tiers
+
+
+def catalog_tiers_load(path: Path = CATALOG_PATH) -> dict[str, CatalogTier]:
+    with path.open("rb") as handle:
+        return _tiers(tomllib.load(handle).get("tiers", {}))
+
+
+@cache
+def catalog_tiers() -> dict[str, CatalogTier]:
+    """The urgency tiers by name: flex, standard, priority."""
+    return catalog_tiers_load()
+
+
 def catalog_load(path: Path = CATALOG_PATH) -> dict[str, CatalogModel]:
     """Every model in the file, the local ones included."""
     with path.open("rb") as handle:

@@ -6,6 +6,12 @@ never disagree about a rate; a realtime request's exact cost comes from the same
 (docs/dev/decisions/2026-12-01-credits-and-billing.md): 1 credit is 1 US cent; a job's charge is its
 exact cost rounded up to a whole credit, at least 1 credit when it did any work, and at least the
 model's minimum job price; a job that did no work is not charged.
+
+A job's urgency tier (its `priority`: flex, standard, priority) scales its exact cost by the
+tier's catalog multiplier (inference/catalog.toml [tiers]) before that rounding; the minimum
+job price is not multiplied (docs/dev/decisions/2026-12-06-urgency-tiers.md). `price` and
+`job_cost_usd` are the only places it is applied, so the estimate, the hold (the estimate),
+the hold check while running and the final charge apply it alike.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from dataclasses import dataclass, fields
 from decimal import Decimal
 from typing import Any
 
-from inference.catalog import CatalogModel
+from inference.catalog import CatalogModel, catalog_tiers
 
 MILLION = Decimal(1_000_000)
 CENTS_PER_USD = Decimal(100)
@@ -99,12 +105,29 @@ def usage_cost_usd(model: CatalogModel, usage: Usage, *, realtime: bool = False)
     return per_token + per_item + per_minute
 
 
+STANDARD = "standard"
+
+
+def tier_multiplier(priority: str) -> Decimal:
+    """The price multiplier of an urgency tier (a job's `priority`)."""
+    return catalog_tiers()[priority].multiplier
+
+
+def job_cost_usd(model: CatalogModel, usage: Usage, priority: str = STANDARD) -> Decimal:
+    """A job's exact cost in dollars at its tier: usage_cost_usd times the tier's
+    multiplier, before any rounding, floor or minimum."""
+    return usage_cost_usd(model, usage) * tier_multiplier(priority)
+
+
 def minimum_job_cents(model: CatalogModel) -> int:
     return math.ceil(model.price.minimum_job * CENTS_PER_USD)
 
 
-def price(model: CatalogModel, usage: Usage) -> Price:
-    exact = usage_cost_usd(model, usage)
+def price(model: CatalogModel, usage: Usage, priority: str = STANDARD) -> Price:
+    """A job's charge (or estimate) at its urgency tier: the exact cost times the tier's
+    multiplier, rounded up to a whole credit, at least 1 credit and at least the model's
+    minimum job price (not multiplied); 0 for no work."""
+    exact = job_cost_usd(model, usage, priority)
     if usage.is_empty:
         return Price(exact_usd=exact, cents=0)
     rounded = math.ceil(exact * CENTS_PER_USD)

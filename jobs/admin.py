@@ -28,6 +28,7 @@ from jobs.selectors import (
     jobs_failed_recent,
     jobs_running_by_model,
     queue_depths,
+    tier_figures,
     workers_seen,
 )
 
@@ -151,6 +152,10 @@ def _duration(seconds: int | None) -> str:
     return _age(timezone.now() - timedelta(seconds=seconds))
 
 
+def _whole(seconds: float | None) -> int | None:
+    return None if seconds is None else round(seconds)
+
+
 FAILURE_MEANS = {
     FailureClass.INFRASTRUCTURE: "storage, the database or the broker: waited out, no "
                                  "attempt spent",
@@ -187,6 +192,9 @@ def operations_view(request: HttpRequest, site: admin.AdminSite) -> HttpResponse
             (name, count, FAILURE_MEANS[FailureClass(name)])
             for name, count in chunk_failures.items()],
         "jobs_failed": sorted(jobs_failed_recent().items()),
+        "tiers": [{"figures": item, "mean": _duration(_whole(item.wait_mean_seconds)),
+                   "longest": _duration(_whole(item.wait_max_seconds))}
+                  for item in tier_figures()],
         "deliveries_given_up": deliveries_given_up_recent(),
         "now": timezone.now(),
     }

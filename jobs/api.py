@@ -23,6 +23,7 @@ from anex.api.errors import ApiError
 from anex.api.schema import links
 from anex.api.serializers import ErrorOut
 from anex.regions import region_require, request_region
+from jobs.constants import Priority
 from jobs.idempotency import IDEMPOTENCY_PARAMETER, IN_FLIGHT_DESCRIPTION, idempotent
 from jobs.selectors import check_get, input_get, job_get, job_progress, job_read
 from jobs.serializers import (
@@ -138,7 +139,8 @@ def _job_request(request: Request) -> JobRequest:
     data = body.validated_data
     return JobRequest(options=body.options(), input_id=data.get("input_id"),
                       input_s3_uri=data.get("input_s3_uri"),
-                      data_residency=data.get("data_residency"))
+                      data_residency=data.get("data_residency"),
+                      priority=data.get("priority") or Priority.STANDARD)
 
 
 class JobView(APIView):

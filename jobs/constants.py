@@ -1,3 +1,4 @@
+from datetime import datetime, timedelta
 from typing import TypeAlias
 
 from django.db import models
@@ -113,6 +114,18 @@ class Priority(models.TextChoices):
     FLEX = "flex"
     STANDARD = "standard"
     PRIORITY = "priority"
+
+
+# Dispatch order: a lower rank's chunks are sent first (jobs.services.chunks.chunks_release).
+TIER_RANK: dict[str, int] = {Priority.PRIORITY: 0, Priority.STANDARD: 1, Priority.FLEX: 2}
+# A flex job unfinished this long after its approval is promoted: dispatched as standard
+# (its completion window is 72 h; the price stays flex's).
+FLEX_PROMOTE_AFTER = timedelta(hours=48)
+
+
+def dispatch_tier(priority: str, promoted_at: datetime | None) -> str:
+    """The tier a job's chunks are dispatched in: its priority, or standard once promoted."""
+    return Priority.STANDARD if promoted_at is not None else priority
 
 
 class FailureCode(models.TextChoices):

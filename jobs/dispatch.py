@@ -54,6 +54,7 @@ ACTOR_QUEUES = {
     "job_start_task": JOBS,
     "job_finalize_task": JOBS,
     "chunk_run_task": RUN,
+    "chunk_flex_run_task": RUN,
     "job_sample_task": SAMPLE,
 }
 
@@ -64,6 +65,15 @@ def run_queue(region: str, model_id: str) -> str:
     return f"{RUN}.{region}.{model_id}"
 
 
+def flex_queue(region: str, model_id: str) -> str:
+    """The queue of a region's flex chunks for this model (docs/dev/decisions/
+    2026-12-06-urgency-tiers.md): consumed by the workers that take its run queue, beside
+    it, through an actor of a lower priority, so of the messages a worker holds a standard
+    or priority chunk always starts before a flex one, and a flex chunk already sent never
+    holds a place a standard chunk needs (chunks_release counts it apart)."""
+    return f"{RUN}.{region}.{model_id}.flex"
+
+
 def sample_queue(region: str, model_id: str) -> str:
     """The queue of a region's samples for this model: consumed by the workers that take
     its chunks (run_queues_declare), apart from them so samples never queue in front of
@@ -71,14 +81,22 @@ def sample_queue(region: str, model_id: str) -> str:
     return f"{SAMPLE}.{region}.{model_id}"
 
 
+def model_queues(region: str, model_id: str) -> tuple[str, str, str]:
+    """A model's queues in a region, which the workers serving it consume: its run queue,
+    its flex chunks' queue and its sample queue."""
+    return run_queue(region, model_id), flex_queue(region, model_id), \
+        sample_queue(region, model_id)
+
+
 def run_queues_declare() -> list[str]:
     """Declare the run queues this worker consumes: one per region and served model, so a
-    GPU worker only takes the chunks of the model it has loaded; and beside each its sample
-    queue, kept apart so samples never queue in front of chunks."""
+    GPU worker only takes the chunks of the model it has loaded; and beside each its flex
+    chunks' queue and its sample queue, kept apart so samples never queue in front of
+    chunks, nor flex chunks in front of the others (model_queues)."""
     broker = dramatiq.get_broker()
-    queues = [name(region, model_id) for region in settings.ANEX_WORKER_REGIONS
+    queues = [queue for region in settings.ANEX_WORKER_REGIONS
               for model_id in settings.ANEX_WORKER_MODELS
-              for name in (run_queue, sample_queue)]
+              for queue in model_queues(region, model_id)]
     for queue in queues:
         broker.declare_queue(queue)
     return queues
@@ -207,9 +225,15 @@ def broker_held(actor: str) -> set[str]:
 
 
 def chunk_send(*, chunk_id: uuid.UUID, region: str, model: str,
-               delay_ms: int | None = None) -> None:
-    """A chunk to its model's run queue in its region."""
-    send("chunk_run_task", str(chunk_id), queue=run_queue(region, model), delay_ms=delay_ms)
+               delay_ms: int | None = None, flex: bool = False) -> None:
+    """A chunk to its model's run queue in its region; a flex one (its job dispatched in
+    the flex tier) to the model's flex queue, for the lower-priority actor."""
+    if flex:
+        send("chunk_flex_run_task", str(chunk_id), queue=flex_queue(region, model),
+             delay_ms=delay_ms)
+    else:
+        send("chunk_run_task", str(chunk_id), queue=run_queue(region, model),
+             delay_ms=delay_ms)
 
 
 def sample_send(*, job_id: uuid.UUID, region: str, model: str,

@@ -27,6 +27,7 @@ from jobs.constants import (
     JobSubstate,
     Priority,
     TaskType,
+    dispatch_tier,
     job_state,
 )
 
@@ -50,6 +51,10 @@ class Job(models.Model):
     # The urgency tier (jobs.constants.Priority): set at submission, never changed.
     priority = models.CharField(max_length=8, choices=Priority.choices,
                                 default=Priority.STANDARD)
+    # A flex job still unfinished FLEX_PROMOTE_AFTER after its approval is promoted: its
+    # chunks are dispatched as standard ones from then on, its price unchanged
+    # (docs/dev/decisions/2026-12-06-urgency-tiers.md). When; null while it is not.
+    promoted_at = models.DateTimeField(null=True, blank=True)
     status = models.CharField(max_length=16, choices=JobStatus.choices,
                               default=JobStatus.SUBMITTED, db_index=True)
     # The internal step of its status the job is in (jobs.constants.JobSubstate: the
@@ -197,6 +202,11 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"{self.model} job {self.pk} ({self.status})"
+
+    @property
+    def dispatch_tier(self) -> str:
+        """The tier its chunks are dispatched in: its priority, or standard once promoted."""
+        return dispatch_tier(self.priority, self.promoted_at)
 
     @property
     def state(self) -> JobState:

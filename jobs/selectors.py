@@ -149,7 +149,7 @@ class QueueDepth:
 
 def queue_names() -> list[str]:
     """Every Dramatiq queue work is sent to (jobs.dispatch): the fixed ones, then each
-    region's run and sample queue of every model that is in the catalog or served."""
+    region's run, flex and sample queue of every model that is in the catalog or served."""
     from django.conf import settings
 
     from anex.regions import Region
@@ -159,8 +159,8 @@ def queue_names() -> list[str]:
     fixed = list(dispatch.FIXED_QUEUES)
     model_ids = sorted(set(catalog()) | set(settings.ANEX_CHECKPOINTS)
                        | set(settings.ANEX_WORKER_MODELS))
-    return fixed + [name(region.value, model_id) for region in Region for model_id in model_ids
-                    for name in (dispatch.run_queue, dispatch.sample_queue)]
+    return fixed + [queue for region in Region for model_id in model_ids
+                    for queue in dispatch.model_queues(region.value, model_id)]
 
 
 def queue_depths() -> list[QueueDepth] | None:
@@ -270,6 +270,54 @@ def chunk_oldest_waiting() -> ChunkWaiting | None:
     since: datetime = chunk.since  # type: ignore[attr-defined]
     return ChunkWaiting(chunk=chunk, since=since or timezone.now(),
                         sent=chunk.queued_at is not None)
+
+
+@dataclass
+class TierFigures:
+    """One urgency tier on the operations page (docs/dev/decisions/2026-12-06-urgency-tiers.md)."""
+
+    tier: str
+    jobs_running: int = 0
+    promoted: int = 0  # of them, flex jobs dispatched as standard since 48 h after approval
+    chunks_waiting: int = 0  # to be sent (fair dispatch)
+    chunks_in_flight: int = 0  # sent or running
+    started: int = 0  # chunks started in the last hour
+    wait_mean_seconds: float | None = None  # their wait from approval to start
+    wait_max_seconds: float | None = None
+
+
+def tier_figures(*, hours: int = 1) -> list[TierFigures]:
+    """Per urgency tier: jobs running, their chunks waiting and in flight, and the queue
+    wait (the job's approval to the chunk's start) of the chunks started in the last
+    `hours`, in the order dispatch serves them."""
+    from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Max
+
+    from jobs.constants import Priority
+    from jobs.services.chunks import IN_FLIGHT, WAITING
+
+    figures = {tier: TierFigures(tier=tier) for tier in
+               (Priority.PRIORITY, Priority.STANDARD, Priority.FLEX)}
+    running = Job.objects.filter(status=JobStatus.IN_PROGRESS)
+    for row in running.values("priority").annotate(
+            n=Count("pk"), promoted=Count("pk", filter=Q(promoted_at__isnull=False))):
+        figures[row["priority"]].jobs_running = row["n"]
+        figures[row["priority"]].promoted = row["promoted"]
+    chunks = Chunk.objects.filter(job__status=JobStatus.IN_PROGRESS)
+    for row in chunks.values("job__priority").annotate(
+            waiting=Count("pk", filter=WAITING), flying=Count("pk", filter=IN_FLIGHT)):
+        figures[row["job__priority"]].chunks_waiting = row["waiting"]
+        figures[row["job__priority"]].chunks_in_flight = row["flying"]
+    waited = ExpressionWrapper(F("started_at") - F("job__approved_at"),
+                               output_field=DurationField())
+    for row in Chunk.objects.filter(
+            started_at__gte=timezone.now() - timedelta(hours=hours),
+            job__approved_at__isnull=False).values("job__priority").annotate(
+            n=Count("pk"), mean=Avg(waited), longest=Max(waited)):
+        item = figures[row["job__priority"]]
+        item.started = row["n"]
+        item.wait_mean_seconds = row["mean"].total_seconds() if row["mean"] else 0.0
+        item.wait_max_seconds = row["longest"].total_seconds() if row["longest"] else 0.0
+    return list(figures.values())
 
 
 def jobs_failed_recent(*, hours: int = 24) -> dict[str, int]:

@@ -23,7 +23,7 @@ from anex.api.serializers import (
 )
 from anex.internals.prototyped import Prototyped
 from anex.regions import Region
-from inference.catalog import model_get
+from inference.catalog import catalog_tiers, model_get
 from inference.constants import MAX_OUTPUT_TOKENS, RowOutcome
 from inference.rows.core import JobOptions
 from jobs.constants import (
@@ -32,6 +32,7 @@ from jobs.constants import (
     CheckStatus,
     InputStatus,
     JobStatus,
+    Priority,
 )
 from jobs.models import Input, Job, PreflightCheck
 from jobs.openapi import (
@@ -185,6 +186,10 @@ class PositiveNumberField(Documented, StrictNumberField):
     pass
 
 
+PRIORITY_INVALID = ('priority must be one of flex, standard, priority '
+                    '(docs/estimates.md, "Urgency tiers"); got "{input}".')
+
+
 class JobCreateIn(Closed, serializers.Serializer):  # type: ignore[type-arg]
     """POST /jobs and POST /checks. An integer is a JSON integer written without a fraction
     (1, not 1.0), reasoning is true, false or null, and video_fps a JSON number: nothing is
@@ -212,6 +217,12 @@ class JobCreateIn(Closed, serializers.Serializer):  # type: ignore[type-arg]
     dimensions = StrictIntegerField(required=False, allow_null=True, min_value=1)
     data_residency = serializers.ChoiceField(choices=Region.values, required=False,
                                              allow_null=True)
+    priority = serializers.ChoiceField(
+        choices=Priority.values, required=False, allow_null=True,
+        error_messages={"invalid_choice": PRIORITY_INVALID},
+        help_text="The urgency tier: flex (half price, a 72-hour window, runs on capacity "
+                  "nothing else wants), standard (the default) or priority (1.75x the price, "
+                  "dispatched ahead of standard work). docs/estimates.md, \"Urgency tiers\".")
 
     @classmethod
     def openapi_constraints(cls) -> dict[str, Any]:
@@ -274,6 +285,16 @@ class JobStateOut(serializers.Serializer):  # type: ignore[type-arg]
 
 class JobOut(Prototyped, serializers.ModelSerializer[Job]):
     est_cost_cents = serializers.IntegerField(allow_null=True)
+    priority = serializers.ChoiceField(
+        choices=Priority.values,
+        help_text="The urgency tier the job was submitted in: flex, standard or priority.")
+    completion_window_hours = serializers.SerializerMethodField(
+        help_text="The tier's completion window, from approval: 72 for flex, 24 for standard "
+                  "and priority (docs/estimates.md, \"Urgency tiers\").")
+    promoted_at = UtcOffsetTimestampField(
+        allow_null=True, help_text="A flex job unfinished 48 hours after its approval is "
+                                   "dispatched as standard from then on (its price unchanged): "
+                                   "when; null otherwise.")
     reasoning_budget = serializers.SerializerMethodField()
     reasoning_effort = serializers.SerializerMethodField()
     failure_code = serializers.SerializerMethodField()
@@ -316,8 +337,13 @@ class JobOut(Prototyped, serializers.ModelSerializer[Job]):
                   "task_type", "format", "response_format", "dimensions", "video_fps",
                   "data_residency", "data_deleted_at", "max_tokens", "parent_id", "children",
                   # anex's own, after the reference's (issue 43, docs/estimates.md)
-                  "est_shared_prefix_share", "est_identical_rows", "cached_input_tok"]
+                  "est_shared_prefix_share", "est_identical_rows", "cached_input_tok",
+                  # issue 44: the urgency tier
+                  "priority", "completion_window_hours", "promoted_at"]
         read_only_fields = fields
+
+    def get_completion_window_hours(self, job: Job) -> int:
+        return catalog_tiers()[job.priority].completion_hours
 
     def get_reasoning_budget(self, job: Job) -> int | None:
         model = model_get(job.model)

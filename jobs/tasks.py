@@ -172,6 +172,9 @@ def job_finalize_task(job_id: str) -> None:
 # SAMPLES_AT_ONCE), their threads free for the chunks.
 CHUNK_PRIORITY = 10
 SAMPLE_PRIORITY = 0
+# A flex chunk runs after every other chunk the worker holds: flex runs only on capacity
+# nothing else wants (docs/dev/decisions/2026-12-06-urgency-tiers.md).
+FLEX_CHUNK_PRIORITY = 20
 
 
 # Sent to "run.<region>.<model>" queues (jobs.dispatch.run_queue), which only the
@@ -182,6 +185,14 @@ def chunk_run_task(chunk_id: str) -> None:
     with _about("chunk", chunk_id, job_id=_job_of_chunk(chunk_id),
                 chunk_id=chunk_id) as outcome:
         outcome.append(chunk_run(chunk_id=chunk_id))
+
+
+# Sent to "run.<region>.<model>.flex" queues (jobs.dispatch.flex_queue): a flex job's
+# chunks, the same work as chunk_run_task's at a lower priority.
+@dramatiq.actor(queue_name=dispatch.RUN, max_retries=0, time_limit=CHUNK_TIME_LIMIT_MS,
+                priority=FLEX_CHUNK_PRIORITY)
+def chunk_flex_run_task(chunk_id: str) -> None:
+    chunk_run_task.fn(chunk_id)
 
 
 # Sent to "sample.<region>.<model>" queues (jobs.dispatch.sample_queue), which the

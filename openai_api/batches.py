@@ -30,7 +30,7 @@ from console.models import Organization
 from inference.catalog import CatalogModel, catalog_limits, model_get
 from inference.kinds import kind_for
 from inference.rows.core import JobOptions, line_max_bytes
-from jobs.constants import TERMINAL_STATUSES, FailureCode, InputStatus, JobStatus
+from jobs.constants import TERMINAL_STATUSES, FailureCode, InputStatus, JobStatus, Priority
 from jobs.jsonl_scan import lines_body_model
 from jobs.models import Job, JobEvent
 from jobs.results import result_lines
@@ -43,8 +43,16 @@ from jobs.storage import StorageChanged, storage_for
 from jobs.validation.lines import line_limit, line_too_long
 from openai_api.models import FilePart, FilePurpose, OpenAIBatch, OpenAIFile
 
-COMPLETION_WINDOW = "24h"
 WINDOW = timedelta(hours=24)
+# The completion windows a batch may ask for, and the urgency tier each maps to
+# (docs/openai.md, "Completion windows and priority"): OpenAI's 24h is standard; 72h is
+# anex's flex tier (half price, run on spare capacity). metadata {"anex_priority": ...}
+# names the tier outright, over the window's.
+COMPLETION_WINDOWS: dict[str, timedelta] = {"24h": WINDOW, "72h": timedelta(hours=72)}
+WINDOW_TIER: dict[str, Priority] = {"24h": Priority.STANDARD, "72h": Priority.FLEX}
+PRIORITY_METADATA = "anex_priority"
+COMPLETION_WINDOW_INVALID = ("completion_window must be '24h' or '72h' (72h: the flex tier, "
+                             "half price; docs/openai.md).")
 ENDPOINTS = ("/v1/chat/completions", "/v1/embeddings", "/v1/systemone")
 METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
 # How far into the file its model is looked for: the first line that names one, among the
@@ -154,7 +162,8 @@ def batch_object(batch: OpenAIBatch) -> dict[str, Any]:
         "input_file_id": batch.input_file_id, "completion_window": batch.completion_window,
         "status": status, "output_file_id": None, "error_file_id": None,
         "created_at": _epoch(batch.created_at), "in_progress_at": None,
-        "expires_at": _epoch(batch.created_at + WINDOW), "finalizing_at": None,
+        "expires_at": _epoch(batch.created_at + batch_window(batch.completion_window)),
+        "finalizing_at": None,
         "completed_at": None, "failed_at": _epoch(batch.failed_at), "expired_at": None,
         "cancelling_at": _epoch(batch.cancelling_at), "cancelled_at": None,
         "request_counts": {"total": 0, "completed": 0, "failed": 0},
@@ -195,6 +204,19 @@ def batch_object(batch: OpenAIBatch) -> dict[str, Any]:
 
 # -- creating ------------------------------------------------------------------------------
 
+def batch_window(completion_window: str) -> timedelta:
+    """A batch's completion window as a duration (24 h for a window stored before 72h was
+    offered, which can only be 24h)."""
+    return COMPLETION_WINDOWS.get(completion_window, WINDOW)
+
+
+def batch_priority(completion_window: str, metadata: dict[str, str] | None) -> Priority:
+    """The urgency tier a batch's job runs in: metadata's anex_priority when given, else
+    its completion window's (24h standard, 72h flex)."""
+    named = (metadata or {}).get(PRIORITY_METADATA)
+    return Priority(named) if named is not None else WINDOW_TIER[completion_window]
+
+
 def metadata_problem(metadata: object) -> str | None:
     if metadata is None:
         return None
@@ -209,6 +231,10 @@ def metadata_problem(metadata: object) -> str | None:
             return f"metadata keys are at most {METADATA_KEY_CHARS} characters."
         if len(value) > METADATA_VALUE_CHARS:
             return f"metadata.{key} is over {METADATA_VALUE_CHARS} characters."
+    named = metadata.get(PRIORITY_METADATA)
+    if named is not None and named not in Priority.values:
+        return (f"metadata.{PRIORITY_METADATA} must be one of flex, standard, priority; "
+                f"got '{named}'.")
     return None
 
 
@@ -270,8 +296,8 @@ def batch_create(*, organization: Organization, actor: Actor, host_region: Regio
     if endpoint not in ENDPOINTS:
         raise Invalid(f"endpoint must be one of {', '.join(ENDPOINTS)}.",
                       extra={"param": "endpoint"})
-    if completion_window != COMPLETION_WINDOW:
-        raise Invalid("completion_window must be '24h'.", extra={"param": "completion_window"})
+    if completion_window not in COMPLETION_WINDOWS:
+        raise Invalid(COMPLETION_WINDOW_INVALID, extra={"param": "completion_window"})
     problem = metadata_problem(metadata)
     if problem:
         raise Invalid(problem, extra={"param": "metadata"})
@@ -304,7 +330,8 @@ def batch_create(*, organization: Organization, actor: Actor, host_region: Regio
                 # OpenAI's batch policy: each row names the model, every failing row is
                 # named, and there is no approval step.
                 request = JobRequest(options=JobOptions(model=model_id, row_model=True),
-                                     input_id=str(file.input.pk))
+                                     input_id=str(file.input.pk),
+                                     priority=batch_priority(completion_window, metadata))
                 job = job_submit(organization=organization, actor=actor, host_region=host_region,
                                  request=request, approve_at_estimate=True,
                                  collect_row_errors=True)
@@ -349,8 +376,11 @@ def batches_expire(*, now: datetime | None = None) -> int:
     cancelled, or whose job is finalizing (too late to stop: it completes), is let be.
     Safe to run twice: a batch is marked once, in the cancel's transaction."""
     now = now or timezone.now()
+    past = Q()
+    for window, length in COMPLETION_WINDOWS.items():
+        past |= Q(completion_window=window, created_at__lte=now - length)
     due = OpenAIBatch.objects.filter(
-        created_at__lte=now - WINDOW, expired_at__isnull=True, cancelling_at__isnull=True,
+        past, expired_at__isnull=True, cancelling_at__isnull=True,
         job__isnull=False, job__cancel_requested=False,
     ).exclude(job__status__in=[*TERMINAL_STATUSES, JobStatus.FINALIZING]) \
         .select_related("job").order_by("created_at")[:EXPIRE_BATCH]

@@ -10,7 +10,8 @@ from django.core.validators import ProhibitNullCharactersValidator
 from rest_framework import serializers
 
 from openai_api.batches import (
-    COMPLETION_WINDOW,
+    COMPLETION_WINDOW_INVALID,
+    COMPLETION_WINDOWS,
     ENDPOINTS,
     METADATA_KEY_CHARS,
     METADATA_PAIRS,
@@ -24,7 +25,12 @@ BATCH_STATUSES = ("validating", "failed", "in_progress", "finalizing", "complete
 class BatchCreateIn(serializers.Serializer[dict[str, Any]]):
     input_file_id = serializers.CharField(max_length=40)
     endpoint = serializers.ChoiceField(choices=ENDPOINTS)
-    completion_window = serializers.ChoiceField(choices=(COMPLETION_WINDOW,))
+    completion_window = serializers.ChoiceField(
+        choices=tuple(COMPLETION_WINDOWS),
+        error_messages={"invalid_choice": COMPLETION_WINDOW_INVALID},
+        help_text="24h (the standard tier) or 72h (anex's flex tier: half price, run on "
+                  "spare capacity); metadata anex_priority (flex, standard, priority) names "
+                  "the tier outright. docs/openai.md.")
     metadata = serializers.DictField(child=serializers.CharField(max_length=METADATA_VALUE_CHARS,
                                                      allow_blank=True, trim_whitespace=False),
                          allow_null=True, required=False, allow_empty=True,

@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scenario", nargs="+", default=["all"],
-                        help="S1 ... S9, S12 (or 'all', the default)")
+                        help="S1 ... S9, S12 ... S14 (or 'all', the default)")
     parser.add_argument("--rows", type=int, default=None,
                         help="the big job's rows (default 1,000,000; S12's 20,000)")
     parser.add_argument("--other-rows", type=int, default=1_000,

@@ -409,7 +409,8 @@ class Cluster:
         else:
             argv = [sys.executable, "-m", "dramatiq", "bench.scale.simworker", "--processes",
                     "1", "--threads", str(self.worker_threads), "--queues",
-                    f"run.world.{self.model}", f"sample.world.{self.model}"]
+                    f"run.world.{self.model}", f"run.world.{self.model}.flex",
+                    f"sample.world.{self.model}"]
         return self._add(name, argv, env)
 
     def _real_worker(self, name: str, env: dict[str, str]) -> list[str]:
@@ -424,7 +425,7 @@ class Cluster:
         return self.role("worker-gpu", env) or [
             sys.executable, "-m", "dramatiq", "anex.worker", "--processes", "1", "--threads",
             str(self.worker_threads), "--queues", f"run.world.{self.model}",
-            f"sample.world.{self.model}"]
+            f"run.world.{self.model}.flex", f"sample.world.{self.model}"]
 
     def gpu_ready(self, number: int, timeout: float = 600) -> float:
         """Seconds until a REAL-engine worker's /readyz answers 200 (its engine loaded)."""

@@ -68,10 +68,13 @@ class Api:
             raise RuntimeError(f"upload answered {sent.status_code}: {sent.text[:300]}")
         return str(target["id"])
 
-    def submit(self, input_id: str, *, cap: int | None = 16) -> requests.Response:
+    def submit(self, input_id: str, *, cap: int | None = 16,
+               priority: str | None = None) -> requests.Response:
         body: dict[str, Any] = {"input_id": input_id, "model": self.model, "reasoning": False}
         if cap is not None:
             body["max_output_tokens"] = cap
+        if priority is not None:
+            body["priority"] = priority
         return self.call("POST", "/jobs", json=body)
 
     def wait(self, job_id: str, statuses: tuple[str, ...], timeout: float) -> dict[str, Any]:
@@ -194,13 +197,14 @@ class Harness:
     # -- jobs ---------------------------------------------------------------------------------
 
     def job_ready(self, api: Api, rows: int, tag: str, *, poison_at: int | None = None,
-                  cap: int | None = 16, timeout: float = 1800) -> tuple[str, Path, float]:
+                  cap: int | None = 16, timeout: float = 1800,
+                  priority: str | None = None) -> tuple[str, Path, float]:
         """A job uploaded, submitted and estimated (cost_ready): its id, input, and the
         seconds from submit to cost_ready."""
         path = self.data / f"{tag}.jsonl"
         rows_write(path, rows, tag, poison_at=poison_at)
         input_id = api.upload(path)
-        response = api.submit(input_id, cap=cap)
+        response = api.submit(input_id, cap=cap, priority=priority)
         if response.status_code not in (200, 201):
             raise RuntimeError(f"submit answered {response.status_code}: {response.text}")
         job_id = response.json()["id"]
@@ -226,7 +230,8 @@ class Harness:
 
     def big_job(self, tag: str, events: list[tuple[float, str, Callable[[], None]]],
                 poison_at: int | None = None, *, data_tag: str | None = None,
-                cap: int = 16, timeout: float | None = None) -> BigRun:
+                cap: int = 16, timeout: float | None = None,
+                priority: str | None = None) -> BigRun:
         """The big job: estimated, approved, and followed to its end; each event runs once
         the job's done rows pass its fraction. Two runs with one data_tag read the same
         rows."""
@@ -234,7 +239,8 @@ class Harness:
         api = self.api(f"big-{tag}")
         say(f"{tag}: preparing the big job ({rows:,} rows: upload, submit, estimate)")
         job_id, path, estimate_s = self.job_ready(api, rows, data_tag or f"big-{tag}",
-                                                  poison_at=poison_at, cap=cap)
+                                                  poison_at=poison_at, cap=cap,
+                                                  priority=priority)
         say(f"{tag}: big job {job_id} cost_ready {estimate_s:.1f} s after submit")
         run = BigRun(api=api, job_id=job_id, path=path, rows=rows)
         timeout = timeout or self.args.timeout or 20 * rows / self.ideal_rows_per_second + 600
@@ -274,10 +280,10 @@ class Harness:
     def verify(self, api: Api, job_id: str, path: Path, label: str,
                poison_at: int | None = None,
                answer: Callable[[dict[str, Any]], str] | None = None,
-               check_answers: bool = True) -> bool:
+               check_answers: bool = True, priority: str = "standard") -> bool:
         """Every input row once, in order, each its expected answer (`answer` of its input
         row; by default the simulated one; the poison row, an error line); one charge equal
-        to the price of the rows' summed usage; job done."""
+        to the price of the rows' summed usage at the job's tier (`priority`); job done."""
         answer = answer or (lambda row: simulated_answer(row["body"]["messages"]))
         from billing.models import LedgerEntry
         from inference.catalog import model_get
@@ -313,7 +319,7 @@ class Harness:
             job_id=job_id, kind="charge").values_list("balance_delta", flat=True))))
         model = model_get(self.cluster.model)
         assert model is not None
-        priced = price(model, Usage(input_tokens=prompt, output_tokens=completion))
+        priced = price(model, Usage(input_tokens=prompt, output_tokens=completion), priority)
         charged = -sum(charges)
         ok = (job["status"] == "done" and len(lines) == len(wanted) and lost == 0
               and duplicated == 0 and in_order and wrong == 0 and errors == expected_errors
@@ -326,7 +332,7 @@ class Harness:
             f"{wrong if check_answers else '(not checked)'}, error lines {errors} "
             f"(expected {expected_errors}); charges {len(charges)}, charged {charged} cents, "
             f"rows' summed usage ({prompt:,} in + {completion:,} out tokens) prices at "
-            f"{priced.cents} cents (${priced.exact_usd:.6f} before rounding)")
+            f"{priced.cents} cents (${priced.exact_usd:.6f} before rounding, {priority} tier)")
 
     def attempts_check(self, job_id: str, label: str) -> bool:
         """The other organization's chunks: none claimed more than once."""
@@ -411,10 +417,12 @@ class Harness:
                 f"{delta['between_busy'] / wall:.1%}, idle {delta['between_idle'] / wall:.1%})")
         return "; ".join(parts) or "(no simulation counters)"
 
-    def other_job(self, tag: str) -> tuple[Api, str, Path]:
+    def other_job(self, tag: str, *, rows: int | None = None,
+                  priority: str | None = None) -> tuple[Api, str, Path]:
         """Another organization's job, estimated now and approved by the caller."""
         api = self.api(f"other-{tag}")
-        job_id, path, _ = self.job_ready(api, self.args.other_rows, f"other-{tag}")
+        job_id, path, _ = self.job_ready(api, rows or self.args.other_rows, f"other-{tag}",
+                                         priority=priority)
         return api, job_id, path
 
 
@@ -520,6 +528,133 @@ def s2(h: Harness) -> bool:
     return verdict("S2 fairness", ok and seconds <= 15,
                    f"{h.args.other_rows:,}-row job approve -> done {seconds:.1f} s (about 15 s "
                    f"asked) while the big job ran {big_left:.0f} s more") and ok
+
+
+def _chunk_times(h: Harness, job_id: str) -> list[tuple[Any, Any]]:
+    """A job's chunks' (started_at, finished_at)."""
+    from jobs.models import Chunk
+
+    return list(h.db(lambda: list(Chunk.objects.filter(job_id=job_id).values_list(
+        "started_at", "finished_at"))))
+
+
+def _finished_at(h: Harness, job_id: str) -> Any:
+    from jobs.models import Job
+
+    return h.db(lambda: Job.objects.values_list("finished_at", flat=True).get(pk=job_id))
+
+
+def _approved_at(h: Harness, job_id: str) -> Any:
+    from jobs.models import Job
+
+    return h.db(lambda: Job.objects.values_list("approved_at", flat=True).get(pk=job_id))
+
+
+def _urgency_follow(h: Harness, api: Api, job_id: str, times: dict[str, float]) -> None:
+    """Approve the other job now and follow it to its end on a thread (S2's way)."""
+    times["approved"] = h.approve(api, job_id)
+
+    def follow() -> None:
+        api.wait(job_id, ("done",), 1800)
+        times["done"] = time.monotonic()
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    h.follower = thread  # type: ignore[attr-defined]
+
+
+def s13(h: Harness) -> bool:
+    """S13: urgency, priority: another organization's priority job as large as the big
+    standard job, approved at 20 % of it, finishes first (under fair share alone it would
+    finish last: it has more rows left); each charged once, at its tier's multiplier."""
+    rows = h.args.rows
+    api, job_id, path = h.other_job("S13", rows=rows, priority="priority")
+    times: dict[str, float] = {}
+    run = h.big_job("S13", [(0.2, "the other organization's PRIORITY job approved",
+                             lambda: _urgency_follow(h, api, job_id, times))])
+    h.follower.join(timeout=1800)  # type: ignore[attr-defined]
+    ok = h.verify(api, job_id, path, "S13 priority job result", priority="priority")
+    ok = h.verify(run.api, run.job_id, run.path, "S13 standard job result") and ok
+    priority_done, standard_done = _finished_at(h, job_id), _finished_at(h, run.job_id)
+    approved = _approved_at(h, job_id)
+    # Standard chunks started after the priority job's approval, while it still had chunks
+    # to start: at most the places free at that instant (none, on a busy fleet).
+    priority_starts = sorted(s for s, _ in _chunk_times(h, job_id) if s is not None)
+    last_start = priority_starts[-1] if priority_starts else approved
+    overtaking = sum(1 for s, _ in _chunk_times(h, run.job_id)
+                     if s is not None and approved < s < last_start)
+    say(f"S13 the priority job: {spans(h, job_id)}")
+    say(f"S13 the standard job: {spans(h, run.job_id)}")
+    return verdict(
+        "S13 priority first", ok and priority_done is not None and standard_done is not None
+        and priority_done < standard_done,
+        f"{rows:,}-row priority job approved at 20 % of a {rows:,}-row standard job of "
+        f"another organization: approve -> done "
+        f"{times.get('done', float('inf')) - times['approved']:.1f} s, done "
+        f"{(standard_done - priority_done).total_seconds():.1f} s before the standard job; "
+        f"{overtaking} standard chunks started while the priority job still had chunks to "
+        "start") and ok
+
+
+def s14(h: Harness) -> bool:
+    """S14: urgency, flex: the big job is flex; at 20 % of it another organization's
+    standard job is approved; the same standard job run alone first is the baseline. No flex
+    chunk starts while a standard chunk waits to be sent; the standard job's approve -> done
+    beside flex is within one chunk's run of its time alone, and so is its chunks' longest
+    wait from send to start (what flex may cost it: the flex chunks running when it came).
+    The flex job finishes after; each job charged once, at its tier's multiplier."""
+    rows = h.args.rows
+    other_rows = max(h.args.other_rows, rows // 4)
+    alone_api, alone_id, alone_path = h.other_job("S14-alone", rows=other_rows)
+    alone: dict[str, float] = {}
+    _urgency_follow(h, alone_api, alone_id, alone)
+    h.follower.join(timeout=1800)  # type: ignore[attr-defined]
+    ok = h.verify(alone_api, alone_id, alone_path, "S14 standard job alone (the baseline)")
+    api, job_id, path = h.other_job("S14", rows=other_rows, priority="standard")
+    times: dict[str, float] = {}
+    run = h.big_job("S14", [(0.2, "the other organization's STANDARD job approved",
+                             lambda: _urgency_follow(h, api, job_id, times))],
+                    priority="flex")
+    h.follower.join(timeout=1800)  # type: ignore[attr-defined]
+    ok = h.verify(api, job_id, path, "S14 standard job result") and ok
+    ok = h.verify(run.api, run.job_id, run.path, "S14 flex job result", priority="flex") and ok
+    from jobs.models import Chunk
+
+    def chunks_of(job: str) -> list[tuple[Any, Any, Any]]:
+        return list(h.db(lambda: list(Chunk.objects.filter(job_id=job).values_list(
+            "queued_at", "started_at", "finished_at"))))
+
+    def longest_wait(rows: list[tuple[Any, Any, Any]]) -> float:
+        return max(((s - q).total_seconds() for q, s, _ in rows if q and s), default=0.0)
+
+    standard = chunks_of(job_id)
+    durations = sorted((f - s).total_seconds() for _, s, f in standard if s and f)
+    chunk_s = durations[len(durations) // 2] if durations else float("inf")
+    longest = durations[-1] if durations else float("inf")
+    wait_beside, wait_alone = longest_wait(standard), longest_wait(chunks_of(alone_id))
+    approved = _approved_at(h, job_id)
+    last_sent = max((q for q, _, _ in standard if q), default=approved)
+    flex_started = sum(1 for s, _ in _chunk_times(h, run.job_id)
+                       if s is not None and approved < s < last_sent)
+    standard_done, flex_done = _finished_at(h, job_id), _finished_at(h, run.job_id)
+    beside_s = times.get("done", float("inf")) - times["approved"]
+    alone_s = alone.get("done", float("inf")) - alone["approved"]
+    say(f"S14 the standard job alone: {spans(h, alone_id)}")
+    say(f"S14 the standard job beside flex: {spans(h, job_id)}")
+    say(f"S14 the flex job: {spans(h, run.job_id)}")
+    ok = verdict(
+        "S14 flex never delays standard by more than one chunk",
+        ok and flex_started == 0 and beside_s - alone_s <= longest
+        and wait_beside - wait_alone <= longest,
+        f"{other_rows:,}-row standard job approved at 20 % of a {rows:,}-row flex job of "
+        f"another organization: approve -> done {beside_s:.1f} s beside flex, {alone_s:.1f} s "
+        f"alone (delay {beside_s - alone_s:+.1f} s; one chunk runs {chunk_s:.1f} s, median, "
+        f"{longest:.1f} s the longest); the longest any of its chunks waited from its send to "
+        f"its start {wait_beside:.1f} s beside flex, {wait_alone:.1f} s alone; {flex_started} "
+        "flex chunks started while one of its chunks waited to be sent") and ok
+    return verdict("S14 flex finishes after", standard_done is not None and flex_done is not None
+                   and standard_done < flex_done,
+                   f"standard done {(flex_done - standard_done).total_seconds():.1f} s before "
+                   "the flex job" if standard_done and flex_done else "a job did not end") and ok
 
 
 def s3(h: Harness) -> bool:
@@ -810,7 +945,7 @@ def _answer(response: dict[str, Any]) -> tuple[Any, ...]:
 
 SCENARIOS: dict[str, Callable[[Harness], bool]] = {
     "S1": s1, "S2": s2, "S3": s3, "S4": s4, "S5": s5, "S6": s6, "S7": s7, "S8": s8,
-    "S9": s9, "S12": s12,
+    "S9": s9, "S12": s12, "S13": s13, "S14": s14,
 }
 # The scenarios that run on a REAL-engine cluster (the rest on the simulated fleet).
 REAL_ENGINE = ("S12",)

@@ -21,6 +21,7 @@ is jobs.services.running's.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections import Counter
 from dataclasses import dataclass
@@ -36,8 +37,19 @@ from django.utils import timezone
 from inference.constants import RowOutcome
 from inference.pricing import Usage, usage_json
 from jobs import dispatch
-from jobs.constants import CHUNK_SETTLED, CHUNK_TRANSITIONS, ChunkStatus, JobStatus
+from jobs.constants import (
+    CHUNK_SETTLED,
+    CHUNK_TRANSITIONS,
+    FLEX_PROMOTE_AFTER,
+    TIER_RANK,
+    ChunkStatus,
+    JobStatus,
+    Priority,
+    dispatch_tier,
+)
 from jobs.models import Chunk, Job
+
+logger = logging.getLogger(__name__)
 
 
 def _sources(to: ChunkStatus) -> frozenset[ChunkStatus]:
@@ -156,8 +168,9 @@ def chunk_requeue(*, chunk: Chunk, delay_ms: int | None = None, reaped: bool = F
 
 
 def _send(chunk: Chunk, *, delay_ms: int | None = None) -> None:
-    dispatch.chunk_send(chunk_id=chunk.pk, region=chunk.job.data_residency,
-                        model=chunk.job.model, delay_ms=delay_ms)
+    job = chunk.job
+    dispatch.chunk_send(chunk_id=chunk.pk, region=job.data_residency, model=job.model,
+                        delay_ms=delay_ms, flex=job.dispatch_tier == Priority.FLEX)
 
 
 def chunk_send(*, chunk: Chunk, delay_ms: int | None = None) -> bool:
@@ -184,43 +197,81 @@ def chunk_send(*, chunk: Chunk, delay_ms: int | None = None) -> bool:
 # the only record: a release is one transaction under a lock per model and region, so two
 # dispatchers at once send nothing twice, and one that dies before its messages leave
 # leaves chunks whose queued_at the recovery pass finds stale and sends again.
+#
+# Urgency tiers (docs/dev/decisions/2026-12-06-urgency-tiers.md): places go in strict tier
+# order, priority then standard then flex, the fair share above holding inside each tier
+# (an organization's chunks in flight of that tier counted).
+# Flex runs only on capacity nothing else wants: its chunks are sent only when no priority
+# or standard chunk is left waiting, into the model's flex queue, whose actor a worker runs
+# after every other chunk it holds; the flex chunks in flight hold no place a priority or
+# standard chunk needs (their room is counted without them); and a worker that takes a flex
+# chunk while a priority or standard chunk of the model is pending hands it back unclaimed
+# (chunk_unsend: jobs.services.running.chunk_run). So a standard chunk waits for a flex one
+# at most until one running chunk ends.
 
 # Sent (or taken and lost with a worker: the recovery pass resends it) or being run.
 IN_FLIGHT = Q(status=ChunkStatus.RUNNING) | Q(status=ChunkStatus.PENDING,
                                               queued_at__isnull=False)
 WAITING = Q(status=ChunkStatus.PENDING, queued_at__isnull=True)
+FLEX_RANK = TIER_RANK[Priority.FLEX]
 
 
 @dataclass
 class Waiting:
-    """A running job of the model with chunks waiting to be sent."""
+    """A running job of the model with chunks waiting to be sent; `rank` its dispatch
+    tier's (jobs.constants.TIER_RANK: lower goes first; standard's by default)."""
 
     job_id: uuid.UUID
     organization_id: uuid.UUID
     approved_at: datetime | None
     waiting: int
     in_flight: int
+    rank: int = TIER_RANK[Priority.STANDARD]
 
 
 def fair_picks(jobs: list[Waiting], organizations: Counter[uuid.UUID], room: int,
                job_cap: int) -> list[uuid.UUID]:
-    """Which job each of `room` free places goes to, in order: the organization with the
-    fewest chunks in flight (`organizations`, every one's, updated as places are given),
-    then its job with the fewest, then the one approved first; a job at `job_cap`, or with
-    nothing left waiting, takes no more."""
+    """Which job each of `room` free places goes to, in order: the highest tier (lowest
+    rank) with a chunk waiting, and in it the organization with the fewest chunks in
+    flight (`organizations`, every one's, updated as places are given), then its job with
+    the fewest, then the one approved first; a job at `job_cap`, or with nothing left
+    waiting, takes no more."""
     picks: list[uuid.UUID] = []
     for _ in range(room):
         open_jobs = [job for job in jobs if job.waiting and job.in_flight < job_cap]
         if not open_jobs:
             break
         job = min(open_jobs, key=lambda job: (
-            organizations[job.organization_id], job.in_flight,
+            job.rank, organizations[job.organization_id], job.in_flight,
             job.approved_at or timezone.now(), str(job.job_id)))
         job.waiting -= 1
         job.in_flight += 1
         organizations[job.organization_id] += 1
         picks.append(job.job_id)
     return picks
+
+
+def tier_picks(jobs: list[Waiting], organizations: dict[int, Counter[uuid.UUID]], *,
+               firm_in_flight: int, flex_in_flight: int, cap: int,
+               job_cap: int) -> list[uuid.UUID]:
+    """The places given in one release, tier by tier (lowest rank first), each tier's
+    shared out by fair_picks over its own organizations' chunks in flight
+    (`organizations[rank]`): priority and standard chunks (the firm tiers) up to `cap` of
+    theirs in flight, the flex chunks in flight not counted; then, only if no firm chunk
+    that could be sent is left waiting, flex chunks into what is left of `cap` with every
+    chunk in flight counted."""
+    picks: list[uuid.UUID] = []
+    firm = [job for job in jobs if job.rank < FLEX_RANK]
+    for rank in sorted({job.rank for job in firm}):
+        picks += fair_picks([job for job in firm if job.rank == rank],
+                            organizations.setdefault(rank, Counter()),
+                            max(cap - firm_in_flight - len(picks), 0), job_cap)
+    if any(job.waiting and job.in_flight < job_cap for job in firm):
+        return picks
+    flex = [job for job in jobs if job.rank >= FLEX_RANK]
+    room = cap - firm_in_flight - len(picks) - flex_in_flight
+    return picks + fair_picks(flex, organizations.setdefault(FLEX_RANK, Counter()),
+                              max(room, 0), job_cap)
 
 
 def _release_lock(region: str, model: str) -> None:
@@ -230,23 +281,34 @@ def _release_lock(region: str, model: str) -> None:
 
 
 def chunks_release(*, region: str, model: str) -> list[uuid.UUID]:
-    """Send the model's waiting chunks in this region as far as there is room, fairly
-    across organizations; the ids sent."""
+    """Send the model's waiting chunks in this region as far as there is room, in tier
+    order and fairly across organizations inside a tier; the ids sent."""
     with transaction.atomic():
         _release_lock(region, model)
         # A cancelling job's running chunks hold their places until they end.
         model_chunks = Chunk.objects.filter(
             job__data_residency=region, job__model=model,
             job__status__in=[JobStatus.IN_PROGRESS, JobStatus.CANCELLING])
-        flying = Counter(dict(model_chunks.filter(IN_FLIGHT).values_list(
-            "job__organization_id").annotate(n=Count("pk")).values_list(
-            "job__organization_id", "n")))
-        room = settings.ANEX_DISPATCH_IN_FLIGHT - sum(flying.values())
-        if room <= 0:
+        # Each tier's chunks in flight by organization: the fair share inside a tier.
+        flying: dict[int, Counter[uuid.UUID]] = {}
+        firm_in_flight = flex_in_flight = 0
+        for organization_id, priority, promoted_at, count in model_chunks.filter(
+                IN_FLIGHT).values_list("job__organization_id", "job__priority",
+                                       "job__promoted_at").annotate(n=Count("pk")).values_list(
+                "job__organization_id", "job__priority", "job__promoted_at", "n"):
+            tier = dispatch_tier(priority, promoted_at)
+            flying.setdefault(TIER_RANK[tier], Counter())[organization_id] += count
+            if tier == Priority.FLEX:
+                flex_in_flight += count
+            else:
+                firm_in_flight += count
+        cap = settings.ANEX_DISPATCH_IN_FLIGHT
+        if cap - firm_in_flight <= 0:
             return []
         jobs = [Waiting(job_id=row["pk"], organization_id=row["organization_id"],
                         approved_at=row["approved_at"], waiting=row["waiting"],
-                        in_flight=row["in_flight"])
+                        in_flight=row["in_flight"],
+                        rank=TIER_RANK[dispatch_tier(row["priority"], row["promoted_at"])])
                 for row in Job.objects.filter(
                     status=JobStatus.IN_PROGRESS, data_residency=region, model=model).annotate(
                     waiting=Count("chunks", filter=Q(chunks__status=ChunkStatus.PENDING,
@@ -254,22 +316,68 @@ def chunks_release(*, region: str, model: str) -> list[uuid.UUID]:
                     in_flight=Count("chunks", filter=Q(chunks__status=ChunkStatus.RUNNING) | Q(
                         chunks__status=ChunkStatus.PENDING,
                         chunks__queued_at__isnull=False))).filter(waiting__gt=0).values(
-                    "pk", "organization_id", "approved_at", "waiting", "in_flight")]
-        picks = Counter(fair_picks(jobs, flying, room, settings.ANEX_DISPATCH_JOB_IN_FLIGHT))
-        released: list[uuid.UUID] = []
+                    "pk", "organization_id", "approved_at", "waiting", "in_flight",
+                    "priority", "promoted_at")]
+        flex_jobs = {job.job_id for job in jobs if job.rank >= FLEX_RANK}
+        picks = Counter(tier_picks(jobs, flying, firm_in_flight=firm_in_flight,
+                                   flex_in_flight=flex_in_flight, cap=cap,
+                                   job_cap=settings.ANEX_DISPATCH_JOB_IN_FLIGHT))
+        released: list[tuple[uuid.UUID, bool]] = []
         now = timezone.now()
         for job_id, count in picks.items():
             # Each job's next chunks in row order, so its results come back front first.
             ids = list(Chunk.objects.filter(WAITING, job_id=job_id).order_by("index")
                        .values_list("pk", flat=True)[:count])
             Chunk.objects.filter(WAITING, pk__in=ids).update(queued_at=now)
-            released.extend(ids)
+            released.extend((chunk_id, job_id in flex_jobs) for chunk_id in ids)
     # Sent once their queued_at is committed (a caller holds no transaction of its own: a
     # start, a chunk's end, the recovery pass). A dispatcher that dies here leaves them
     # sent-looking but unsent: the recovery pass sends them again once that goes stale.
-    for chunk_id in released:
-        dispatch.chunk_send(chunk_id=chunk_id, region=region, model=model)
-    return released
+    for chunk_id, flex in released:
+        dispatch.chunk_send(chunk_id=chunk_id, region=region, model=model, flex=flex)
+    return [chunk_id for chunk_id, _ in released]
+
+
+# Pending chunks of the firm tiers (priority, standard, or a promoted flex job's).
+FIRM_PENDING = Q(status=ChunkStatus.PENDING, job__status=JobStatus.IN_PROGRESS) & (
+    ~Q(job__priority=Priority.FLEX) | Q(job__promoted_at__isnull=False))
+
+
+def firm_pending(*, region: str, model: str) -> bool:
+    """Whether a priority or standard chunk of the model waits in this region: to be sent,
+    or sent and not yet started (in a queue, or held by a worker whose threads are busy)."""
+    return Chunk.objects.filter(FIRM_PENDING, job__data_residency=region,
+                                job__model=model).exists()
+
+
+def chunk_unsend(*, chunk: Chunk) -> bool:
+    """A sent flex chunk back to waiting its turn (queued_at cleared), unclaimed: a worker
+    took its message while priority or standard work waited (flex runs only on capacity
+    nothing else wants). The dispatcher sends it again when no firm chunk waits. Only
+    while it is pending and its last send is the one read."""
+    return Chunk.objects.filter(pk=chunk.pk, status=ChunkStatus.PENDING,
+                                queued_at=chunk.queued_at).update(queued_at=None) == 1
+
+
+def jobs_flex_promote() -> int:
+    """Promote every flex job still running FLEX_PROMOTE_AFTER after its approval: its
+    chunks are dispatched as standard from then on (Job.promoted_at; its price stays
+    flex's), and its model's waiting chunks released at once. How many were promoted."""
+    now = timezone.now()
+    due = Job.objects.filter(priority=Priority.FLEX, promoted_at__isnull=True,
+                             status__in=[JobStatus.IN_PROGRESS, JobStatus.CANCELLING],
+                             approved_at__lte=now - FLEX_PROMOTE_AFTER)
+    promoted = list(due.values_list("pk", "data_residency", "model"))
+    if not promoted:
+        return 0
+    count = Job.objects.filter(pk__in=[pk for pk, _, _ in promoted],
+                               promoted_at__isnull=True).update(promoted_at=now)
+    for pk, _, _ in promoted:
+        logger.info("job %s: flex, unfinished %s after approval, promoted to standard "
+                    "dispatch", pk, FLEX_PROMOTE_AFTER)
+    for region, model in {(region, model) for _, region, model in promoted}:
+        chunks_release(region=region, model=model)
+    return count
 
 
 def chunks_waiting_models() -> list[tuple[str, str]]:

@@ -148,7 +148,7 @@ def _estimate_fields(job: Job, model: CatalogModel, report: FileReport) -> dict[
     return {
         "est_input_tok": input_tokens,
         "est_output_tok": usage.output_tokens,
-        "est_cost_cents": price(model, usage).cents,
+        "est_cost_cents": price(model, usage, job.priority).cents,
         "est_processing_seconds": seconds,
     }
 

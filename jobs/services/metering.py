@@ -50,10 +50,10 @@ def job_usage_recorded(*, job: Job) -> Usage:
 
 def job_price_cents(job: Job, usage: Usage) -> int:
     """What `usage` of this job costs in credits, rounded up, with the model's minimum job
-    price (inference.pricing.price): the one job-level price, which the finalize charges
-    (within the hold) and the console's cost so far shows."""
+    price (inference.pricing.price) at the job's urgency tier: the one job-level price,
+    which the finalize charges (within the hold) and the console's cost so far shows."""
     model = model_get(job.model)
-    return price(model, usage).cents if model is not None else 0
+    return price(model, usage, job.priority).cents if model is not None else 0
 
 
 def job_cost_so_far(*, job: Job) -> int:

@@ -38,6 +38,7 @@ from jobs.services.chunks import (
     chunk_send,
     chunks_release,
     chunks_waiting_models,
+    jobs_flex_promote,
 )
 from jobs.services.inputs import (
     COPY_TIME_LIMIT,
@@ -289,7 +290,7 @@ def broker_wipe_recover() -> int:
     if not dispatch.broker_wiped():
         return 0
     count = 0
-    held = dispatch.broker_held("chunk_run_task")
+    held = dispatch.broker_held("chunk_run_task") | dispatch.broker_held("chunk_flex_run_task")
     for chunk in CHUNK_QUEUED.rows().select_related("job").iterator():
         # chunk_send is guarded on the queued_at read: two senders at once send it once.
         if str(chunk.pk) not in held and chunk_send(chunk=chunk):
@@ -312,6 +313,8 @@ def recover() -> dict[str, int]:
     now = timezone.now()
     counts = {"broker wiped": broker_wipe_recover()}
     counts.update({lease.what: lease_recover(lease, now) for lease in LEASES})
+    # Flex jobs past their wait promoted to standard dispatch (their chunks released).
+    counts["flex promoted"] = jobs_flex_promote()
     # Chunks waiting to be sent, in case no chunk's end released them (a dispatcher or a
     # start that died between its commit and its release).
     counts["chunk release"] = sum(len(chunks_release(region=region, model=model))

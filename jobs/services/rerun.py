@@ -142,7 +142,7 @@ def job_rerun(*, job: Job, actor: Actor, include: list[str],
         organization=job.organization, actor=actor, host_region=host_region, parent=job,
         rerun_include=include,
         request=JobRequest(options=job.options(), input_id=str(job.input.pk),
-                           data_residency=job.data_residency))
+                           data_residency=job.data_residency, priority=job.priority))
     return child, count
 
 

@@ -33,8 +33,8 @@ from inference.constants import InputFormat, RowOutcome
 from inference.kinds import kind_named
 from inference.kinds.base import InputRow
 from inference.kinds.metering import RowMeter
-from inference.pricing import Usage, usage_cost_usd, usage_json
-from jobs.constants import CHUNK_SETTLED, ChunkStatus, FailureCode, JobStatus
+from inference.pricing import Usage, job_cost_usd, usage_json
+from jobs.constants import CHUNK_SETTLED, ChunkStatus, FailureCode, JobStatus, Priority
 from jobs.failures import (
     BREAKER_RESEND_MS,
     FailureClass,
@@ -55,7 +55,9 @@ from jobs.services.chunks import (
     chunk_requeue,
     chunk_send,
     chunk_skip,
+    chunk_unsend,
     chunks_release,
+    firm_pending,
 )
 from jobs.services.inputs import INPUT_CHANGED
 from jobs.services.lifecycle import (
@@ -232,14 +234,15 @@ def job_usage(job: Job) -> Usage:
 def hold_reached(job: Job, usage: Usage | None = None) -> bool:
     """Whether what the job's finished chunks consumed (`usage`, when already summed)
     already reaches its hold (the reference: est_cost_cents is the most the job can
-    consume). Compared exactly, before rounding up and before the minimum job price, so an
-    honest job whose rows cost what the estimate counted never stops early."""
+    consume). Compared exactly, at the job's tier (its price multiplier), before rounding
+    up and before the minimum job price, so an honest job whose rows cost what the estimate
+    counted never stops early."""
     if job.est_cost_cents is None:
         return False
     model = model_get(job.model)
     if model is None:
         return job.est_cost_cents <= 0
-    spent = usage_cost_usd(model, job_usage(job) if usage is None else usage)
+    spent = job_cost_usd(model, job_usage(job) if usage is None else usage, job.priority)
     return spent * 100 >= job.est_cost_cents
 
 
@@ -285,6 +288,13 @@ def chunk_run(*, chunk_id: uuid.UUID | str) -> ChunkStatus | None:
         pk=chunk_id, status=ChunkStatus.PENDING).first()
     if waiting is None:
         return None  # taken already, or settled: a duplicate message
+    if waiting.job.dispatch_tier == Priority.FLEX and firm_pending(
+            region=waiting.job.data_residency, model=waiting.job.model):
+        # Flex runs only on capacity nothing else wants: a priority or standard chunk
+        # waits, so this one goes back to waiting its turn, unclaimed, and this thread to
+        # the worker's next message (docs/dev/decisions/2026-12-06-urgency-tiers.md).
+        chunk_unsend(chunk=waiting)
+        return None
     breaker = breaker_for(waiting.job.model)
     if not breaker.allows():
         # This worker's engine for the model keeps failing: the chunk goes back, unclaimed

@@ -366,5 +366,6 @@ def _sample_claimed(*, job_id: uuid.UUID | str, breaker: Breaker) -> JobStatus |
         "max_output_tokens": result.max_output_tokens,
         "reasoning_budget": result.reasoning_budget if result.reasoning_budget is not None
         else job.reasoning_budget,
-        "est_output_tok": usage.output_tokens, "est_cost_cents": price(model, usage).cents,
+        "est_output_tok": usage.output_tokens,
+        "est_cost_cents": price(model, usage, job.priority).cents,
         "est_processing_seconds": seconds})

@@ -24,7 +24,7 @@ from inference.kinds import AnyKind, kind_for
 from inference.response_format import response_format_problem
 from inference.rows.core import JobOptions
 from jobs import dispatch
-from jobs.constants import AWAITING_APPROVAL_STATUSES, InputStatus, TaskType
+from jobs.constants import AWAITING_APPROVAL_STATUSES, InputStatus, Priority, TaskType
 from jobs.models import Input, Job
 from jobs.selectors import input_get
 from jobs.services.estimation import needs_sample
@@ -45,6 +45,8 @@ class JobRequest:
     input_id: str | None = None
     input_s3_uri: str | None = None
     data_residency: str | None = None
+    # The urgency tier (jobs.constants.Priority); standard, the reference's, by default.
+    priority: str = Priority.STANDARD
 
 
 def _input_for(request: JobRequest, organization: Organization) -> Input:
@@ -157,6 +159,7 @@ def job_submit(*, organization: Organization, actor: Actor, request: JobRequest,
             organization=organization, input=item if parent is None else None,
             task_type=TaskType(kind.task), format=item.format, data_residency=residency,
             created_by_key=actor.key, parent=parent, rerun_include=rerun_include,
+            priority=Priority(request.priority),
             approve_at_estimate=approve_at_estimate, collect_row_errors=collect_row_errors,
             **Job.options_columns(request.options, generates=kind.generates))
         if needs_sample(job, model):

@@ -44,9 +44,13 @@ def test_get_reports_every_field_of_the_reference(api: APIClient,
         "model", "reasoning", "reasoning_effort", "task_type", "format", "response_format",
         "dimensions", "video_fps", "data_residency", "data_deleted_at",
         # anex's own, after the reference's: what the rows share (docs/estimates.md)
-        "est_shared_prefix_share", "est_identical_rows", "cached_input_tok"]
+        "est_shared_prefix_share", "est_identical_rows", "cached_input_tok",
+        # the urgency tier (docs/estimates.md, "Urgency tiers")
+        "priority", "completion_window_hours", "promoted_at"]
     assert (body["est_shared_prefix_share"], body["est_identical_rows"],
             body["cached_input_tok"]) == (None, None, 0)
+    assert (body["priority"], body["completion_window_hours"], body["promoted_at"]) == (
+        "standard", 24, None)
     assert body["status"] == "cost_ready"
     assert (body["est_input_tok"], body["est_output_tok"], body["est_cost_cents"]) == (
         120_000, 40_000, 72)

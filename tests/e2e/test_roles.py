@@ -120,7 +120,8 @@ def test_a_gpu_worker_that_names_no_region_serves_the_world_region_only() -> Non
                                                  ANEX_WORKER_MODELS=MODEL),
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split()[-2:] == [f"run.world.{MODEL}", f"sample.world.{MODEL}"]
+    assert result.stdout.split()[-3:] == [f"run.world.{MODEL}", f"run.world.{MODEL}.flex",
+                                          f"sample.world.{MODEL}"]
     assert ".eu." not in result.stdout
 
 

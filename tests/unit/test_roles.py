@@ -40,15 +40,18 @@ def served(settings: Settings, tmp_path: Path) -> None:
 
 def test_a_gpu_worker_is_one_process_on_its_models_run_and_sample_queues(
         served: None, settings: Settings) -> None:
+    # Each model's run queue, its flex chunks' queue (urgency tiers), its sample queue.
     worker = roles.gpu_worker()
-    assert worker.queues == (f"run.world.{QWEN}", f"sample.world.{QWEN}",
-                             f"run.world.{MINILM}", f"sample.world.{MINILM}")
+    assert worker.queues == (f"run.world.{QWEN}", f"run.world.{QWEN}.flex",
+                             f"sample.world.{QWEN}", f"run.world.{MINILM}",
+                             f"run.world.{MINILM}.flex", f"sample.world.{MINILM}")
     assert (worker.processes, worker.threads) == (1, 3)
     settings.ANEX_WORKER_REGIONS = ["world", "eu"]
     settings.ANEX_WORKER_MODELS = [MINILM]
     worker = roles.gpu_worker()
-    assert worker.queues == (f"run.world.{MINILM}", f"sample.world.{MINILM}",
-                             f"run.eu.{MINILM}", f"sample.eu.{MINILM}")
+    assert worker.queues == (f"run.world.{MINILM}", f"run.world.{MINILM}.flex",
+                             f"sample.world.{MINILM}", f"run.eu.{MINILM}",
+                             f"run.eu.{MINILM}.flex", f"sample.eu.{MINILM}")
     command = roles.command(roles.WORKER_GPU)
     assert command[command.index("--processes") + 1] == "1"
     assert command[command.index("--queues") + 1:] == list(worker.queues)
