@@ -147,7 +147,8 @@ def test_samples_queue_apart_from_chunks_and_ahead_of_them(settings: Settings) -
     settings.ANEX_WORKER_REGIONS = ["world"]
     settings.ANEX_WORKER_MODELS = ["tiny-qwen3"]
     # A worker serving a model consumes its samples beside its chunks ...
-    assert run_queues_declare() == ["run.world.tiny-qwen3", "sample.world.tiny-qwen3"]
+    assert run_queues_declare() == ["run.world.tiny-qwen3", "run.world.tiny-qwen3.flex",
+                                    "sample.world.tiny-qwen3"]
     # ... and of the messages it holds, takes samples first (a lower number runs first;
     # issue 21: a sample never waits behind paid chunks, tests/db/test_fleet_samples.py).
     assert job_sample_task.priority < chunk_run_task.priority
