@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Protocol
 
+from python_multipart.exceptions import ParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 # What a form may carry besides its file: its fields (a storage form's key and policy, the
@@ -23,8 +24,9 @@ _READ_BYTES = 1024 * 1024
 
 
 class FormError(Exception):
-    """The form cannot be read: its fields past their bound, or the request ended inside
-    the file. The message is the client's to read."""
+    """The form cannot be read: its fields past their bound, framing that is not
+    multipart's, or the request ended inside the file. The message is the client's to
+    read."""
 
 
 class Readable(Protocol):
@@ -119,7 +121,11 @@ class StreamedForm:
         if not block:
             return False
         self._read += len(block)
-        self._parser.write(block)
+        try:
+            self._parser.write(block)
+        except ParseError:  # a part's headers or framing that is not multipart's
+            raise FormError("the body is not a multipart/form-data form: a part's headers "
+                            "or boundaries cannot be read.") from None
         return True
 
     def read_fields(self) -> None:

@@ -201,6 +201,17 @@ def test_a_file_first_with_no_purpose_or_another_is_400_and_nothing_is_kept(
     assert not folder.exists() or not any(path.is_file() for path in folder.rglob("*"))
 
 
+def test_a_form_whose_framing_is_not_multipart_is_400_not_500(
+        live_server: Any, tenant: tuple[Organization, str]) -> None:
+    # a part whose header line has no colon (schemathesis found it answered 500)
+    answer = posted(live_server, tenant[1],
+                    b"--anexboundary\r\nfilename\r\n\r\nx\r\n--anexboundary--\r\n")
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["message"].startswith(
+        "the body is not a multipart/form-data form")
+    assert not OpenAIFile.objects.exists()
+
+
 def test_a_file_sent_before_its_purpose_streams_to_storage_unheld(
         live_server: Any, tenant: tuple[Organization, str]) -> None:
     content = jsonl(*(line(f"r{i}", text="x" * 1000) for i in range(16 * 1024)))
