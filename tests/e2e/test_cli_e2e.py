@@ -49,7 +49,8 @@ def test_submit_asks_runs_and_downloads_the_result(make_run: Running, tmp_path: 
     assert done.returncode == EXIT_OK, done.stderr + make_run.log.read_text()[-4000:]
     assert re.search(r"rows:\s+3\n.*tokens:.*\n.*cost:\s+at most \d+ credits? \(\$\d+\.\d\d\), "
                      r"held on approval\n.*time:.*\n"
-                     r".*priority:\s+standard, within 24 h of approval\nApprove and hold", done.stderr), done.stderr
+                     r".*priority:\s+standard, within 24 h of approval\nApprove and hold",
+                     done.stderr), done.stderr
     assert "done: 3 rows answered, 0 failed; result in answers.jsonl" in done.stderr
     rows = [json.loads(line) for line in (tmp_path / "answers.jsonl").read_text().splitlines()]
     assert [row["custom_id"] for row in rows] == QUESTIONS
