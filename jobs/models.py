@@ -134,6 +134,9 @@ class Job(models.Model):
     usage = models.JSONField(null=True, blank=True)
     result_output_bytes = models.PositiveBigIntegerField(null=True, blank=True)
     result_error_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    # Where every results.LINE_MARK_EVERY-th line of its JSONL result starts (ResultWritten),
+    # so a page of its rows (GET /jobs/{id}/rows) reads from the mark before it.
+    result_line_marks = ArrayField(models.BigIntegerField(), null=True, blank=True)
     # Who approved it: the key (or console user) whose spend this job is.
     approved_by_key = models.ForeignKey(
         "console.ApiKey", null=True, blank=True, on_delete=models.PROTECT, related_name="+"

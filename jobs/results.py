@@ -332,14 +332,22 @@ def rows_in_order(job: Job, chunks: list[Chunk]) -> Iterator[tuple[int, bytes]]:
             yield _row_index(line), line
 
 
+# A JSONL result's line marks: the byte where every LINE_MARK_EVERY-th line starts, so a
+# page of a finished job's rows (jobs.services.pages) reads from the mark before its first
+# line, not from the file's start (10M rows: 2,442 marks).
+LINE_MARK_EVERY = 4096
+
+
 class ResultWritten(NamedTuple):
-    """A result file written: its key, its rows, and (JSONL) the bytes of its lines with
-    no error and with one - the OpenAI surface's output and error files."""
+    """A result file written: its key, its rows, (JSONL) the bytes of its lines with no
+    error and with one - the OpenAI surface's output and error files - and its line marks
+    (marks[k] is where line (k + 1) x LINE_MARK_EVERY + 1 starts, numbering from 1)."""
 
     key: str
     rows: int
     output_bytes: int | None = None
     error_bytes: int | None = None
+    marks: list[int] | None = None
 
 
 def result_write(job: Job, chunks: list[Chunk], *, charge: int = 0) -> ResultWritten:
@@ -349,17 +357,20 @@ def result_write(job: Job, chunks: list[Chunk], *, charge: int = 0) -> ResultWri
     if job.format != InputFormat.JSONL:
         return ResultWritten(key, rows_write(job, records_costed(job, chunks, charge=charge),
                                              key))
-    count, sizes = 0, [0, 0]
+    count, sizes, marks = 0, [0, 0], []
 
     def counted() -> Iterator[bytes]:
         nonlocal count
         for line, failed in lines_costed(job, chunks, charge=charge):
+            if count and not count % LINE_MARK_EVERY:
+                marks.append(sizes[0] + sizes[1])
             count += 1
             sizes[failed] += len(line)
             yield line
 
     storage_for(job.data_residency).write_stream(key, counted(), max_bytes=2**62)
-    return ResultWritten(key, count, output_bytes=sizes[False], error_bytes=sizes[True])
+    return ResultWritten(key, count, output_bytes=sizes[False], error_bytes=sizes[True],
+                         marks=marks)
 
 
 class _Failed(msgspec.Struct):

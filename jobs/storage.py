@@ -121,6 +121,11 @@ class RegionStorage(ABC):
         """The object as a buffered binary file (iterating it yields lines). With a pin:
         that object, or StorageChanged (at the latest when the read reaches its end)."""
 
+    @abstractmethod
+    def open_at(self, key: str, start: int) -> IO[bytes]:
+        """The object from byte `start` on, as open() reads it (unpinned): a finished
+        result's page read from its nearest line mark (jobs.services.pages)."""
+
     def verify(self, key: str, *, pin: str) -> None:
         """StorageChanged unless the object is still the pinned one. S3 answers this for a
         one-byte pinned read (the server compares the version or ETag)."""
@@ -305,6 +310,11 @@ class S3RegionStorage(RegionStorage):
         return io.BufferedReader(_RawReader(self._get(key, pin)["Body"]),
                                  buffer_size=1024 * 1024)
 
+    def open_at(self, key: str, start: int) -> IO[bytes]:
+        extra = {"Range": f"bytes={start}-"} if start else {}
+        return io.BufferedReader(_RawReader(self._get(key, "", **extra)["Body"]),
+                                 buffer_size=1024 * 1024)
+
     def download_url(self, key: str, *, expires_in: int, filename: str) -> str:
         return str(self._signer.generate_presigned_url(
             "get_object",
@@ -485,6 +495,11 @@ class LocalRegionStorage(RegionStorage):
         if not pin:
             return handle
         return io.BufferedReader(_VerifiedReader(handle, key, digest), buffer_size=1024 * 1024)
+
+    def open_at(self, key: str, start: int) -> IO[bytes]:
+        handle = self.path(key).open("rb")
+        handle.seek(start)
+        return handle
 
     def whole_reader(self) -> Callable[[str], bytes]:
         return lambda key: self.path(key).read_bytes()

@@ -32,7 +32,13 @@ from anex.errors import Conflict, Gone
 from inference.constants import InputFormat
 from jobs.constants import TERMINAL_STATUSES, ChunkStatus
 from jobs.models import Chunk, Job
-from jobs.results import chunk_key, chunk_result_lines, line_uncosted, rows_in_order
+from jobs.results import (
+    LINE_MARK_EVERY,
+    chunk_key,
+    chunk_result_lines,
+    line_uncosted,
+    rows_in_order,
+)
 from jobs.selectors import ROWS_RUNNING, SPAN_ROWS, job_done_rows, job_grouped, readable_end
 from jobs.services.data import DELETED, NOTHING_DELIVERED
 from jobs.storage import storage_for
@@ -70,15 +76,21 @@ def job_rows_page(*, job: Job, after: int, limit: int) -> RowsPage:
 
 
 def _file_page(job: Job, *, after: int, limit: int) -> RowsPage:
-    """A finished JSONL job's page: its result file's lines, as written."""
+    """A finished JSONL job's page: its result file's lines, as written, read from the
+    line mark before the page (Job.result_line_marks)."""
     delivered = job_done_rows(job)
     last = max(after, min(after + limit, delivered))
 
     def lines() -> Iterator[bytes]:
         if last == after:
             return
-        with storage_for(job.data_residency).open(job.result_key) as stream:
-            number = 0
+        # From the nearest line mark at or before line after + 1 (a job finished before
+        # the marks were written: from the start).
+        marks = job.result_line_marks or []
+        mark = min(after // LINE_MARK_EVERY, len(marks))
+        start = marks[mark - 1] if mark else 0
+        with storage_for(job.data_residency).open_at(job.result_key, start) as stream:
+            number = mark * LINE_MARK_EVERY
             for line in stream:
                 if not line.strip():
                     continue

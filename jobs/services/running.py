@@ -508,6 +508,7 @@ def job_finalize(*, job_id: uuid.UUID | str) -> JobStatus | None:
             # reading the file (openai_api.batches).
             "usage": usage_json(usage), "result_output_bytes": written.output_bytes,
             "result_error_bytes": written.error_bytes,
+            "result_line_marks": written.marks,
         },
     )
     return JobStatus(finished.status)

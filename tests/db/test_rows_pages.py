@@ -329,3 +329,35 @@ def test_the_docs_name_the_endpoint() -> None:
     root = Path(__file__).resolve().parents[2] / "docs"
     assert "/rows" in (root / "output-format.md").read_text()
     assert "anex tail" in (root / "cli.md").read_text()
+
+
+@pytest.mark.django_db
+def test_a_finished_jobs_page_reads_from_the_line_mark_before_it(
+        api: APIClient, organization: Organization, sent: list[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # given a finished 230-row job whose result marks every 16th line
+    from jobs import results
+    monkeypatch.setattr(results, "LINE_MARK_EVERY", 16)
+    monkeypatch.setattr(pages, "LINE_MARK_EVERY", 16)
+    job = approved(organization, 230, est=10_000)
+    job_start(job_id=job.pk)
+    for chunk in job.chunks.order_by("index"):
+        complete(chunk)
+    assert job_finalize(job_id=job.pk) == JobStatus.DONE
+    final = result_bytes(job)
+    lines = final.splitlines(keepends=True)
+    # then each mark is where its line starts: lines 17, 33, ... (numbered from 1)
+    starts = [sum(map(len, lines[:number - 1])) for number in range(17, 231, 16)]
+    assert job.result_line_marks == starts
+    # and a page read from its mark is the file's lines after its cursor, whatever the
+    # cursor's place between marks; a page read with no marks (a job finished before
+    # them) reads the same from the file's start
+    for after in (0, 15, 16, 17, 31, 32, 100, 224, 229):
+        expected = b"".join(lines[after:after + 9])
+        assert page(api, job, after, 9)[0] == expected
+        Job.objects.filter(pk=job.pk).update(result_line_marks=None)
+        assert page(api, job, after, 9)[0] == expected
+        Job.objects.filter(pk=job.pk).update(result_line_marks=starts)
+    # and a mark that pointed elsewhere would show: the marks are what is read from
+    Job.objects.filter(pk=job.pk).update(result_line_marks=[starts[1], *starts[1:]])
+    assert page(api, job, 16, 1)[0] == lines[32]

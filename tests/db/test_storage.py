@@ -97,6 +97,15 @@ def test_streamed_writes_land_whole_or_not_at_all(storage: RegionStorage) -> Non
     assert not storage.exists("inputs/test/too-big.jsonl")
 
 
+def test_an_object_is_read_from_a_byte_on(storage: RegionStorage) -> None:
+    storage.write_stream("results/o/j/result.jsonl", iter([b"one\n", b"two\n", b"three\n"]),
+                         max_bytes=100)
+    for start, expected in ((0, [b"one\n", b"two\n", b"three\n"]), (4, [b"two\n", b"three\n"]),
+                            (10, [b"ree\n"])):
+        with storage.open_at("results/o/j/result.jsonl", start) as stream:
+            assert list(stream) == expected
+
+
 def test_download_links_fetch_the_object_and_deletes_remove_it(storage: RegionStorage) -> None:
     key = "results/test/out.jsonl"
     storage.write_stream(key, iter([DATA]), max_bytes=len(DATA))
