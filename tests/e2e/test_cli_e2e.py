@@ -62,7 +62,7 @@ def test_submit_asks_runs_and_downloads_the_result(make_run: Running, tmp_path: 
     status = anex(make_run, tmp_path, "status", job_id, "--json")
     assert status.returncode == EXIT_OK
     assert json.loads(status.stdout)["progress"] == {
-        "done_rows": 3, "total_rows": 3, "eta_seconds": 0,
+        "done_rows": 3, "total_rows": 3, "eta_seconds": 0, "rows_readable_after": 3,
         "rows_per_second": json.loads(status.stdout)["progress"]["rows_per_second"]}
 
 
