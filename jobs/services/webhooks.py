@@ -131,8 +131,9 @@ def job_webhook_enqueue(*, job: Job, status: str) -> WebhookDelivery | None:
 def _job_event_data(job: Job, event_type: str, status: str) -> dict[str, Any]:
     data: dict[str, Any] = {"job_id": str(job.pk)}
     if event_type == "cost_ready":
+        # The estimate is priced at the job's urgency tier: the tier is said beside it.
         data.update(est_input_tok=job.est_input_tok, est_output_tok=job.est_output_tok,
-                    est_cost_cents=job.est_cost_cents)
+                    est_cost_cents=job.est_cost_cents, priority=job.priority)
     elif event_type == "completed":
         data["status"] = status  # result_url is added at each attempt (_payload_for_attempt)
     elif event_type in _FINISHED_EVENTS:

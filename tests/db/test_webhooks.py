@@ -262,7 +262,8 @@ def test_every_event_of_a_job_that_runs_to_done(receiver: LocalServer,
                                            "in_progress", "completed"]
     assert [e["data"] for e in events[:4]] == [
         {"job_id": job_id}, {"job_id": job_id},
-        {"job_id": job_id, "est_input_tok": 1200, "est_output_tok": 800, "est_cost_cents": 7},
+        {"job_id": job_id, "est_input_tok": 1200, "est_output_tok": 800, "est_cost_cents": 7,
+         "priority": "standard"},
         {"job_id": job_id}]
     completed = events[4]["data"]
     assert list(completed) == ["job_id", "status", "result_url", "result_expires_in"]

@@ -113,7 +113,8 @@ def test_a_job_that_runs_to_done(setup: tuple[APIClient, Receiver]) -> None:
     job = Job.objects.get(pk=job_id)
     assert events[2]["data"] == {"job_id": job_id, "est_input_tok": job.est_input_tok,
                                  "est_output_tok": job.est_output_tok,
-                                 "est_cost_cents": job.est_cost_cents}
+                                 "est_cost_cents": job.est_cost_cents,
+                                 "priority": "standard"}
     completed = events[4]["data"]
     assert (completed["status"], completed["result_expires_in"]) == ("done", 3600)
     download = requests.get(completed["result_url"], timeout=30)  # the link works as sent
